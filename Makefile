@@ -1,0 +1,46 @@
+# gpuherd: `make run` starts the agent on a simulated DGX H100, `make test` runs the tests.
+GO         ?= go
+# go-nvml's cgo header is full of deprecation warnings that say nothing about us.
+export CGO_CFLAGS ?= -Wno-deprecated-declarations
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# -z lazy: the binary must start on hosts without libnvidia-ml (NVML is dlopened).
+LDFLAGS    := -X github.com/gpuherd/gpuherd/agent.Version=$(VERSION) -extldflags=-Wl,-z,lazy
+BIN        := bin/gpuherd
+RUN_DIR    := $(CURDIR)/.run
+PROFILE    ?= dgx-h100
+
+.PHONY: all build run test lint fmt clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpuherd
+
+# The agent on simulated hardware, state in .run/ (it survives restarts, as a
+# real machine does; `make clean` forgets it). Free GPUs go back to nvidia so
+# that claims and releases visibly move them.
+run: build
+	@mkdir -p $(RUN_DIR)
+	@echo "gpuherd agent on a simulated $(PROFILE); state in $(RUN_DIR)/data"
+	@echo "In another shell:"
+	@echo "  export GPUHERD_SOCKET=$(RUN_DIR)/gpuherd.sock"
+	@echo "  $(CURDIR)/$(BIN) status"
+	@echo "  $(CURDIR)/$(BIN) claim vm-1 --gpu \"H100 80GB:2\""
+	@echo "  $(CURDIR)/$(BIN) release vm-1"
+	@echo
+	exec $(BIN) agent --simulate $(PROFILE) --node-name sim-$(PROFILE) \
+		--data-dir $(RUN_DIR)/data --socket $(RUN_DIR)/gpuherd.sock --idle-driver nvidia
+
+test:
+	$(GO) test -race -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin .run dist

@@ -1,0 +1,264 @@
+// Package agent is the gpuherd daemon: it wires the hardware (real or
+// simulated) to the inventory, the ledger and the API, reconciles the
+// machine with the ledger at start, and serves claims.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuherd/gpuherd/agent/inventory"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// Agent owns this server's GPUs.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	now    func() time.Time
+	policy vfio.IdlePolicy
+
+	pci    *vfio.PCI
+	binder *vfio.Binder
+	inv    *inventory.Inventory
+	ledger *ledger.Ledger
+	nvml   *inventory.NVMLSource // nil when NVML does not answer
+	sim    *sim.Machine          // nil on real hardware
+
+	locks deviceLocks
+
+	mu     sync.RWMutex
+	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
+	order  []string                 // addresses, sorted
+	fenced map[string]string        // address → why the agent stopped offering it
+}
+
+// Option changes how New builds the agent; tests use them.
+type Option func(*options)
+
+type options struct {
+	now  func() time.Time
+	fs   vfio.FS
+	nvml nvml.Interface
+}
+
+// WithClock replaces the wall clock (leases, expiry).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithSysfs runs the agent on the given sysfs (and NVML, may be nil) instead
+// of the configured one; tests pass a vfio.Kernel.
+func WithSysfs(fs vfio.FS, lib nvml.Interface) Option {
+	return func(o *options) { o.fs, o.nvml = fs, lib }
+}
+
+// New opens the hardware, the ledger and the inventory, and reconciles the
+// machine with the ledger. The caller must Close the agent.
+func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := options{now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
+	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
+	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string)}
+
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
+	}
+	fs, lib, err := a.openHardware(o)
+	if err != nil {
+		return nil, err
+	}
+	a.pci = vfio.New(fs, vfio.WithLogger(log))
+	a.binder = vfio.NewBinder(a.pci,
+		vfio.WithAllowList(allow),
+		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
+		vfio.WithBinderLogger(log))
+
+	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim))
+	if err != nil {
+		a.closeNVML()
+		return nil, fmt.Errorf("opening the ledger: %w", err)
+	}
+
+	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log)}
+	if lib != nil {
+		src := inventory.NewNVML(lib, log)
+		if _, err := src.Snapshot(); err != nil {
+			if errors.Is(err, inventory.ErrNVMLUnavailable) {
+				log.Info("NVML not available; inventory from sysfs only", "reason", err)
+			} else {
+				log.Warn("NVML failed; inventory from sysfs only", "err", err)
+			}
+		} else {
+			a.nvml = src
+			invOpts = append(invOpts, inventory.WithNVML(src))
+		}
+	}
+	a.inv = inventory.New(a.pci, invOpts...)
+	if err := a.discover(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if err := a.reconcile(ctx); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// openHardware picks the sysfs and NVML the agent runs on: injected by a
+// test, simulated, or the real machine's.
+func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
+	if o.fs != nil {
+		return o.fs, o.nvml, nil
+	}
+	if a.cfg.Simulate != "" {
+		p, err := sim.Load(a.cfg.Simulate)
+		if err != nil {
+			return nil, nil, fmt.Errorf("simulate: %w", err)
+		}
+		m, err := sim.Start(p, a.cfg.DataDir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("simulate %s: %w", a.cfg.Simulate, err)
+		}
+		a.sim = m
+		a.log.Info("running on simulated hardware", "profile", p.Name, "state", a.cfg.DataDir)
+		var lib nvml.Interface
+		if m.NVML != nil && a.cfg.NVML != "off" {
+			lib = m.NVML
+		}
+		return m.Kernel, lib, nil
+	}
+	var lib nvml.Interface
+	if a.cfg.NVML != "off" {
+		lib = nvml.New()
+	}
+	return vfio.NewOSFS(a.cfg.SysfsRoot, a.cfg.DevRoot), lib, nil
+}
+
+// Close releases the ledger and NVML. A sysfs write still blocked in the
+// kernel stays blocked; nothing can cancel it.
+func (a *Agent) Close() error {
+	var err error
+	if a.ledger != nil {
+		err = a.ledger.Close()
+	}
+	a.closeNVML()
+	return err
+}
+
+func (a *Agent) closeNVML() {
+	if a.nvml != nil {
+		a.nvml.Shutdown()
+	}
+}
+
+// Node is this server's name.
+func (a *Agent) Node() string { return a.cfg.NodeName }
+
+// discover scans the hardware and hands the GPUs, with their health, to the ledger.
+func (a *Agent) discover() error {
+	gpus, err := a.inv.Discover()
+	if err != nil {
+		return fmt.Errorf("discovering GPUs: %w", err)
+	}
+	a.mu.Lock()
+	a.gpus = make(map[string]inventory.GPU, len(gpus))
+	a.order = a.order[:0]
+	for _, g := range gpus {
+		a.gpus[g.Address] = g
+		a.order = append(a.order, g.Address)
+	}
+	a.mu.Unlock()
+	a.log.Info("inventory", "gpus", len(gpus), "nvml", a.nvml != nil)
+	for _, g := range gpus {
+		a.log.Debug("gpu", "pci_address", g.Address, "model", g.Model, "numa_node", g.NUMANode,
+			"iommu_group", g.IOMMUGroup, "driver", g.Driver, "healthy", g.Healthy, "health", g.Health)
+	}
+	return a.pushInventory()
+}
+
+// pushInventory gives the ledger the GPUs with their current health: the
+// inventory's view plus what the agent fenced off.
+func (a *Agent) pushInventory() error {
+	a.mu.RLock()
+	out := make([]ledger.GPU, 0, len(a.order))
+	for _, addr := range a.order {
+		g := a.gpus[addr]
+		_, fenced := a.fenced[addr]
+		out = append(out, ledger.GPU{
+			Address:  g.Address,
+			Model:    g.Model,
+			NUMANode: g.NUMANode,
+			Healthy:  g.Healthy && !fenced,
+			Distance: g.Distance,
+		})
+	}
+	a.mu.RUnlock()
+	if err := a.ledger.SetInventory(out); err != nil {
+		return fmt.Errorf("handing the inventory to the ledger: %w", err)
+	}
+	return nil
+}
+
+// fence stops offering a GPU that misbehaved. It stays fenced until the
+// agent restarts and finds it healthy again.
+func (a *Agent) fence(addr, reason string) {
+	a.mu.Lock()
+	_, was := a.fenced[addr]
+	a.fenced[addr] = reason
+	a.mu.Unlock()
+	if !was {
+		a.log.Error("GPU fenced off: no new claims until it is fixed and the agent restarts",
+			"pci_address", addr, "reason", reason)
+	}
+	if err := a.pushInventory(); err != nil {
+		a.log.Error("fencing GPU", "pci_address", addr, "err", err)
+	}
+}
+
+// health returns why a GPU is not offered, or "".
+func (a *Agent) health(addr string) string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if r, ok := a.fenced[addr]; ok {
+		return r
+	}
+	if g, ok := a.gpus[addr]; ok && !g.Healthy {
+		return g.Health
+	}
+	return ""
+}
+
+func (a *Agent) gpu(addr string) (inventory.GPU, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	g, ok := a.gpus[addr]
+	return g, ok
+}
+
+// CheckHealth looks at every GPU once: one that vanished from the bus or
+// whose config space reads as all-ones is fenced off.
+func (a *Agent) CheckHealth() {
+	a.mu.RLock()
+	addrs := append([]string(nil), a.order...)
+	a.mu.RUnlock()
+	for _, addr := range addrs {
+		if err := a.pci.Health(addr); err != nil {
+			a.fence(addr, err.Error())
+		}
+	}
+}

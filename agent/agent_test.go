@@ -1,0 +1,422 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// testClock is a clock the test moves by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func testConfig(t *testing.T, dir string) Config {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.NodeName = "test-node"
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.Socket = filepath.Join(dir, "api.sock")
+	cfg.IdleDriver = "nvidia"
+	return cfg
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// machine boots a simulated server whose kernel the test can also reach.
+func machine(t *testing.T, profile, dir string) *sim.Machine {
+	t.Helper()
+	p, err := sim.Load(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Start(p, filepath.Join(dir, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func startAgent(t *testing.T, cfg Config, m *sim.Machine, clock *testClock) *Agent {
+	t.Helper()
+	opts := []Option{WithSysfs(m.Kernel, m.NVML)}
+	if clock != nil {
+		opts = append(opts, WithClock(clock.Now))
+	}
+	a, err := New(context.Background(), cfg, quietLog(), opts...)
+	if err != nil {
+		t.Fatalf("starting the agent: %v", err)
+	}
+	return a
+}
+
+func driverOf(t *testing.T, fs vfio.FS, addr string) string {
+	t.Helper()
+	d, err := vfio.New(fs).Device(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Driver
+}
+
+func apiErr(t *testing.T, err error) *api.Error {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("want an *api.Error, got %T: %v", err, err)
+	}
+	return ae
+}
+
+func TestClaimSurvivesRestartAndReleaseReturnsToIdleDriver(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	m := machine(t, "dgx-h100", dir)
+	ctx := context.Background()
+
+	a := startAgent(t, cfg, m, nil)
+	st, err := a.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GPUs) != 8 {
+		t.Fatalf("status lists %d GPUs, want 8", len(st.GPUs))
+	}
+	for _, g := range st.GPUs {
+		if g.Model != "NVIDIA H100 80GB" || g.Driver != "nvidia" || g.State != api.StateFree || g.MemoryBytes != 80<<30 {
+			t.Errorf("GPU %+v: want a free NVIDIA H100 80GB of 80 GiB on nvidia", g)
+		}
+	}
+
+	c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "h100-80gb", Count: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != api.StateClaimed || len(c.GPUs) != 2 {
+		t.Fatalf("claim = %+v, want 2 claimed GPUs", c)
+	}
+	numa := map[int]bool{}
+	for _, g := range c.GPUs {
+		if got := driverOf(t, m.Kernel, g.PCIAddress); got != vfio.DriverVFIO {
+			t.Errorf("%s on %q after claim, want vfio-pci", g.PCIAddress, got)
+		}
+		if g.VFIODevice != fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup) || !m.Kernel.Exists(g.VFIODevice) {
+			t.Errorf("%s: vfio device %q missing", g.PCIAddress, g.VFIODevice)
+		}
+		for _, s := range st.GPUs {
+			if s.PCIAddress == g.PCIAddress {
+				numa[s.NUMANode] = true
+			}
+		}
+	}
+	if len(numa) != 1 {
+		t.Errorf("claim spans NUMA nodes %v; two GPUs fit on one", numa)
+	}
+
+	_, err = a.Claim(ctx, "vm-2", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || e.Message != "The following GPUs are not available: 1x NVIDIA L40S" {
+		t.Fatalf("claim of an L40S on a DGX H100: %+v", e)
+	}
+
+	// Restart: the claim is in the ledger and its GPUs stay on vfio-pci.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = startAgent(t, cfg, m, nil)
+	defer a.Close()
+	got, err := a.Get(ctx, "vm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != api.StateClaimed || !slices.Equal(gpuAddrs(got), gpuAddrs(c)) {
+		t.Fatalf("after restart vm-1 = %+v, want %v claimed", got, gpuAddrs(c))
+	}
+	for _, addr := range gpuAddrs(c) {
+		if d := driverOf(t, m.Kernel, addr); d != vfio.DriverVFIO {
+			t.Errorf("%s on %q after restart", addr, d)
+		}
+	}
+
+	if _, err := a.Release(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range gpuAddrs(c) {
+		if d := driverOf(t, m.Kernel, addr); d != vfio.DriverNVIDIA {
+			t.Errorf("%s on %q after release, want nvidia (the idle driver)", addr, d)
+		}
+	}
+	if _, err := a.Release(ctx, "vm-1"); apiErr(t, err).Code != api.CodeNotFound {
+		t.Errorf("second release: %v, want not_found", err)
+	}
+}
+
+func gpuAddrs(c api.Claim) []string {
+	var out []string
+	for _, g := range c.GPUs {
+		out = append(out, g.PCIAddress)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestReconcileRebindsClaimedAndDropsExpired(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	m := machine(t, "dgx-h100", dir)
+	clock := &testClock{now: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	ctx := context.Background()
+
+	a := startAgent(t, cfg, m, clock)
+	c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A reservation nobody commits (a coordinator that died).
+	r, err := a.Reserve(ctx, "vm-orphan", mustResolve(t, a, "H100 80GB", 2), "coordinator-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+
+	// While the agent is down, someone puts the claimed GPU back on nvidia.
+	addr := c.GPUs[0].PCIAddress
+	if _, err := vfio.NewBinder(vfio.New(m.Kernel)).Release(ctx, addr, vfio.IdleNVIDIA); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour)
+
+	a = startAgent(t, cfg, m, clock)
+	defer a.Close()
+	if d := driverOf(t, m.Kernel, addr); d != vfio.DriverVFIO {
+		t.Errorf("claimed GPU %s on %q after reconcile, want vfio-pci", addr, d)
+	}
+	if _, err := a.Get(ctx, "vm-orphan"); apiErr(t, err).Code != api.CodeNotFound {
+		t.Errorf("expired reservation still there: %v", err)
+	}
+	for _, g := range r.GPUs {
+		if d := driverOf(t, m.Kernel, g); d != vfio.DriverNVIDIA {
+			t.Errorf("GPU %s of the expired reservation on %q, want the idle driver nvidia", g, d)
+		}
+	}
+}
+
+func mustResolve(t *testing.T, a *Agent, model string, n int) ledger.Request {
+	t.Helper()
+	req, err := a.resolve(api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: n}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func TestStuckUnbindFencesGPUAndClaimMovesOn(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.BindTimeout = Duration(200 * time.Millisecond)
+	m := machine(t, "dgx-h100", dir)
+	ctx := context.Background()
+	a := startAgent(t, cfg, m, nil)
+	defer a.Close()
+
+	st, _ := a.Status(ctx)
+	// Hold every GPU of NUMA node 0: placement tries them first (ties go to
+	// the lower node), each unbind hangs past the deadline and fences its
+	// GPU, and the claim must end on node 1.
+	var held []string
+	for _, g := range st.GPUs {
+		if g.NUMANode == 0 {
+			held = append(held, g.PCIAddress)
+			if err := m.Kernel.Hold(g.PCIAddress); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer func() {
+		// Let the leaked unbind writes finish before the test's directory goes.
+		for _, h := range held {
+			m.Kernel.Unhold(h)
+			if err := a.binder.WaitUnstuck(ctx, h); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+
+	c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
+	if err != nil {
+		t.Fatalf("claim with a stuck GPU: %v", err)
+	}
+	if slices.Contains(held, c.GPUs[0].PCIAddress) {
+		t.Fatalf("claim got held GPU %s", c.GPUs[0].PCIAddress)
+	}
+	st, _ = a.Status(ctx)
+	unhealthy := 0
+	for _, g := range st.GPUs {
+		if g.State == api.StateUnhealthy {
+			unhealthy++
+			if !slices.Contains(held, g.PCIAddress) || g.Health == "" {
+				t.Errorf("unexpected unhealthy GPU %+v", g)
+			}
+		}
+	}
+	if unhealthy == 0 {
+		t.Fatal("the GPU whose unbind hung is not reported unhealthy")
+	}
+}
+
+func TestBadRequestsChangeNothing(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	m := machine(t, "dgx-h100", dir)
+	a := startAgent(t, cfg, m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	bigLabels := map[string]string{}
+	for i := range 40 {
+		bigLabels[fmt.Sprintf("k%d", i)] = "v"
+	}
+	cases := []struct {
+		name  string
+		id    string
+		req   api.ClaimRequest
+		code  string
+		field string
+	}{
+		{"no gpus", "vm-1", api.ClaimRequest{}, api.CodeInvalid, "gpus"},
+		{"count 0", "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 0}}}, api.CodeInvalid, "gpus[0].count"},
+		{"count above max", "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 17}}}, api.CodeInvalid, "gpus[0].count"},
+		{"unknown model", "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "V100", Count: 1}}}, api.CodeUnknownModel, "gpus[0].model"},
+		{"ambiguous model", "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "h100", Count: 1}}}, api.CodeUnknownModel, "gpus[0].model"},
+		{"bad id", "vm/../1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}, api.CodeInvalid, "id"},
+		{"empty id", "", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}, api.CodeInvalid, "id"},
+		{"too many labels", "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: bigLabels}, api.CodeInvalid, "labels"},
+	}
+	before := a.ledger.Revision()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := a.Claim(ctx, tc.id, tc.req)
+			e := apiErr(t, err)
+			if e.Code != tc.code || e.Status != http.StatusBadRequest || e.Field != tc.field {
+				t.Errorf("got code=%s status=%d field=%q (%s), want %s 400 field %q", e.Code, e.Status, e.Field, e.Message, tc.code, tc.field)
+			}
+		})
+	}
+	if after := a.ledger.Revision(); after != before {
+		t.Errorf("ledger revision moved from %d to %d on bad input", before, after)
+	}
+}
+
+func TestIdempotentClaimAndConflict(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	a := startAgent(t, testConfig(t, dir), m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	req := api.ClaimRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 2}}}
+	c1, err := a.Claim(ctx, "vm-1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := a.Claim(ctx, "vm-1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(gpuAddrs(c1), gpuAddrs(c2)) {
+		t.Errorf("retry got %v, first %v", gpuAddrs(c2), gpuAddrs(c1))
+	}
+	_, err = a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 1}}})
+	if e := apiErr(t, err); e.Code != api.CodeConflict {
+		t.Errorf("same ID, other request: %+v, want conflict", e)
+	}
+}
+
+func TestConcurrentClaimersNeverShareAGPU(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "dgx-h100", dir)
+	a := startAgent(t, testConfig(t, dir), m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	const claimers = 12
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		owners  = map[string]string{}
+		granted int
+		refused int
+	)
+	for i := range claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("vm-%d", i)
+			c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
+					t.Errorf("%s: %v", id, err)
+				}
+				refused++
+				return
+			}
+			granted++
+			for _, g := range c.GPUs {
+				if prev, dup := owners[g.PCIAddress]; dup {
+					t.Errorf("GPU %s given to %s and %s", g.PCIAddress, prev, id)
+				}
+				owners[g.PCIAddress] = id
+			}
+		}()
+	}
+	wg.Wait()
+	if granted != 8 || refused != claimers-8 {
+		t.Errorf("granted %d, refused %d; want 8 and %d", granted, refused, claimers-8)
+	}
+	t.Logf("concurrent claimers: %d granted, %d not available, 0 GPUs shared", granted, refused)
+}
+
+func TestNonViableGroupIsFencedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.IdleDriver = "vfio-pci"
+	m := machine(t, "mixed", dir)
+	a := startAgent(t, cfg, m, nil)
+	defer a.Close()
+	st, _ := a.Status(context.Background())
+	var fenced []api.GPU
+	for _, g := range st.GPUs {
+		if g.State == api.StateUnhealthy {
+			fenced = append(fenced, g)
+		} else if g.Driver != vfio.DriverVFIO {
+			t.Errorf("free GPU %s on %q with idle driver vfio-pci", g.PCIAddress, g.Driver)
+		}
+	}
+	if len(fenced) != 1 || fenced[0].Model != "NVIDIA L40S" || fenced[0].Driver == vfio.DriverVFIO {
+		t.Fatalf("want exactly the L40S sharing its group with the NVMe fenced and untouched, got %+v", fenced)
+	}
+}

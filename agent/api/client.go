@@ -1,0 +1,142 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"syscall"
+	"time"
+)
+
+// Client talks to an agent's API over its unix socket.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the agent listening on socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns:    4,
+		IdleConnTimeout: 30 * time.Second,
+	}
+	return &Client{socket: socket, http: &http.Client{Transport: tr}}
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// Status returns the server's GPUs.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var v Status
+	return v, c.do(ctx, http.MethodGet, "/status", nil, &v)
+}
+
+// Claim claims GPUs for id; calling it again with the same request is a no-op.
+func (c *Client) Claim(ctx context.Context, id string, req ClaimRequest) (Claim, error) {
+	var v Claim
+	return v, c.do(ctx, http.MethodPut, "/claims/"+url.PathEscape(id), req, &v)
+}
+
+// Get returns one claim.
+func (c *Client) Get(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, c.do(ctx, http.MethodGet, "/claims/"+url.PathEscape(id), nil, &v)
+}
+
+// Claims lists the claims of the server.
+func (c *Client) Claims(ctx context.Context) ([]Claim, error) {
+	var v []Claim
+	return v, c.do(ctx, http.MethodGet, "/claims", nil, &v)
+}
+
+// Release frees a claim's GPUs.
+func (c *Client) Release(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, c.do(ctx, http.MethodDelete, "/claims/"+url.PathEscape(id), nil, &v)
+}
+
+// Drain stops new claims on a GPU.
+func (c *Client) Drain(ctx context.Context, addr, reason string) (GPU, error) {
+	var v GPU
+	return v, c.do(ctx, http.MethodPut, "/gpus/"+url.PathEscape(addr)+"/drain", DrainRequest{Reason: reason}, &v)
+}
+
+// Undrain offers a drained GPU again.
+func (c *Client) Undrain(ctx context.Context, addr string) (GPU, error) {
+	var v GPU
+	return v, c.do(ctx, http.MethodDelete, "/gpus/"+url.PathEscape(addr)+"/drain", nil, &v)
+}
+
+// Availability lists every model of the catalog with its free count.
+func (c *Client) Availability(ctx context.Context) (Availability, error) {
+	var v Availability
+	return v, c.do(ctx, http.MethodGet, "/availability", nil, &v)
+}
+
+// Version returns the agent's build.
+func (c *Client) Version(ctx context.Context) (VersionInfo, error) {
+	var v VersionInfo
+	return v, c.do(ctx, http.MethodGet, "/version", nil, &v)
+}
+
+// ErrAgentDown means nothing answers on the socket.
+var ErrAgentDown = errors.New("agent not reachable")
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://gpuherd/"+Version+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%w on %s (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)", ErrAgentDown, c.socket)
+		}
+		if errors.Is(err, syscall.EACCES) {
+			return fmt.Errorf("permission denied on %s: run as root or as a member of the socket's group", c.socket)
+		}
+		return fmt.Errorf("talking to the agent on %s: %w", c.socket, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("reading the agent's answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var eb ErrorBody
+		if err := json.Unmarshal(data, &eb); err != nil || eb.Error == nil {
+			return fmt.Errorf("agent answered %s: %s", resp.Status, truncate(string(data), 200))
+		}
+		eb.Error.Status = resp.StatusCode
+		return eb.Error
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decoding the agent's answer: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+)
+
+// Service is what the agent offers through the API. Errors of type *Error
+// reach the client as they are; any other error is an internal error.
+type Service interface {
+	Status(ctx context.Context) (Status, error)
+	Claim(ctx context.Context, id string, req ClaimRequest) (Claim, error)
+	Get(ctx context.Context, id string) (Claim, error)
+	Claims(ctx context.Context) ([]Claim, error)
+	Release(ctx context.Context, id string) (Claim, error)
+	Drain(ctx context.Context, addr, reason string) (GPU, error)
+	Undrain(ctx context.Context, addr string) (GPU, error)
+	Availability(ctx context.Context) (Availability, error)
+	Version() VersionInfo
+}
+
+// MaxBodyBytes bounds every request body; a claim is a few hundred bytes.
+const MaxBodyBytes = 64 << 10
+
+// NewHandler routes the API to svc.
+func NewHandler(svc Service, log *slog.Logger) http.Handler {
+	h := &handler{svc: svc, log: log}
+	mux := http.NewServeMux()
+	p := "/" + Version
+	mux.HandleFunc("GET "+p+"/status", h.status)
+	mux.HandleFunc("GET "+p+"/claims", h.claims)
+	mux.HandleFunc("GET "+p+"/claims/{id}", h.get)
+	mux.HandleFunc("PUT "+p+"/claims/{id}", h.claim)
+	mux.HandleFunc("DELETE "+p+"/claims/{id}", h.release)
+	mux.HandleFunc("PUT "+p+"/gpus/{addr}/drain", h.drain)
+	mux.HandleFunc("DELETE "+p+"/gpus/{addr}/drain", h.undrain)
+	mux.HandleFunc("GET "+p+"/availability", h.availability)
+	mux.HandleFunc("GET "+p+"/version", h.version)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &Error{Status: http.StatusNotFound, Code: CodeNotFound,
+			Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, truncate(r.URL.Path, 100))})
+	})
+	return mux
+}
+
+type handler struct {
+	svc Service
+	log *slog.Logger
+}
+
+func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Status(r.Context())
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) claims(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Claims(r.Context())
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) get(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Get(r.Context(), r.PathValue("id"))
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) claim(w http.ResponseWriter, r *http.Request) {
+	var req ClaimRequest
+	if err := decode(w, r, &req); err != nil {
+		h.reply(w, r, nil, err)
+		return
+	}
+	v, err := h.svc.Claim(r.Context(), r.PathValue("id"), req)
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) release(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Release(r.Context(), r.PathValue("id"))
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
+	var req DrainRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+	}
+	v, err := h.svc.Drain(r.Context(), r.PathValue("addr"), req.Reason)
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) undrain(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Undrain(r.Context(), r.PathValue("addr"))
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) availability(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Availability(r.Context())
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) version(w http.ResponseWriter, r *http.Request) {
+	h.reply(w, r, h.svc.Version(), nil)
+}
+
+func (h *handler) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			e = &Error{Status: http.StatusInternalServerError, Code: CodeInternal, Message: err.Error()}
+		}
+		writeError(w, e)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, e *Error) {
+	status := e.Status
+	if status == 0 {
+		status = http.StatusInternalServerError
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(ErrorBody{Error: e})
+}
+
+// decode reads exactly one JSON object of a known shape: unknown fields,
+// wrong types, trailing data and oversized bodies are each a 400 that says
+// which.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return Invalid("", "content type %q: send application/json", truncate(ct, 64))
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Invalid("", "request body holds more than one JSON value")
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var (
+		tooBig  *http.MaxBytesError
+		typeErr *json.UnmarshalTypeError
+		synErr  *json.SyntaxError
+	)
+	switch {
+	case errors.As(err, &tooBig):
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: CodeInvalid,
+			Message: fmt.Sprintf("request body larger than %d bytes", MaxBodyBytes)}
+	case errors.As(err, &typeErr):
+		return Invalid(typeErr.Field, "field %q: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.As(err, &synErr):
+		return Invalid("", "malformed JSON at byte %d: %v", synErr.Offset, synErr)
+	case errors.Is(err, io.EOF):
+		return Invalid("", "empty request body: send a JSON object")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return Invalid(field, "unknown field %q", truncate(field, 64))
+	default:
+		return Invalid("", "malformed request: %v", err)
+	}
+}
+
+// Invalid is a 400 naming the field that is wrong.
+func Invalid(field, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: CodeInvalid, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,145 @@
+// Package api is the agent's HTTP+JSON API: the wire types, the server's
+// routing and request decoding, and a client.
+package api
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Version is the API's path prefix.
+const Version = "v1"
+
+// GPU is one GPU of a server as `gpuherd status` shows it.
+type GPU struct {
+	PCIAddress  string   `json:"pci_address"`
+	Model       string   `json:"model"`
+	MemoryBytes uint64   `json:"memory_bytes"`
+	NUMANode    int      `json:"numa_node"`
+	IOMMUGroup  int      `json:"iommu_group"`
+	Driver      string   `json:"driver"`
+	State       string   `json:"state"` // free, reserved, claimed, unhealthy, drained
+	Claim       string   `json:"claim"`
+	Health      string   `json:"health,omitempty"` // why it is unhealthy
+	DrainReason string   `json:"drain_reason,omitempty"`
+	UUID        string   `json:"uuid,omitempty"`
+	Companions  []string `json:"companions,omitempty"`
+}
+
+// GPU states.
+const (
+	StateFree      = "free"
+	StateReserved  = "reserved"
+	StateClaimed   = "claimed"
+	StateUnhealthy = "unhealthy"
+	StateDrained   = "drained"
+)
+
+// Status is a server's GPUs.
+type Status struct {
+	Node    string `json:"node"`
+	Version string `json:"version"`
+	GPUs    []GPU  `json:"gpus"`
+}
+
+// Item is `count` GPUs of one model.
+type Item struct {
+	Model string `json:"model"`
+	Count int    `json:"count"`
+}
+
+// ClaimRequest asks for GPUs, all on one server.
+type ClaimRequest struct {
+	GPUs   []Item            `json:"gpus"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// ClaimGPU is one GPU handed to a claim.
+type ClaimGPU struct {
+	PCIAddress string `json:"pci_address"`
+	Model      string `json:"model"`
+	IOMMUGroup int    `json:"iommu_group"`
+	VFIODevice string `json:"vfio_device"`
+}
+
+// Claim is a VM's (or node's) GPUs on one server.
+type Claim struct {
+	ID          string            `json:"id"`
+	Node        string            `json:"node"`
+	State       string            `json:"state"` // reserved or claimed
+	Items       []Item            `json:"items"`
+	GPUs        []ClaimGPU        `json:"gpus"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
+	CommittedAt time.Time         `json:"committed_at,omitzero"`
+}
+
+// ModelAvailability is one model of the catalog on this server.
+type ModelAvailability struct {
+	Model     string `json:"model"`
+	Available bool   `json:"available"`
+	Free      int    `json:"free"`
+	Total     int    `json:"total"`
+	Healthy   int    `json:"healthy"`
+}
+
+// Availability lists every model of the catalog, available or not.
+type Availability struct {
+	Node   string              `json:"node"`
+	Models []ModelAvailability `json:"models"`
+}
+
+// DrainRequest drains a GPU: no new claims there, the existing one stays.
+type DrainRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// VersionInfo is the agent's build.
+type VersionInfo struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"`
+	Go      string `json:"go"`
+}
+
+// Error codes. The HTTP status carries the class; the code tells which.
+const (
+	CodeInvalid      = "invalid_request" // 400: a field is wrong; Field names it
+	CodeUnknownModel = "unknown_model"   // 400: KnownModels lists the catalog
+	CodeNotFound     = "not_found"       // 404
+	CodeNotAvailable = "not_available"   // 409: Missing lists what could not be placed
+	CodeConflict     = "conflict"        // 409: the ID is taken by a different request
+	CodeLeaseExpired = "lease_expired"   // 409: a reservation expired before commit
+	CodeBindFailed   = "bind_failed"     // 500: a GPU could not be moved to vfio-pci
+	CodeInternal     = "internal"        // 500
+	CodeUnavailable  = "unavailable"     // 503: the agent cannot serve this now
+)
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Status      int      `json:"-"`
+	Code        string   `json:"code"`
+	Message     string   `json:"message"`
+	Field       string   `json:"field,omitempty"`
+	Missing     []Item   `json:"missing,omitempty"`
+	KnownModels []string `json:"known_models,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// ErrorBody wraps Error on the wire so that later fields can sit beside it.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}
+
+// NotAvailableMessage is the sentence users see when a request cannot be
+// held: every item that could not be placed, e.g.
+// "The following GPUs are not available: 2x NVIDIA H100 80GB".
+func NotAvailableMessage(missing []Item) string {
+	parts := make([]string, len(missing))
+	for i, it := range missing {
+		parts[i] = fmt.Sprintf("%dx %s", it.Count, it.Model)
+	}
+	return "The following GPUs are not available: " + strings.Join(parts, ", ")
+}

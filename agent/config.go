@@ -1,0 +1,223 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// Config is everything the agent can be told. Defaults come from
+// DefaultConfig, then the YAML file, then flags; Validate runs once at start.
+type Config struct {
+	// NodeName names this server to users and, later, to the cluster.
+	NodeName string `yaml:"node_name"`
+	// DataDir holds the ledger (and, when simulating, the simulated machine).
+	DataDir string `yaml:"data_dir"`
+	// Socket is the local API's unix socket.
+	Socket string `yaml:"socket"`
+	// SocketGroup, when set, owns the socket so its members may use it (mode 0660).
+	SocketGroup string `yaml:"socket_group"`
+	// SysfsRoot and DevRoot root every sysfs and /dev access (tests, containers).
+	SysfsRoot string `yaml:"sysfs_root"`
+	DevRoot   string `yaml:"dev_root"`
+	// Simulate runs on simulated hardware: a built-in profile name or a profile file.
+	Simulate string `yaml:"simulate"`
+	// IdleDriver is where free GPUs live: vfio-pci, nvidia or none.
+	IdleDriver string `yaml:"idle_driver"`
+	// AllowDevices lists the vendor:device IDs gpuherd may bind ("10de:*").
+	AllowDevices []string `yaml:"allow_devices"`
+	// BindTimeout bounds every sysfs write; a write that takes longer marks the device stuck.
+	BindTimeout Duration `yaml:"bind_timeout"`
+	// ReservationLease is how long a reservation lives unless committed.
+	ReservationLease Duration `yaml:"reservation_lease"`
+	// HealthInterval is how often GPUs are checked for vanishing from the bus.
+	HealthInterval Duration `yaml:"health_interval"`
+	// MaxGPUsPerClaim caps the GPUs of one request.
+	MaxGPUsPerClaim int `yaml:"max_gpus_per_claim"`
+	// NVML is "auto" (use it when libnvidia-ml answers) or "off".
+	NVML string `yaml:"nvml"`
+	// LogLevel is debug, info, warn or error; LogFormat is text or json.
+	LogLevel  string `yaml:"log_level"`
+	LogFormat string `yaml:"log_format"`
+}
+
+// Duration is a time.Duration that reads "30s" from YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use e.g. 30s, 2m)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a Go duration string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// String implements pflag.Value.
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+// Set implements pflag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use e.g. 30s, 2m)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Type implements pflag.Value.
+func (d *Duration) Type() string { return "duration" }
+
+// Default paths of a packaged install.
+const (
+	DefaultDataDir = "/var/lib/gpuherd"
+	DefaultSocket  = "/run/gpuherd/gpuherd.sock"
+)
+
+// DefaultConfig is the configuration of a packaged install.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:         host,
+		DataDir:          DefaultDataDir,
+		Socket:           DefaultSocket,
+		SysfsRoot:        "/sys",
+		DevRoot:          "/dev",
+		IdleDriver:       string(vfio.IdleVFIO),
+		AllowDevices:     []string{"10de:*"},
+		BindTimeout:      Duration(10 * time.Second),
+		ReservationLease: Duration(30 * time.Second),
+		HealthInterval:   Duration(15 * time.Second),
+		MaxGPUsPerClaim:  16,
+		NVML:             "auto",
+		LogLevel:         "info",
+		LogFormat:        "text",
+	}
+}
+
+// maxConfigBytes bounds the config file: it is read whole.
+const maxConfigBytes = 1 << 20
+
+// LoadConfigFile reads a YAML file over cfg. Unknown keys are errors, so a
+// typo never silently falls back to a default.
+func LoadConfigFile(path string, cfg *Config) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if len(data) > maxConfigBytes {
+		return fmt.Errorf("config %s: larger than %d bytes", path, maxConfigBytes)
+	}
+	if err := decodeConfig(data, cfg); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+func decodeConfig(data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // an empty file keeps the defaults
+		}
+		return err
+	}
+	return nil
+}
+
+// ConfigError names the key that is wrong.
+type ConfigError struct {
+	Key    string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Reason) }
+
+// Validate checks every key once, at start.
+func (c *Config) Validate() error {
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	if c.NodeName == "" {
+		return bad("node_name", "must not be empty (the host name could not be read; set it)")
+	}
+	if len(c.NodeName) > 63 || strings.ContainsAny(c.NodeName, " /\\\t\n") {
+		return bad("node_name", "%q must be at most 63 characters without spaces or slashes", c.NodeName)
+	}
+	for _, kv := range [][2]string{{"data_dir", c.DataDir}, {"socket", c.Socket}, {"sysfs_root", c.SysfsRoot}, {"dev_root", c.DevRoot}} {
+		if kv[1] == "" {
+			return bad(kv[0], "must not be empty")
+		}
+	}
+	if len(c.Socket) > 100 {
+		// sun_path is 108 bytes on Linux; leave room for the terminator.
+		return bad("socket", "path %q is too long for a unix socket (max 100 bytes)", c.Socket)
+	}
+	if _, err := vfio.ParseIdlePolicy(c.IdleDriver); err != nil {
+		return bad("idle_driver", "%q: use vfio-pci, nvidia or none", c.IdleDriver)
+	}
+	if len(c.AllowDevices) == 0 {
+		return bad("allow_devices", "must list at least one vendor:device (e.g. 10de:*)")
+	}
+	if _, err := vfio.ParseAllowList(c.AllowDevices); err != nil {
+		return bad("allow_devices", "%v", err)
+	}
+	if c.BindTimeout < Duration(100*time.Millisecond) || c.BindTimeout > Duration(10*time.Minute) {
+		return bad("bind_timeout", "%s must be between 100ms and 10m", time.Duration(c.BindTimeout))
+	}
+	if c.ReservationLease < Duration(time.Second) || c.ReservationLease > Duration(time.Hour) {
+		return bad("reservation_lease", "%s must be between 1s and 1h", time.Duration(c.ReservationLease))
+	}
+	if c.HealthInterval < Duration(time.Second) {
+		return bad("health_interval", "%s must be at least 1s", time.Duration(c.HealthInterval))
+	}
+	if c.MaxGPUsPerClaim < 1 || c.MaxGPUsPerClaim > 64 {
+		return bad("max_gpus_per_claim", "%d must be between 1 and 64", c.MaxGPUsPerClaim)
+	}
+	switch c.NVML {
+	case "auto", "off":
+	default:
+		return bad("nvml", "%q: use auto or off", c.NVML)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log_level", "%q: use debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return bad("log_format", "%q: use text or json", c.LogFormat)
+	}
+	if c.SocketGroup != "" && strings.ContainsAny(c.SocketGroup, " /:") {
+		return bad("socket_group", "%q is not a group name", c.SocketGroup)
+	}
+	return nil
+}
+
+// LedgerPath is where the claims ledger lives.
+func (c *Config) LedgerPath() string { return filepath.Join(c.DataDir, "ledger.db") }

@@ -1,0 +1,299 @@
+package ledger
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// Reserve takes GPUs for claim id for lease, on behalf of coordinator ("" when
+// local), in one transaction: it checks what is free and writes the
+// reservation, fsynced, or writes nothing.
+//
+// A GPU is free when it is in the inventory, healthy, not drained and in no
+// live claim; a reservation whose ExpiresAt is at or before now is not live.
+// Each item is placed with package placement.
+//
+// Retries are safe: while claim id is live, the same request (same items in
+// any order, same labels) returns the existing claim unchanged, reserved or
+// committed, and a different one fails with *ConflictError. A reservation
+// that has expired is replaced by a new one, possibly on other GPUs.
+//
+// Errors: *ValidationError for a malformed id, request, coordinator or lease;
+// *NotAvailableError listing every item this server cannot place in full.
+func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Time, lease time.Duration) (Claim, error) {
+	if err := ValidateID(id); err != nil {
+		return Claim{}, err
+	}
+	if err := ValidateRequest(req, l.maxGPUs); err != nil {
+		return Claim{}, err
+	}
+	if err := validateLease(lease); err != nil {
+		return Claim{}, err
+	}
+	if len(coordinator) > MaxCoordinatorLen || !printable(coordinator) {
+		return Claim{}, &ValidationError{Field: "coordinator", Reason: fmt.Sprintf("must be printable and at most %d bytes", MaxCoordinatorLen)}
+	}
+	now = now.UTC()
+
+	var out Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		if old, ok := st.claims[id]; ok && old.Live(now) {
+			if !sameRequest(old.Claim, req) {
+				return false, &ConflictError{ID: id, Existing: old.Claim}
+			}
+			out = old.Claim
+			return false, nil
+		}
+
+		free := st.freeByModel(now)
+		models := map[string]string{}
+		var missing []Item
+		for _, it := range req.Items {
+			got, ok := placement.Pick(free[it.Model], it.Count)
+			if !ok {
+				missing = append(missing, it)
+				continue
+			}
+			for _, a := range got {
+				models[a] = it.Model
+			}
+		}
+		if len(missing) > 0 {
+			return false, &NotAvailableError{ID: id, Missing: missing}
+		}
+
+		rec := claimRecord{
+			Claim: Claim{
+				ID:          id,
+				State:       StateReserved,
+				Items:       slices.Clone(req.Items),
+				GPUs:        slices.Sorted(maps.Keys(models)),
+				Coordinator: coordinator,
+				CreatedAt:   now,
+				ExpiresAt:   now.Add(lease),
+			},
+			GPUModels: models,
+		}
+		if len(req.Labels) > 0 {
+			rec.Labels = maps.Clone(req.Labels)
+		}
+		if err := st.putClaim(tx, rec); err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// Commit turns the live reservation id into a committed claim, which holds
+// its GPUs until Release. Committing a committed claim returns it unchanged,
+// so a coordinator may retry. A reservation whose lease has passed is
+// dropped and fails with ErrLeaseExpired: its GPUs may already be promised
+// elsewhere, so it must never be committed. Unknown id: ErrNotFound.
+func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
+	now = now.UTC()
+	var out Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		rec, ok := st.claims[id]
+		switch {
+		case !ok:
+			return false, notFound(id)
+		case rec.State == StateCommitted:
+			out = rec.Claim
+			return false, nil
+		case !rec.Live(now):
+			if err := st.deleteClaim(tx, id); err != nil {
+				return false, err
+			}
+			return true, leaseExpired(rec.Claim, now)
+		}
+		rec.State = StateCommitted
+		rec.ExpiresAt = time.Time{}
+		rec.CommittedAt = now
+		if err := st.putClaim(tx, rec); err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// Extend renews the live reservation id so that it lasts at least until
+// now+lease; a coordinator that binds slowly calls it before the deadline.
+// It never shortens a lease, so a delayed retry of an older Extend is
+// harmless. A committed claim has no lease and is returned unchanged. An
+// expired reservation is dropped and fails with ErrLeaseExpired; unknown id:
+// ErrNotFound.
+func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, error) {
+	if err := validateLease(lease); err != nil {
+		return Claim{}, err
+	}
+	now = now.UTC()
+	var out Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		rec, ok := st.claims[id]
+		switch {
+		case !ok:
+			return false, notFound(id)
+		case rec.State == StateCommitted:
+			out = rec.Claim
+			return false, nil
+		case !rec.Live(now):
+			if err := st.deleteClaim(tx, id); err != nil {
+				return false, err
+			}
+			return true, leaseExpired(rec.Claim, now)
+		}
+		deadline := now.Add(lease)
+		if !deadline.After(rec.ExpiresAt) {
+			out = rec.Claim
+			return false, nil
+		}
+		rec.ExpiresAt = deadline
+		if err := st.putClaim(tx, rec); err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// Release removes claim id, reserved or committed, and returns what it was;
+// its GPUs are free once the call returns. Unknown id: ErrNotFound, which
+// callers treat as success (the claim is gone either way). A reservation
+// whose lease has already passed held nothing anymore: it is removed and
+// reported as ErrNotFound too.
+func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
+	now = now.UTC()
+	var out Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		rec, ok := st.claims[id]
+		if !ok {
+			return false, notFound(id)
+		}
+		if err := st.deleteClaim(tx, id); err != nil {
+			return false, err
+		}
+		if !rec.Live(now) {
+			return true, notFound(id)
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// Expire removes every reservation whose lease has passed at now and
+// returns them sorted by ID. The agent calls it periodically so that the
+// file, the revision and the published capacity catch up with time; the
+// claims it removes were already not live.
+func (l *Ledger) Expire(now time.Time) ([]Claim, error) {
+	now = now.UTC()
+	var out []Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		for _, id := range slices.Sorted(maps.Keys(st.claims)) {
+			rec := st.claims[id]
+			if rec.Live(now) {
+				continue
+			}
+			if err := st.deleteClaim(tx, id); err != nil {
+				return false, err
+			}
+			out = append(out, copyClaim(rec.Claim))
+		}
+		return len(out) > 0, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Get returns claim id as stored, or ErrNotFound. A reservation whose lease
+// has passed is returned until Expire (or a call on it) removes it; check
+// Claim.Live.
+func (l *Ledger) Get(id string) (Claim, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	rec, ok := l.state.claims[id]
+	if !ok {
+		return Claim{}, notFound(id)
+	}
+	return copyClaim(rec.Claim), nil
+}
+
+// List returns every stored claim sorted by ID, including reservations
+// whose lease has passed but that Expire has not removed yet.
+func (l *Ledger) List() []Claim {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]Claim, 0, len(l.state.claims))
+	for _, rec := range l.state.claims {
+		out = append(out, copyClaim(rec.Claim))
+	}
+	slices.SortFunc(out, func(a, b Claim) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// freeByModel returns the free GPUs of each model as placement candidates.
+func (st *state) freeByModel(now time.Time) map[string][]placement.Candidate {
+	busy := st.busy(now)
+	out := map[string][]placement.Candidate{}
+	for addr, g := range st.inventory {
+		if _, held := busy[addr]; held || !g.Healthy {
+			continue
+		}
+		if _, drained := st.drains[addr]; drained {
+			continue
+		}
+		out[g.Model] = append(out[g.Model], placement.Candidate{Address: addr, NUMANode: g.NUMANode, Distance: g.Distance})
+	}
+	return out
+}
+
+// sameRequest reports whether req asks for what c holds: the same items in
+// any order (models are unique within a request) and the same labels.
+func sameRequest(c Claim, req Request) bool {
+	byModel := func(a, b Item) int { return cmp.Compare(a.Model, b.Model) }
+	have := slices.SortedFunc(slices.Values(c.Items), byModel)
+	want := slices.SortedFunc(slices.Values(req.Items), byModel)
+	return slices.Equal(have, want) && maps.Equal(c.Labels, req.Labels)
+}
+
+func validateLease(lease time.Duration) error {
+	if lease <= 0 {
+		return &ValidationError{Field: "lease", Reason: fmt.Sprintf("is %s; must be positive", lease)}
+	}
+	return nil
+}
+
+// copyClaim deep-copies a claim so that callers cannot change the cache
+// through its slices and maps.
+func copyClaim(c Claim) Claim {
+	c.Items = slices.Clone(c.Items)
+	c.GPUs = slices.Clone(c.GPUs)
+	c.Labels = maps.Clone(c.Labels)
+	return c
+}

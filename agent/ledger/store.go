@@ -1,0 +1,186 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SchemaVersion is the layout of the ledger file this code reads and
+// writes. Bump it, with a migration in initFile, whenever a record changes
+// in a way an older gpuherd would misread; an older gpuherd then refuses the
+// file instead of corrupting it.
+const SchemaVersion = 1
+
+// The file layout (schema 1). Values are JSON so that `bbolt get` shows an
+// operator something readable in an emergency.
+var (
+	bucketMeta   = []byte("meta")   // schema: decimal; revision: uint64 big-endian
+	bucketClaims = []byte("claims") // claim ID -> claimRecord
+	bucketDrains = []byte("drains") // PCI address -> drainRecord
+	bucketFacts  = []byte("facts")  // PCI address -> opaque JSON from the inventory
+
+	keySchema   = []byte("schema")
+	keyRevision = []byte("revision")
+)
+
+// claimRecord is a claim as stored: the claim, plus the model of each of its
+// GPUs at reservation time, so that a GPU which has since vanished from the
+// inventory can still be reported with its model.
+type claimRecord struct {
+	Claim
+	GPUModels map[string]string `json:"gpu_models,omitempty"`
+}
+
+// drainRecord is one drained GPU.
+type drainRecord struct {
+	Model  string    `json:"model"` // at drain time, for reporting if it vanishes
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+// state is the whole ledger in memory: what the file holds, plus the
+// inventory. Writers build a fresh one from the file inside their
+// transaction; readers use the last committed one.
+type state struct {
+	claims    map[string]claimRecord
+	drains    map[string]drainRecord
+	rev       uint64
+	inventory map[string]GPU // by address; replaced, never modified in place
+}
+
+// load reads and checks every record; the first one that fails is reported
+// by bucket and key.
+func load(tx *bolt.Tx, path string) (*state, error) {
+	st := &state{
+		claims:    map[string]claimRecord{},
+		drains:    map[string]drainRecord{},
+		inventory: map[string]GPU{},
+	}
+	meta, claims, drains := tx.Bucket(bucketMeta), tx.Bucket(bucketClaims), tx.Bucket(bucketDrains)
+	for _, name := range [][]byte{bucketMeta, bucketClaims, bucketDrains, bucketFacts} {
+		if tx.Bucket(name) == nil {
+			return nil, &CorruptError{Path: path, Bucket: string(name), Err: fmt.Errorf("bucket missing")}
+		}
+	}
+
+	raw := meta.Get(keySchema)
+	schema, err := strconv.Atoi(string(raw))
+	if err != nil || schema < 1 {
+		return nil, &CorruptError{Path: path, Bucket: "meta", Key: string(keySchema), Err: fmt.Errorf("schema version %q is not a positive number", raw)}
+	}
+	if schema > SchemaVersion {
+		return nil, fmt.Errorf("ledger %s: %w: the file has schema %d, this gpuherd reads up to %d; run the newer gpuherd again, or restore a backup made before the upgrade",
+			path, ErrSchemaTooNew, schema, SchemaVersion)
+	}
+	raw = meta.Get(keyRevision)
+	if len(raw) != 8 {
+		return nil, &CorruptError{Path: path, Bucket: "meta", Key: string(keyRevision), Err: fmt.Errorf("want 8 bytes, have %d", len(raw))}
+	}
+	st.rev = binary.BigEndian.Uint64(raw)
+
+	err = claims.ForEach(func(k, v []byte) error {
+		rec, err := decodeClaim(k, v)
+		if err != nil {
+			return &CorruptError{Path: path, Bucket: "claims", Key: string(k), Err: err}
+		}
+		st.claims[rec.ID] = rec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = drains.ForEach(func(k, v []byte) error {
+		var d drainRecord
+		if err := json.Unmarshal(v, &d); err != nil {
+			return &CorruptError{Path: path, Bucket: "drains", Key: string(k), Err: err}
+		}
+		st.drains[string(k)] = d
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// decodeClaim decodes a claim and checks what the rest of the ledger relies
+// on, so that a damaged record is refused at Open, not misused later.
+func decodeClaim(k, v []byte) (claimRecord, error) {
+	var rec claimRecord
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return rec, err
+	}
+	switch {
+	case rec.ID != string(k):
+		return rec, fmt.Errorf("holds claim %q under key %q", rec.ID, k)
+	case rec.State != StateReserved && rec.State != StateCommitted:
+		return rec, fmt.Errorf("unknown state %q", rec.State)
+	case rec.State == StateReserved && rec.ExpiresAt.IsZero():
+		return rec, fmt.Errorf("reservation without a lease deadline")
+	case len(rec.GPUs) == 0:
+		return rec, fmt.Errorf("claim holds no GPU")
+	}
+	return rec, nil
+}
+
+func encodeRevision(rev uint64) []byte {
+	return binary.BigEndian.AppendUint64(nil, rev)
+}
+
+func (st *state) putClaim(tx *bolt.Tx, rec claimRecord) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode claim %q: %w", rec.ID, err)
+	}
+	if err := tx.Bucket(bucketClaims).Put([]byte(rec.ID), v); err != nil {
+		return fmt.Errorf("write claim %q: %w", rec.ID, err)
+	}
+	st.claims[rec.ID] = rec
+	return nil
+}
+
+func (st *state) deleteClaim(tx *bolt.Tx, id string) error {
+	if err := tx.Bucket(bucketClaims).Delete([]byte(id)); err != nil {
+		return fmt.Errorf("delete claim %q: %w", id, err)
+	}
+	delete(st.claims, id)
+	return nil
+}
+
+func (st *state) putDrain(tx *bolt.Tx, addr string, d drainRecord) error {
+	v, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("encode drain of GPU %s: %w", addr, err)
+	}
+	if err := tx.Bucket(bucketDrains).Put([]byte(addr), v); err != nil {
+		return fmt.Errorf("write drain of GPU %s: %w", addr, err)
+	}
+	st.drains[addr] = d
+	return nil
+}
+
+func (st *state) deleteDrain(tx *bolt.Tx, addr string) error {
+	if err := tx.Bucket(bucketDrains).Delete([]byte(addr)); err != nil {
+		return fmt.Errorf("delete drain of GPU %s: %w", addr, err)
+	}
+	delete(st.drains, addr)
+	return nil
+}
+
+// busy maps every GPU held by a live claim at now to that claim's ID.
+func (st *state) busy(now time.Time) map[string]string {
+	out := map[string]string{}
+	for _, rec := range st.claims {
+		if rec.Live(now) {
+			for _, g := range rec.GPUs {
+				out[g] = rec.ID
+			}
+		}
+	}
+	return out
+}

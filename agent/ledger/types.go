@@ -1,0 +1,62 @@
+package ledger
+
+import "time"
+
+// Item is one line of a request: Count GPUs of the canonical model Model.
+type Item struct {
+	Model string `json:"model"`
+	Count int    `json:"count"`
+}
+
+// Request is what a claim asks for; every item must be satisfied on this server.
+type Request struct {
+	Items  []Item            `json:"items"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// State is the state of a claim in the owner's ledger.
+type State string
+
+// Claim states. A reservation holds GPUs until ExpiresAt unless committed.
+const (
+	StateReserved  State = "reserved"
+	StateCommitted State = "committed"
+)
+
+// Claim is one VM's (or node's) GPUs on this server.
+type Claim struct {
+	ID          string            `json:"id"`
+	State       State             `json:"state"`
+	Items       []Item            `json:"items"`
+	GPUs        []string          `json:"gpus"` // PCI addresses, sorted
+	Labels      map[string]string `json:"labels,omitempty"`
+	Coordinator string            `json:"coordinator,omitempty"` // who asked; "" for local
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at,omitzero"` // reservations only
+	CommittedAt time.Time         `json:"committed_at,omitzero"`
+}
+
+// GPU is what the ledger needs to know about one GPU of this server; the
+// inventory provides it at start and whenever health changes.
+type GPU struct {
+	Address  string `json:"address"`
+	Model    string `json:"model"`
+	NUMANode int    `json:"numa_node"`
+	Healthy  bool   `json:"healthy"`
+	// Distance to other GPUs of this server by address (NVML topology level,
+	// smaller is closer); nil when unknown.
+	Distance map[string]int `json:"distance,omitempty"`
+}
+
+// Live reports whether the claim still holds its GPUs at now: a committed
+// claim always does, a reservation only strictly before ExpiresAt.
+func (c Claim) Live(now time.Time) bool {
+	switch c.State {
+	case StateCommitted:
+		return true
+	case StateReserved:
+		return now.Before(c.ExpiresAt)
+	default:
+		return false
+	}
+}

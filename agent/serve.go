@@ -1,0 +1,124 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+// Run serves the local API on the unix socket and runs the background loops
+// (lease expiry, health checks) until ctx is done. ready, when not nil, is
+// called once the socket accepts connections.
+func (a *Agent) Run(ctx context.Context, ready func()) error {
+	ln, err := listenUnix(a.cfg.Socket, a.cfg.SocketGroup)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           api.NewHandler(a, a.log),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
+	if ready != nil {
+		ready()
+	}
+
+	sweep := time.NewTicker(sweepInterval(time.Duration(a.cfg.ReservationLease)))
+	defer sweep.Stop()
+	health := time.NewTicker(time.Duration(a.cfg.HealthInterval))
+	defer health.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := srv.Shutdown(shutCtx)
+			_ = os.Remove(a.cfg.Socket)
+			return err
+		case err := <-errc:
+			return fmt.Errorf("local API on %s: %w", a.cfg.Socket, err)
+		case <-sweep.C:
+			a.Sweep(ctx)
+		case <-health.C:
+			a.CheckHealth()
+		}
+	}
+}
+
+// sweepInterval checks leases often enough that a reservation outlives its
+// deadline by at most a quarter of the lease.
+func sweepInterval(lease time.Duration) time.Duration {
+	return max(lease/4, 250*time.Millisecond)
+}
+
+// listenUnix opens the API socket with mode 0660. A socket file left by a
+// crashed agent is replaced; one that still answers belongs to a running
+// agent and is an error.
+func listenUnix(path, group string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("socket %s exists and is not a socket; remove it or choose another path", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s: another agent is already serving on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+		}
+	}
+	// The socket is created with the process umask: make that 0660 from the
+	// first instant rather than chmod-ing a socket others could already open.
+	old := syscall.Umask(0o117)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if group != "" {
+		gid, err := lookupGroup(group)
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		if err := os.Chown(path, -1, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket %s: chown to group %s: %w", path, group, err)
+		}
+	}
+	return ln, nil
+}
+
+func lookupGroup(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		var unknown user.UnknownGroupError
+		if errors.As(err, &unknown) {
+			return 0, fmt.Errorf("config: socket_group: no group named %q", name)
+		}
+		return 0, fmt.Errorf("config: socket_group %q: %w", name, err)
+	}
+	return strconv.Atoi(g.Gid)
+}

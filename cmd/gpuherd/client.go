@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+const defaultSocket = agent.DefaultSocket
+
+// requestTimeout bounds one command: binding eight cards with their
+// functions takes seconds, a stuck one is cut off by the agent's deadline.
+const requestTimeout = 2 * time.Minute
+
+type globals struct {
+	socket string
+	output string
+	stdout io.Writer
+	stderr io.Writer
+}
+
+func (g *globals) client() *api.Client { return api.NewClient(g.socket) }
+
+func (g *globals) json() bool { return g.output == "json" }
+
+// show prints v as JSON, or calls table for people.
+func (g *globals) show(v any, table func(w *tabwriter.Writer)) error {
+	if g.json() {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// fail reports an agent error: as JSON on stdout for programs (the exit
+// code still tells the class), as one line on stderr for people.
+func (g *globals) fail(err error) error {
+	var ae *api.Error
+	if g.json() && errors.As(err, &ae) {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(api.ErrorBody{Error: ae})
+		return &printedError{err: err}
+	}
+	return err
+}
+
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("expected %s, got %d argument(s)", what, len(args))
+		}
+		return nil
+	}
+}
+
+func withTimeout(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), requestTimeout)
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "This server's GPUs and their state",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			st, err := c.Status(ctx)
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(st, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "NODE %s: %d GPUs\n", st.Node, len(st.GPUs))
+				fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
+				for _, gp := range st.GPUs {
+					state := gp.State
+					if gp.Health != "" {
+						state += " (" + gp.Health + ")"
+					} else if gp.DrainReason != "" {
+						state += " (" + gp.DrainReason + ")"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
+						intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
+				}
+			})
+		},
+	}
+}
+
+func newClaimCmd(g *globals) *cobra.Command {
+	var gpus, labels []string
+	cmd := &cobra.Command{
+		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
+		Short: "Claim GPUs on this server for a VM (all of them, or none)",
+		Long: `Claim GPUs for the VM or node ID. Every GPU is taken on this server and bound,
+with its IOMMU group, to vfio-pci. MODEL is matched case-insensitively, with or
+without "NVIDIA ", spaces and dashes alike, or by a unique abbreviation
+("H100 80GB", "h100-80gb", "L40S"). Claiming again with the same ID and request
+returns the same claim. Exit code 3 when the server cannot hold the request.`,
+		Args: exactArgs(1, "one claim ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := parseClaimRequest(gpus, labels)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cl, err := c.Claim(ctx, args[0], req)
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+		},
+	}
+	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
+	return cmd
+}
+
+// unknownModelName is how gpuherd names an NVIDIA GPU missing from its
+// catalog ("10de:2bb5"); its colon is not a count separator.
+var unknownModelName = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$`)
+
+func parseClaimRequest(gpus, labels []string) (api.ClaimRequest, error) {
+	var req api.ClaimRequest
+	if len(gpus) == 0 {
+		return req, usagef("--gpu: give at least one, e.g. --gpu \"H100 80GB:2\"")
+	}
+	for _, s := range gpus {
+		it, err := parseGPUFlag(s)
+		if err != nil {
+			return req, err
+		}
+		req.GPUs = append(req.GPUs, it)
+	}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return req, usagef("--label %q: use key=value", l)
+		}
+		if req.Labels == nil {
+			req.Labels = map[string]string{}
+		}
+		if _, dup := req.Labels[k]; dup {
+			return req, usagef("--label %q: key %q given twice", l, k)
+		}
+		req.Labels[k] = v
+	}
+	return req, nil
+}
+
+func parseGPUFlag(s string) (api.Item, error) {
+	model, count := strings.TrimSpace(s), 1
+	if i := strings.LastIndex(model, ":"); i >= 0 && !unknownModelName.MatchString(model) {
+		n, err := strconv.Atoi(strings.TrimSpace(model[i+1:]))
+		if err != nil {
+			return api.Item{}, usagef("--gpu %q: count %q is not a number (use MODEL[:COUNT])", s, model[i+1:])
+		}
+		model, count = strings.TrimSpace(model[:i]), n
+	}
+	if model == "" {
+		return api.Item{}, usagef("--gpu %q: model is empty (use MODEL[:COUNT])", s)
+	}
+	if count < 1 {
+		return api.Item{}, usagef("--gpu %q: count must be at least 1", s)
+	}
+	return api.Item{Model: model, Count: count}, nil
+}
+
+func printClaim(w io.Writer, cl api.Claim) {
+	fmt.Fprintf(w, "Claim %s on %s: %s, %d GPU(s)\n", cl.ID, cl.Node, cl.State, len(cl.GPUs))
+	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tGROUP\tVFIO DEVICE")
+	for _, gp := range cl.GPUs {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, intOrDash(gp.IOMMUGroup), dash(gp.VFIODevice))
+	}
+}
+
+func newReleaseCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ID",
+		Short: "Release a claim; its GPUs go back to the idle driver",
+		Args:  exactArgs(1, "one claim ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cl, err := c.Release(ctx, args[0])
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(cl, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", cl.ID, cl.Node, len(cl.GPUs))
+			})
+		},
+	}
+}
+
+func newGetCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one claim",
+		Args:  exactArgs(1, "one claim ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cl, err := c.Get(ctx, args[0])
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+		},
+	}
+}
+
+func newClaimsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "claims",
+		Short: "List the claims on this server",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cls, err := c.Claims(ctx)
+			if err != nil {
+				return g.fail(err)
+			}
+			if cls == nil {
+				cls = []api.Claim{}
+			}
+			return g.show(cls, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tNODE\tSTATE\tGPUS\tMODELS")
+				for _, cl := range cls {
+					var models []string
+					for _, it := range cl.Items {
+						models = append(models, fmt.Sprintf("%dx %s", it.Count, it.Model))
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", cl.ID, cl.Node, cl.State, len(cl.GPUs), strings.Join(models, ", "))
+				}
+			})
+		},
+	}
+}
+
+func newAvailabilityCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "availability",
+		Short: "Every GPU model of the catalog and how many are free",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			av, err := c.Availability(ctx)
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(av, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL")
+				for _, m := range av.Models {
+					avail := "Unavailable"
+					if m.Available {
+						avail = "Available"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", m.Model, avail, m.Free, m.Total)
+				}
+			})
+		},
+	}
+}
+
+func newDrainCmd(g *globals, drain bool) *cobra.Command {
+	var reason string
+	use, short := "drain PCI_ADDRESS", "Stop new claims on a GPU (its claim, if any, stays)"
+	if !drain {
+		use, short = "undrain PCI_ADDRESS", "Offer a drained GPU again"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(1, "one PCI address (e.g. 0000:3b:00.0)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			var (
+				gp  api.GPU
+				err error
+			)
+			if drain {
+				gp, err = c.Drain(ctx, args[0], reason)
+			} else {
+				gp, err = c.Undrain(ctx, args[0])
+			}
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(gp, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "%s (%s): %s\n", gp.PCIAddress, gp.Model, gp.State)
+			})
+		},
+	}
+	if drain {
+		cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status)")
+	}
+	return cmd
+}
+
+func newVersionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this binary",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(*cobra.Command, []string) error {
+			v := agent.VersionInfo()
+			return g.show(v, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "gpuherd %s", v.Version)
+				if v.Commit != "" {
+					fmt.Fprintf(w, " (%s)", v.Commit)
+				}
+				fmt.Fprintf(w, " %s\n", v.Go)
+			})
+		},
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func intOrDash(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
+}
+
+func bytesGiB(b uint64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f GiB", float64(b)/(1<<30))
+}

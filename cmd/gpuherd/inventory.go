@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/agent/inventory"
+	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// scanGPU is one GPU of `gpuherd inventory`: what the agent would manage and
+// whether its IOMMU group can be given to a VM.
+type scanGPU struct {
+	inventory.GPU
+	Viable  bool          `json:"viable"`
+	Reason  string        `json:"reason,omitempty"`
+	Members []vfio.Device `json:"iommu_group_members"`
+}
+
+type scanReport struct {
+	SysfsRoot  string        `json:"sysfs_root"`
+	GPUs       []scanGPU     `json:"gpus"`
+	NotOffered []vfio.Device `json:"not_offered"` // NVIDIA functions that are never GPUs (NVSwitches, companions)
+}
+
+func newInventoryCmd(g *globals) *cobra.Command {
+	var (
+		root, simulate string
+		allow          []string
+	)
+	cmd := &cobra.Command{
+		Use:   "inventory",
+		Short: "Read-only scan: the GPUs gpuherd would manage here and whether they can be passed through",
+		Long: `Scan sysfs without an agent and without writing anything: every NVIDIA GPU,
+its IOMMU group with every member, and whether the group can be passed through
+to a VM or why gpuherd would refuse it. Run it before enabling the service.
+--sysfs-root scans any directory laid out like /sys; --simulate scans a
+simulated profile.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(*cobra.Command, []string) error {
+			al, err := vfio.ParseAllowList(allow)
+			if err != nil {
+				return usagef("--allow-devices: %v", err)
+			}
+			var fs vfio.FS
+			shown := root
+			if simulate != "" {
+				p, err := sim.Load(simulate)
+				if err != nil {
+					return usagef("--simulate: %v", err)
+				}
+				k, err := vfio.NewKernel(p.KernelConfig())
+				if err != nil {
+					return err
+				}
+				fs, shown = k, "simulated:"+p.Name
+			} else {
+				fs = vfio.NewOSFS(root, "/dev")
+			}
+			rep, err := scan(fs, al)
+			if err != nil {
+				return err
+			}
+			rep.SysfsRoot = shown
+			return g.show(rep, func(w *tabwriter.Writer) { printScan(w, rep) })
+		},
+	}
+	cmd.Flags().StringVar(&root, "sysfs-root", "/sys", "directory laid out like /sys")
+	cmd.Flags().StringVar(&simulate, "simulate", "", "scan a simulated profile instead")
+	cmd.Flags().StringSliceVar(&allow, "allow-devices", []string{"10de:*"}, "vendor:device IDs gpuherd may bind")
+	return cmd
+}
+
+func scan(fs vfio.FS, allow vfio.AllowList) (scanReport, error) {
+	pci := vfio.New(fs)
+	gpus, err := inventory.New(pci).Discover()
+	if err != nil {
+		return scanReport{}, err
+	}
+	binder := vfio.NewBinder(pci, vfio.WithAllowList(allow))
+	rep := scanReport{GPUs: []scanGPU{}, NotOffered: []vfio.Device{}}
+	isGPU := map[string]bool{}
+	for _, gp := range gpus {
+		isGPU[gp.Address] = true
+		s := scanGPU{GPU: gp, Viable: true}
+		if gp.IOMMUGroup >= 0 {
+			s.Members, _ = pci.GroupMembers(gp.IOMMUGroup)
+		}
+		if err := binder.Check(gp.Address); err != nil {
+			s.Viable, s.Reason = false, err.Error()
+		} else if !gp.Healthy {
+			s.Viable, s.Reason = false, gp.Health
+		}
+		rep.GPUs = append(rep.GPUs, s)
+	}
+	devs, err := pci.Devices()
+	if err != nil {
+		return scanReport{}, err
+	}
+	for _, d := range devs {
+		if d.Vendor == vfio.VendorNVIDIA && !isGPU[d.Address] {
+			rep.NotOffered = append(rep.NotOffered, d)
+		}
+	}
+	return rep, nil
+}
+
+func printScan(w *tabwriter.Writer, rep scanReport) {
+	viable := 0
+	for _, s := range rep.GPUs {
+		if s.Viable {
+			viable++
+		}
+	}
+	fmt.Fprintf(w, "%d NVIDIA GPU(s) in %s, %d ready for passthrough\n\n", len(rep.GPUs), rep.SysfsRoot, viable)
+	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tNUMA\tGROUP\tDRIVER\tPASSTHROUGH")
+	for _, s := range rep.GPUs {
+		verdict := "ready"
+		if !s.Viable {
+			verdict = "refused"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Address, s.Model, intOrDash(s.NUMANode), intOrDash(s.IOMMUGroup), dash(s.Driver), verdict)
+	}
+	w.Flush()
+	for _, s := range rep.GPUs {
+		fmt.Fprintf(w, "\n%s, IOMMU group %s:\n", s.Address, intOrDash(s.IOMMUGroup))
+		for _, m := range s.Members {
+			fmt.Fprintf(w, "  %s  [%04x:%04x] class %06x  driver %s\n", m.Address, m.Vendor, m.Device, m.Class, dash(m.Driver))
+		}
+		if !s.Viable {
+			fmt.Fprintf(w, "  refused: %s\n", strings.TrimPrefix(s.Reason, "vfio: "))
+		}
+	}
+	if len(rep.NotOffered) > 0 {
+		fmt.Fprintln(w, "\nNVIDIA functions never offered as GPUs (NVSwitches, audio/USB companions):")
+		for _, d := range rep.NotOffered {
+			fmt.Fprintf(w, "  %s  [%04x:%04x] class %06x  driver %s\n", d.Address, d.Vendor, d.Device, d.Class, dash(d.Driver))
+		}
+	}
+}

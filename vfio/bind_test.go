@@ -1,0 +1,327 @@
+package vfio
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestBind(t *testing.T) {
+	qemuTestDev := FakeDevice{Address: "0000:00:03.0", Vendor: 0x1b36, Device: 0x0005, Class: 0x00ff00, IOMMUGroup: 3, NUMANode: -1}
+
+	tests := []struct {
+		name    string
+		devices []FakeDevice
+		allow   []string // nil: the default
+		addr    string
+		wantErr error
+		// After the call: driver of each listed device (checked whether
+		// or not the call failed).
+		wantDrivers map[string]string
+		wantChanges []Change
+		// The exact writes the kernel saw; nil means none at all.
+		wantWrites []string
+	}{
+		{
+			name:        "GPU on nvidia moves to vfio-pci",
+			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO},
+			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+			},
+		},
+		{
+			name:        "GPU on no driver is probed onto vfio-pci",
+			devices:     []FakeDevice{gpu(gpuA, 12, "")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO},
+			wantChanges: []Change{{gpuA, "", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+			},
+		},
+		{
+			name:        "GPU already on vfio-pci: no write at all",
+			devices:     []FakeDevice{gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, DriverVFIO)},
+			addr:        gpuA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO},
+		},
+		{
+			name:        "the card's audio function moves with it",
+			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO, gpuB: "nvidia"},
+			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}, {audioA, "snd_hda_intel", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+				"bus/pci/devices/0000:3b:00.1/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.1/driver/unbind <- 0000:3b:00.1",
+				"bus/pci/drivers_probe <- 0000:3b:00.1",
+			},
+		},
+		{
+			name:        "binding the audio function takes the whole group",
+			devices:     []FakeDevice{gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, "snd_hda_intel")},
+			addr:        audioA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO},
+			wantChanges: []Change{{audioA, "snd_hda_intel", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.1/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.1/driver/unbind <- 0000:3b:00.1",
+				"bus/pci/drivers_probe <- 0000:3b:00.1",
+			},
+		},
+		{
+			name:        "a foreign endpoint with a host driver makes the group not viable",
+			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), nicDev(nic, 12, "ixgbe")},
+			addr:        gpuA,
+			wantErr:     ErrGroupNotViable,
+			wantDrivers: map[string]string{gpuA: "nvidia", audioA: "snd_hda_intel", nic: "ixgbe"},
+		},
+		{
+			name:        "a foreign endpoint on no driver may stay",
+			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{gpuA: DriverVFIO, nic: ""},
+			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+			},
+		},
+		{
+			name:        "a bridge on no driver stays where it is",
+			devices:     []FakeDevice{bridgeDev(bridge, 12, ""), gpu(gpuA, 12, "nvidia")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{bridge: "", gpuA: DriverVFIO},
+			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+			},
+		},
+		{
+			name:        "a bridge on pcieport stays where it is",
+			devices:     []FakeDevice{bridgeDev(bridge, 12, "pcieport"), gpu(gpuA, 12, "")},
+			addr:        gpuA,
+			wantDrivers: map[string]string{bridge: "pcieport", gpuA: DriverVFIO},
+			wantChanges: []Change{{gpuA, "", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+				"bus/pci/drivers_probe <- 0000:3b:00.0",
+			},
+		},
+		{
+			name:        "a bridge on another driver makes the group not viable",
+			devices:     []FakeDevice{bridgeDev(bridge, 12, "ixgbe"), gpu(gpuA, 12, "")},
+			addr:        gpuA,
+			wantErr:     ErrGroupNotViable,
+			wantDrivers: map[string]string{bridge: "ixgbe", gpuA: ""},
+		},
+		{
+			name:        "a device without an IOMMU group is refused",
+			devices:     []FakeDevice{gpu(gpuA, -1, "nvidia")},
+			addr:        gpuA,
+			wantErr:     ErrNoIOMMUGroup,
+			wantDrivers: map[string]string{gpuA: "nvidia"},
+		},
+		{
+			name:        "a device not on the allow list is refused",
+			devices:     []FakeDevice{nicDev(nic, 12, "ixgbe")},
+			addr:        nic,
+			wantErr:     ErrNotAllowed,
+			wantDrivers: map[string]string{nic: "ixgbe"},
+		},
+		{
+			name:        "an allow-listed foreign device stands in for a GPU",
+			devices:     []FakeDevice{qemuTestDev},
+			allow:       []string{"10de:*", "1b36:0005"},
+			addr:        qemuTestDev.Address,
+			wantDrivers: map[string]string{qemuTestDev.Address: DriverVFIO},
+			wantChanges: []Change{{qemuTestDev.Address, "", DriverVFIO}},
+			wantWrites: []string{
+				"bus/pci/devices/0000:00:03.0/driver_override <- vfio-pci",
+				"bus/pci/drivers_probe <- 0000:00:03.0",
+			},
+		},
+		{
+			name:        "an absent device vanished",
+			devices:     []FakeDevice{gpu(gpuB, 30, "nvidia")},
+			addr:        gpuA,
+			wantErr:     ErrVanished,
+			wantDrivers: map[string]string{gpuB: "nvidia"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := bootKernel(t, tt.devices...)
+			var opts []BinderOption
+			if tt.allow != nil {
+				l, err := ParseAllowList(tt.allow)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts = append(opts, WithAllowList(l))
+			}
+			b := NewBinder(New(k), opts...)
+
+			res, err := b.Bind(testCtx(t), tt.addr)
+
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("Bind(%s) error = %v, want %v", tt.addr, err, tt.wantErr)
+			}
+			for addr, want := range tt.wantDrivers {
+				if got, _ := driverOf(t, k, addr); got != want {
+					t.Errorf("%s on %q, want %q", addr, got, want)
+				}
+			}
+			if !slices.Equal(res.Changes, tt.wantChanges) {
+				t.Errorf("Changes = %v, want %v", res.Changes, tt.wantChanges)
+			}
+			wantWrites(t, k, 0, tt.wantWrites...)
+			if err != nil {
+				return
+			}
+			if res.VFIODevice != "/dev/vfio/"+itoa(res.Group) || !k.Exists(res.VFIODevice) {
+				t.Errorf("VFIODevice = %q (group %d), want an existing /dev/vfio/<group>", res.VFIODevice, res.Group)
+			}
+			for _, c := range res.Changes {
+				if _, ov := driverOf(t, k, c.Address); ov != DriverVFIO {
+					t.Errorf("%s: driver_override %q after bind, want vfio-pci so a reprobe keeps it there", c.Address, ov)
+				}
+			}
+		})
+	}
+}
+
+func TestBindGroupErrorNamesTheCulprit(t *testing.T) {
+	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "ixgbe"))
+	_, err := NewBinder(New(k)).Bind(testCtx(t), gpuA)
+	var ge *GroupError
+	if !errors.As(err, &ge) {
+		t.Fatalf("Bind error = %v, want a *GroupError", err)
+	}
+	if ge.Group != 12 || ge.Address != nic || ge.Driver != "ixgbe" || ge.Vendor != 0x8086 {
+		t.Errorf("GroupError = %+v, want group 12, %s on ixgbe", ge, nic)
+	}
+	for _, s := range []string{"group 12", nic, "ixgbe", "8086:10fb"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
+	}
+	if w := k.Writes(); len(w) != 0 {
+		t.Errorf("refused Bind wrote %v", w)
+	}
+}
+
+func TestBindFallsBackToDriverBind(t *testing.T) {
+	// An old kernel or a racing udev rule: drivers_probe leaves it unbound.
+	k := bootKernel(t, gpu(gpuA, 12, "nvidia"))
+	f := &faultFS{FS: k, write: func(name string, data []byte) (bool, error) {
+		return name == driversProbe, nil
+	}}
+	res, err := NewBinder(New(f)).Bind(testCtx(t), gpuA)
+	if err != nil {
+		t.Fatalf("Bind: %v", err)
+	}
+	if got, _ := driverOf(t, k, gpuA); got != DriverVFIO {
+		t.Errorf("driver %q, want vfio-pci", got)
+	}
+	if want := []Change{{gpuA, "nvidia", DriverVFIO}}; !slices.Equal(res.Changes, want) {
+		t.Errorf("Changes = %v, want %v", res.Changes, want)
+	}
+	wantWrites(t, k, 0,
+		"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
+		"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
+		"bus/pci/drivers/vfio-pci/bind <- 0000:3b:00.0",
+	)
+}
+
+func TestBindRollsBackOnFailure(t *testing.T) {
+	tests := []struct {
+		name    string
+		fault   func(k *Kernel) FS
+		wantErr error
+	}{
+		{
+			name: "the audio function's unbind fails",
+			fault: func(k *Kernel) FS {
+				return &faultFS{FS: k, write: func(name string, data []byte) (bool, error) {
+					return name == devicePath(audioA, "driver/unbind"), errInjected
+				}}
+			},
+			wantErr: errInjected,
+		},
+		{
+			name: "/dev/vfio/12 never appears",
+			fault: func(k *Kernel) FS {
+				return &faultFS{FS: k, hide: map[string]bool{"/dev/vfio/12": true}}
+			},
+			wantErr: ErrBindFailed,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"))
+			res, err := NewBinder(New(tt.fault(k))).Bind(testCtx(t), gpuA)
+			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), "rolled back") {
+				t.Fatalf("Bind error = %v, want %v and a rollback", err, tt.wantErr)
+			}
+			for addr, want := range map[string]string{gpuA: "nvidia", audioA: "snd_hda_intel"} {
+				if got, ov := driverOf(t, k, addr); got != want || ov != "" {
+					t.Errorf("%s on %q with override %q after rollback, want %q and none", addr, got, ov, want)
+				}
+			}
+			if len(res.Changes) != 0 {
+				t.Errorf("Changes = %v after a full rollback, want none", res.Changes)
+			}
+		})
+	}
+}
+
+func TestBindRefusesWhatItMustNotTouch(t *testing.T) {
+	// Every write in every Bind of these tests lands in a device's own
+	// directory, the probe file, or a driver's bind/unbind.
+	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, ""))
+	b := NewBinder(New(k))
+	for _, a := range []string{gpuA, gpuB} {
+		if _, err := b.Bind(testCtx(t), a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Release(testCtx(t), a, IdleNVIDIA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range k.Writes() {
+		if !writeAllowed(w.Name) {
+			t.Errorf("write to %s outside the allowed directories", w.Name)
+		}
+	}
+}
+
+// writeAllowed is the rule from the design: a device's own driver_override
+// or driver/unbind, drivers_probe, or a driver's bind/unbind.
+func writeAllowed(name string) bool {
+	p := strings.Split(name, "/")
+	switch {
+	case len(p) == 5 && p[0] == "bus" && p[1] == "pci" && p[2] == "devices" && p[4] == "driver_override":
+		return ValidateAddress(p[3]) == nil
+	case len(p) == 6 && p[0] == "bus" && p[1] == "pci" && p[2] == "devices" && p[4] == "driver" && p[5] == "unbind":
+		return ValidateAddress(p[3]) == nil
+	case name == driversProbe:
+		return true
+	case len(p) == 5 && p[0] == "bus" && p[1] == "pci" && p[2] == "drivers" && (p[4] == "bind" || p[4] == "unbind"):
+		return validateDriverName(p[3]) == nil
+	}
+	return false
+}

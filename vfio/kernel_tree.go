@@ -1,0 +1,340 @@
+package vfio
+
+import (
+	"encoding/binary"
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// The simulated tree has the layout of the real one: device directories
+// live under devices/pci<domain>:00/, and bus/pci/devices, the drivers'
+// directories and the IOMMU groups hold relative symlinks to them, with the
+// link texts the kernel uses. The model is computed from the device state
+// on each lookup, so it can never disagree with it.
+
+type nodeKind int
+
+const (
+	kindDir nodeKind = iota
+	kindFile
+	kindLink
+	kindCharDev
+)
+
+type node struct {
+	kind     nodeKind
+	children []string // kindDir
+	link     string   // kindLink: the link text
+	content  []byte   // kindFile, when readable
+	readable bool
+	writable bool
+}
+
+func dirNode(children ...string) node { return node{kind: kindDir, children: children} }
+func linkNode(target string) node     { return node{kind: kindLink, link: target} }
+func roFile(content []byte) node      { return node{kind: kindFile, content: content, readable: true} }
+func woFile() node                    { return node{kind: kindFile, writable: true} }
+
+// rootBus names the directory under devices/ that holds a device: one root
+// bus per PCI domain is enough for a flat simulated topology.
+func rootBus(addr string) string { return "pci" + addr[:4] + ":00" }
+
+// deviceDir is the canonical directory of a device, relative to the root.
+func deviceDir(addr string) string { return "devices/" + rootBus(addr) + "/" + addr }
+
+// maxLinkHops bounds link resolution like the kernel's MAXSYMLINKS.
+const maxLinkHops = 40
+
+// resolve walks parts from the root, following links in every element but
+// the last (and the last too when followLast), and returns the canonical
+// parts and the node found. Errors are ENOENT, ENOTDIR or ELOOP.
+func (k *Kernel) resolve(op, name string, parts []string, followLast bool) ([]string, node, error) {
+	for hops := 0; ; hops++ {
+		if hops > maxLinkHops {
+			return nil, node{}, pathErr(op, name, syscall.ELOOP)
+		}
+		if len(parts) == 0 {
+			n, _ := k.node(nil)
+			return nil, n, nil
+		}
+		followed := false
+		for i := 1; i <= len(parts); i++ {
+			n, ok := k.node(parts[:i])
+			if !ok {
+				return nil, node{}, pathErr(op, name, syscall.ENOENT)
+			}
+			last := i == len(parts)
+			if n.kind == kindLink && (!last || followLast) {
+				target := path.Join(strings.Join(parts[:i-1], "/"), n.link)
+				if target == ".." || strings.HasPrefix(target, "../") {
+					return nil, node{}, pathErr(op, name, syscall.ENOENT)
+				}
+				parts = append(split(target), parts[i:]...)
+				followed = true
+				break
+			}
+			if last {
+				return parts, n, nil
+			}
+			if n.kind != kindDir {
+				return nil, node{}, pathErr(op, name, syscall.ENOTDIR)
+			}
+		}
+		if !followed {
+			return nil, node{}, pathErr(op, name, syscall.ENOENT)
+		}
+	}
+}
+
+// node returns the sysfs node at canonical parts, without following links.
+// k.mu must be held.
+func (k *Kernel) node(p []string) (node, bool) {
+	if len(p) == 0 {
+		return dirNode("bus", "devices", "kernel"), true
+	}
+	switch p[0] {
+	case "bus":
+		return k.busNode(p[1:])
+	case "devices":
+		return k.devicesNode(p[1:])
+	case "kernel":
+		return k.kernelNode(p[1:])
+	}
+	return node{}, false
+}
+
+func (k *Kernel) addrs(keep func(*kdev) bool) []string {
+	var out []string
+	for a, d := range k.devs {
+		if keep == nil || keep(d) {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (k *Kernel) devicesNode(p []string) (node, bool) {
+	if len(p) == 0 {
+		var buses []string
+		for _, a := range k.addrs(nil) {
+			buses = append(buses, rootBus(a))
+		}
+		return dirNode(slices.Compact(buses)...), true
+	}
+	inBus := func(d *kdev) bool { return rootBus(d.Address) == p[0] }
+	members := k.addrs(inBus)
+	if len(members) == 0 {
+		return node{}, false
+	}
+	if len(p) == 1 {
+		return dirNode(members...), true
+	}
+	d, ok := k.devs[p[1]]
+	if !ok || !inBus(d) {
+		return node{}, false
+	}
+	return k.deviceNode(d, p[2:])
+}
+
+func (k *Kernel) deviceNode(d *kdev, p []string) (node, bool) {
+	if len(p) == 0 {
+		c := []string{"class", "config", "device", "driver_override", "numa_node", "subsystem_device", "subsystem_vendor", "vendor"}
+		if d.Driver != "" {
+			c = append(c, "driver")
+		}
+		if d.IOMMUGroup >= 0 {
+			c = append(c, "iommu_group")
+		}
+		if d.PhysFn != "" {
+			c = append(c, "physfn")
+		}
+		return dirNode(c...), true
+	}
+	if len(p) > 1 {
+		return node{}, false
+	}
+	hex16 := func(v uint16) node { return roFile(fmt.Appendf(nil, "0x%04x\n", v)) }
+	switch p[0] {
+	case "vendor":
+		return hex16(d.Vendor), true
+	case "device":
+		return hex16(d.Device), true
+	case "subsystem_vendor":
+		return hex16(d.SubsystemVendor), true
+	case "subsystem_device":
+		return hex16(d.SubsystemDevice), true
+	case "class":
+		return roFile(fmt.Appendf(nil, "0x%06x\n", d.Class)), true
+	case "numa_node":
+		return roFile(fmt.Appendf(nil, "%d\n", d.NUMANode)), true
+	case "config":
+		return roFile(d.config()), true
+	case "driver_override":
+		v := d.Override
+		if v == "" {
+			v = "(null)"
+		}
+		return node{kind: kindFile, content: []byte(v + "\n"), readable: true, writable: true}, true
+	case "driver":
+		if d.Driver != "" {
+			return linkNode("../../../bus/pci/drivers/" + d.Driver), true
+		}
+	case "iommu_group":
+		if d.IOMMUGroup >= 0 {
+			return linkNode("../../../kernel/iommu_groups/" + strconv.Itoa(d.IOMMUGroup)), true
+		}
+	case "physfn":
+		if d.PhysFn != "" {
+			return linkNode("../" + d.PhysFn), true
+		}
+	}
+	return node{}, false
+}
+
+// config is the device's PCI config space header: enough for lspci-like
+// readers and for the all-ones check, little-endian as the bus is.
+func (d *kdev) config() []byte {
+	c := make([]byte, 256)
+	if d.ConfigAllOnes {
+		for i := range c {
+			c[i] = 0xff
+		}
+		return c
+	}
+	binary.LittleEndian.PutUint16(c[0x00:], d.Vendor)
+	binary.LittleEndian.PutUint16(c[0x02:], d.Device)
+	c[0x09], c[0x0a], c[0x0b] = byte(d.Class), byte(d.Class>>8), byte(d.Class>>16)
+	if d.Class>>8 == ClassBridge>>8 {
+		c[0x0e] = 0x01 // header type 1: PCI-to-PCI bridge
+	} else {
+		binary.LittleEndian.PutUint16(c[0x2c:], d.SubsystemVendor)
+		binary.LittleEndian.PutUint16(c[0x2e:], d.SubsystemDevice)
+	}
+	return c
+}
+
+func (k *Kernel) busNode(p []string) (node, bool) {
+	if len(p) == 0 {
+		return dirNode("pci"), true
+	}
+	if p[0] != "pci" {
+		return node{}, false
+	}
+	if len(p) == 1 {
+		return dirNode("devices", "drivers", "drivers_probe"), true
+	}
+	switch p[1] {
+	case "drivers_probe":
+		if len(p) == 2 {
+			return woFile(), true
+		}
+	case "devices":
+		switch len(p) {
+		case 2:
+			return dirNode(k.addrs(nil)...), true
+		case 3:
+			if _, ok := k.devs[p[2]]; ok {
+				return linkNode("../../../" + deviceDir(p[2])), true
+			}
+		}
+	case "drivers":
+		if len(p) == 2 {
+			return dirNode(k.drivers...), true
+		}
+		drv := p[2]
+		if !k.loaded(drv) {
+			return node{}, false
+		}
+		bound := k.addrs(func(d *kdev) bool { return d.Driver == drv })
+		switch len(p) {
+		case 3:
+			return dirNode(append([]string{"bind", "unbind"}, bound...)...), true
+		case 4:
+			if p[3] == "bind" || p[3] == "unbind" {
+				return woFile(), true
+			}
+			if _, ok := slices.BinarySearch(bound, p[3]); ok {
+				return linkNode("../../../../" + deviceDir(p[3])), true
+			}
+		}
+	}
+	return node{}, false
+}
+
+func (k *Kernel) kernelNode(p []string) (node, bool) {
+	if len(p) == 0 {
+		return dirNode("iommu_groups"), true
+	}
+	if p[0] != "iommu_groups" {
+		return node{}, false
+	}
+	if len(p) == 1 {
+		return dirNode(k.groups(nil)...), true
+	}
+	g, err := parseGroupName(p[1])
+	if err != nil {
+		return node{}, false
+	}
+	members := k.addrs(func(d *kdev) bool { return d.IOMMUGroup == g })
+	if len(members) == 0 {
+		return node{}, false
+	}
+	switch {
+	case len(p) == 2:
+		return dirNode("devices"), true
+	case p[2] != "devices":
+		return node{}, false
+	case len(p) == 3:
+		return dirNode(members...), true
+	case len(p) == 4:
+		if _, ok := slices.BinarySearch(members, p[3]); ok {
+			return linkNode("../../../../" + deviceDir(p[3])), true
+		}
+	}
+	return node{}, false
+}
+
+// groups returns the IOMMU groups that have a member for which keep holds,
+// as directory names.
+func (k *Kernel) groups(keep func(*kdev) bool) []string {
+	var gs []int
+	for _, d := range k.devs {
+		if d.IOMMUGroup >= 0 && (keep == nil || keep(d)) {
+			gs = append(gs, d.IOMMUGroup)
+		}
+	}
+	slices.Sort(gs)
+	gs = slices.Compact(gs)
+	names := make([]string, len(gs))
+	for i, g := range gs {
+		names[i] = strconv.Itoa(g)
+	}
+	return names
+}
+
+// devNode returns the node at parts under the device root: /dev/vfio/vfio
+// always (the vfio module is loaded) and /dev/vfio/N while a member of
+// group N is bound to vfio-pci, as vfio creates and removes it.
+func (k *Kernel) devNode(p []string) (node, bool) {
+	if len(p) == 0 {
+		return dirNode("vfio"), true
+	}
+	if p[0] != "vfio" {
+		return node{}, false
+	}
+	onVFIO := k.groups(func(d *kdev) bool { return d.Driver == DriverVFIO })
+	switch len(p) {
+	case 1:
+		return dirNode(append([]string{"vfio"}, onVFIO...)...), true
+	case 2:
+		if p[1] == "vfio" || slices.Contains(onVFIO, p[1]) {
+			return node{kind: kindCharDev}, true
+		}
+	}
+	return node{}, false
+}
