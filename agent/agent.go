@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -34,7 +36,14 @@ type Agent struct {
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	locks deviceLocks
+	locks   deviceLocks
+	rec     Recorder
+	cluster *clusterState // nil when this server runs alone
+	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
+	gossipTune func(*memberlist.Config)
+
+	drainMu sync.RWMutex
+	drained *serverDrain // nil when the server takes new claims
 
 	mu     sync.RWMutex
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
@@ -46,10 +55,19 @@ type Agent struct {
 type Option func(*options)
 
 type options struct {
-	now  func() time.Time
-	fs   vfio.FS
-	nvml nvml.Interface
+	now        func() time.Time
+	fs         vfio.FS
+	nvml       nvml.Interface
+	rec        Recorder
+	gossipTune func(*memberlist.Config)
 }
+
+// WithRecorder sends the agent's events (claims, reservations, vfio
+// operations) to r, normally the metrics.
+func WithRecorder(r Recorder) Option { return func(o *options) { o.rec = r } }
+
+// WithGossipTune adjusts memberlist's configuration; tests shorten timers.
+func WithGossipTune(f func(*memberlist.Config)) Option { return func(o *options) { o.gossipTune = f } }
 
 // WithClock replaces the wall clock (leases, expiry).
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
@@ -66,13 +84,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{now: time.Now}
+	o := options{now: time.Now, rec: nopRecorder{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
-	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string)}
+	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
+		rec: o.rec, gossipTune: o.gossipTune}
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
@@ -112,9 +131,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
+	if err := a.loadServerDrain(); err != nil {
+		a.Close()
+		return nil, err
+	}
 	if err := a.reconcile(ctx); err != nil {
 		a.Close()
 		return nil, err
+	}
+	if cfg.GossipAddr != "" {
+		if err := a.startCluster(); err != nil {
+			a.Close()
+			return nil, err
+		}
 	}
 	return a, nil
 }
@@ -153,6 +182,10 @@ func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
 // kernel stays blocked; nothing can cancel it.
 func (a *Agent) Close() error {
 	var err error
+	if a.cluster != nil {
+		a.cluster.stop(context.Background())
+		a.cluster = nil
+	}
 	if a.ledger != nil {
 		err = a.ledger.Close()
 	}
@@ -228,7 +261,19 @@ func (a *Agent) fence(addr, reason string) {
 	if err := a.pushInventory(); err != nil {
 		a.log.Error("fencing GPU", "pci_address", addr, "err", err)
 	}
+	a.changed()
 }
+
+// changed tells the cluster that this server's capacity may have moved.
+func (a *Agent) changed() {
+	if c := a.cluster; c != nil {
+		c.publish()
+	}
+}
+
+// rnd breaks ties between equally good servers; each call gets its own
+// generator, so concurrent claims need no lock.
+func (a *Agent) rnd() *rand.Rand { return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) }
 
 // health returns why a GPU is not offered, or "".
 func (a *Agent) health(addr string) string {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -198,7 +197,7 @@ func TestReconcileRebindsClaimedAndDropsExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A reservation nobody commits (a coordinator that died).
-	r, err := a.Reserve(ctx, "vm-orphan", mustResolve(t, a, "H100 80GB", 2), "coordinator-x")
+	r, err := a.Reserve(ctx, "vm-orphan", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 2}}, Coordinator: "coordinator-x"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,19 +219,10 @@ func TestReconcileRebindsClaimedAndDropsExpired(t *testing.T) {
 		t.Errorf("expired reservation still there: %v", err)
 	}
 	for _, g := range r.GPUs {
-		if d := driverOf(t, m.Kernel, g); d != vfio.DriverNVIDIA {
-			t.Errorf("GPU %s of the expired reservation on %q, want the idle driver nvidia", g, d)
+		if d := driverOf(t, m.Kernel, g.PCIAddress); d != vfio.DriverNVIDIA {
+			t.Errorf("GPU %s of the expired reservation on %q, want the idle driver nvidia", g.PCIAddress, d)
 		}
 	}
-}
-
-func mustResolve(t *testing.T, a *Agent, model string, n int) ledger.Request {
-	t.Helper()
-	req, err := a.resolve(api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: n}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
 }
 
 func TestStuckUnbindFencesGPUAndClaimMovesOn(t *testing.T) {

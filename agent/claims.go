@@ -20,77 +20,6 @@ const bindAttempts = 8
 
 var _ api.Service = (*Agent)(nil)
 
-// Claim takes the GPUs of req on this server for id, binds them to vfio-pci
-// and commits the claim. A retry with the same id and request returns the
-// same claim.
-func (a *Agent) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
-	lreq, err := a.resolve(req)
-	if err != nil {
-		return api.Claim{}, err
-	}
-	for attempt := 1; ; attempt++ {
-		c, err := a.Reserve(ctx, id, lreq, "")
-		if err != nil {
-			var bf *bindFailure
-			if errors.As(err, &bf) && attempt < bindAttempts {
-				a.log.Warn("retrying claim on other GPUs", "claim", id, "attempt", attempt, "err", err)
-				continue
-			}
-			return api.Claim{}, err
-		}
-		return a.Commit(ctx, c.ID)
-	}
-}
-
-// Reserve takes the GPUs under a lease and binds them to vfio-pci; the
-// coordinator then commits or lets the lease run out. A GPU that fails to bind
-// is fenced off and the reservation dropped, so the caller may retry.
-func (a *Agent) Reserve(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
-	lease := time.Duration(a.cfg.ReservationLease)
-	c, err := a.ledger.Reserve(id, req, coordinator, a.now(), lease)
-	if err != nil {
-		return ledger.Claim{}, a.apiError(err)
-	}
-	fresh := c.State == ledger.StateReserved
-	unlock := a.locks.lock(c.GPUs...)
-	defer unlock()
-	for _, addr := range c.GPUs {
-		if fresh {
-			// Binding can take seconds per card; keep the lease ahead of it.
-			if _, err := a.ledger.Extend(id, a.now(), lease); err != nil {
-				return ledger.Claim{}, a.apiError(err)
-			}
-		}
-		res, err := a.binder.Bind(ctx, addr)
-		if err != nil {
-			a.fence(addr, fmt.Sprintf("bind to vfio-pci failed: %v", err))
-			if fresh {
-				if _, rerr := a.ledger.Release(id, a.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
-					a.log.Error("dropping reservation after bind failure", "claim", id, "err", rerr)
-				}
-				a.toIdleLocked(ctx, c.GPUs, addr)
-			}
-			return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: err}
-		}
-		logChanges(a, "claim", id, res)
-	}
-	return c, nil
-}
-
-// Commit makes a reservation a claim that survives crashes of this agent.
-func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
-	c, err := a.ledger.Commit(id, a.now())
-	if err != nil {
-		if errors.Is(err, ledger.ErrLeaseExpired) {
-			// The GPUs went back to the pool; put them back on the idle driver.
-			a.log.Warn("reservation expired before commit", "claim", id)
-		}
-		return api.Claim{}, a.apiError(err)
-	}
-	a.log.Info("claimed", "claim", id, "gpus", c.GPUs)
-	return a.claimView(c), nil
-}
-
 type bindFailure struct {
 	claim, addr string
 	err         error
@@ -102,22 +31,6 @@ func (b *bindFailure) Error() string {
 
 func (b *bindFailure) Unwrap() error { return b.err }
 
-// Release frees a claim's GPUs and returns them to the idle driver.
-func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
-	if err := ledger.ValidateID(id); err != nil {
-		return api.Claim{}, a.apiError(err)
-	}
-	c, err := a.ledger.Release(id, a.now())
-	if err != nil {
-		return api.Claim{}, a.apiError(err)
-	}
-	a.log.Info("released", "claim", id, "gpus", c.GPUs)
-	unlock := a.locks.lock(c.GPUs...)
-	a.toIdleLocked(ctx, c.GPUs, "")
-	unlock()
-	return a.claimView(c), nil
-}
-
 // toIdleLocked returns the GPUs of addrs that no live claim holds to the
 // idle driver, skipping skip. The caller holds their device locks, so a
 // claim that takes one of them now binds it only after this returns. Failures
@@ -127,18 +40,22 @@ func (a *Agent) toIdleLocked(ctx context.Context, addrs []string, skip string) {
 		if addr == skip || a.health(addr) != "" {
 			continue
 		}
+		start := time.Now()
 		res, err := a.binder.Release(ctx, addr, a.policy)
+		a.rec.VFIOOperation("release", time.Since(start), err)
 		if err != nil {
 			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
 			continue
 		}
-		logChanges(a, "release", "", res)
+		logChanges(a, "release", res)
 	}
 }
 
-func logChanges(a *Agent, op, claim string, res vfio.Result) {
+// logChanges logs every driver change of a bind or release: the operator's
+// record of what gpuherd did to the machine, and why.
+func logChanges(a *Agent, why string, res vfio.Result) {
 	for _, ch := range res.Changes {
-		a.log.Info("driver changed", "op", op, "claim", claim, "pci_address", ch.Address, "from", orNone(ch.From), "to", orNone(ch.To))
+		a.log.Info("driver changed", "why", why, "pci_address", ch.Address, "from", orNone(ch.From), "to", orNone(ch.To))
 	}
 }
 
@@ -147,32 +64,6 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
-}
-
-// Get returns one claim.
-func (a *Agent) Get(_ context.Context, id string) (api.Claim, error) {
-	if err := ledger.ValidateID(id); err != nil {
-		return api.Claim{}, a.apiError(err)
-	}
-	c, err := a.ledger.Get(id)
-	if err != nil {
-		return api.Claim{}, a.apiError(err)
-	}
-	return a.claimView(c), nil
-}
-
-// Claims lists every claim of this server.
-func (a *Agent) Claims(context.Context) ([]api.Claim, error) {
-	cs := a.ledger.List()
-	out := make([]api.Claim, 0, len(cs))
-	now := a.now()
-	for _, c := range cs {
-		if !c.Live(now) {
-			continue // an expired reservation, about to be swept
-		}
-		out = append(out, a.claimView(c))
-	}
-	return out, nil
 }
 
 // Drain stops new claims on a GPU; a claim it is in stays.
@@ -284,33 +175,6 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 	return v
 }
 
-// Availability lists every model of the catalog and of this server, with
-// how many are free here.
-func (a *Agent) Availability(context.Context) (api.Availability, error) {
-	totals := a.ledger.Totals(a.now())
-	for _, name := range a.inv.Catalog().Names() {
-		if _, ok := totals[name]; !ok {
-			totals[name] = ledger.ModelTotals{}
-		}
-	}
-	out := api.Availability{Node: a.cfg.NodeName}
-	for name, t := range totals {
-		out.Models = append(out.Models, api.ModelAvailability{
-			Model: name, Available: t.Free > 0, Free: t.Free, Total: t.Total, Healthy: t.Healthy,
-		})
-	}
-	slices.SortFunc(out.Models, func(x, y api.ModelAvailability) int {
-		if x.Model < y.Model {
-			return -1
-		}
-		if x.Model > y.Model {
-			return 1
-		}
-		return 0
-	})
-	return out, nil
-}
-
 // Version is this build.
 func (a *Agent) Version() api.VersionInfo { return VersionInfo() }
 
@@ -348,17 +212,17 @@ func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
 	return out, nil
 }
 
-// modelNames is every name a claim may ask for: the catalog and the
-// unknown models found on this server.
+// modelNames is every name a claim may ask for: the catalog, and the models
+// missing from it that some server of the platform has.
 func (a *Agent) modelNames() []string {
 	names := a.inv.Catalog().Names()
-	a.mu.RLock()
-	for _, g := range a.gpus {
-		if !slices.Contains(names, g.Model) {
-			names = append(names, g.Model)
+	for _, t := range a.targets() {
+		for m := range t.caps {
+			if !slices.Contains(names, m) {
+				names = append(names, m)
+			}
 		}
 	}
-	a.mu.RUnlock()
 	slices.Sort(names)
 	return names
 }
@@ -406,10 +270,14 @@ func (a *Agent) Sweep(ctx context.Context) {
 		return
 	}
 	for _, c := range expired {
+		a.rec.Reservation("expired")
 		a.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
 		unlock := a.locks.lock(c.GPUs...)
 		a.toIdleLocked(ctx, c.GPUs, "")
 		unlock()
+	}
+	if len(expired) > 0 {
+		a.changed()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,6 +49,25 @@ type Config struct {
 	// LogLevel is debug, info, warn or error; LogFormat is text or json.
 	LogLevel  string `yaml:"log_level"`
 	LogFormat string `yaml:"log_format"`
+	// OfferedModels are the models the platform offers: `availability`
+	// lists them (as Unavailable when none is free) besides every model
+	// some server has.
+	OfferedModels []string `yaml:"offered_models"`
+	// MetricsAddr serves /metrics, /healthz and /readyz over plain HTTP
+	// (HOST:PORT; "" turns it off).
+	MetricsAddr string `yaml:"metrics_addr"`
+
+	// The cluster. GossipAddr "" runs this server alone.
+	GossipAddr         string   `yaml:"gossip_addr"`         // HOST:PORT memberlist listens on
+	AdvertiseAddr      string   `yaml:"advertise_addr"`      // IP others reach this server at; "" finds it with netlink
+	AdvertiseInterface string   `yaml:"advertise_interface"` // interface to take it from; "" the default route's
+	Join               []string `yaml:"join"`                // seeds: HOST or HOST:PORT of other servers' gossip
+	GossipKeyFile      string   `yaml:"gossip_key_file"`     // AES keys, one per line, first is primary
+	InsecureGossip     bool     `yaml:"insecure_gossip"`     // allow unencrypted gossip (labs only)
+	PeerAddr           string   `yaml:"peer_addr"`           // HOST:PORT of the mutual-TLS API for coordinators
+	TLSCA              string   `yaml:"tls_ca"`              // CA that signs every agent's certificate
+	TLSCert            string   `yaml:"tls_cert"`            // this agent's certificate (server and client)
+	TLSKey             string   `yaml:"tls_key"`             // its key
 }
 
 // Duration is a time.Duration that reads "30s" from YAML.
@@ -110,6 +130,7 @@ func DefaultConfig() Config {
 		NVML:             "auto",
 		LogLevel:         "info",
 		LogFormat:        "text",
+		OfferedModels:    []string{"NVIDIA L40S", "NVIDIA A100 80GB", "NVIDIA H100 80GB", "NVIDIA RTX 6000 Pro"},
 	}
 }
 
@@ -215,6 +236,44 @@ func (c *Config) Validate() error {
 	}
 	if c.SocketGroup != "" && strings.ContainsAny(c.SocketGroup, " /:") {
 		return bad("socket_group", "%q is not a group name", c.SocketGroup)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return bad("metrics_addr", "%q: use HOST:PORT, e.g. :9465", c.MetricsAddr)
+		}
+	}
+	return c.validateCluster()
+}
+
+func (c *Config) validateCluster() error {
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	if c.GossipAddr == "" {
+		if len(c.Join) > 0 {
+			return bad("join", "needs gossip_addr: set the address gossip listens on (e.g. 0.0.0.0:7946)")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.GossipAddr); err != nil {
+		return bad("gossip_addr", "%q: use HOST:PORT, e.g. 0.0.0.0:7946", c.GossipAddr)
+	}
+	if c.PeerAddr == "" {
+		return bad("peer_addr", "required with gossip_addr: the mutual-TLS API coordinators call (e.g. 0.0.0.0:7947)")
+	}
+	if _, _, err := net.SplitHostPort(c.PeerAddr); err != nil {
+		return bad("peer_addr", "%q: use HOST:PORT, e.g. 0.0.0.0:7947", c.PeerAddr)
+	}
+	if c.AdvertiseAddr != "" && net.ParseIP(c.AdvertiseAddr) == nil {
+		return bad("advertise_addr", "%q is not an IP address", c.AdvertiseAddr)
+	}
+	for _, kv := range [][2]string{{"tls_ca", c.TLSCA}, {"tls_cert", c.TLSCert}, {"tls_key", c.TLSKey}} {
+		if kv[1] == "" {
+			return bad(kv[0], "required with gossip_addr: agents talk to each other over mutual TLS (create them with `gpuherd tls ca` and `gpuherd tls cert`)")
+		}
+	}
+	if c.GossipKeyFile == "" && !c.InsecureGossip {
+		return bad("gossip_key_file", "required with gossip_addr: gossip is encrypted (generate a key with `gpuherd gossip keygen`), or set insecure_gossip: true for a lab")
 	}
 	return nil
 }

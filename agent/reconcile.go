@@ -35,7 +35,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 				continue
 			}
 			changed += len(res.Changes)
-			logChanges(a, "reconcile", c.ID, res)
+			logChanges(a, "reconcile: claim "+c.ID, res)
 		}
 	}
 	a.mu.RLock()
@@ -58,7 +58,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			continue
 		}
 		changed += len(res.Changes)
-		logChanges(a, "reconcile", "", res)
+		logChanges(a, "reconcile: idle driver", res)
 	}
 	a.log.Info("reconciled", "claims", len(claims), "expired", len(expired), "driver_changes", changed, "idle_driver", string(a.policy))
 	return nil

@@ -34,6 +34,16 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
+	if c := a.cluster; c != nil {
+		// Seeds may come up after us: keep trying in the background; this
+		// server serves its own GPUs meanwhile.
+		go func() {
+			if err := c.g.Join(ctx); err != nil && ctx.Err() == nil {
+				a.log.Error("gossip join gave up", "err", err)
+			}
+		}()
+		c.publish()
+	}
 	if ready != nil {
 		ready()
 	}

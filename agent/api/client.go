@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,9 +15,11 @@ import (
 	"time"
 )
 
-// Client talks to an agent's API over its unix socket.
+// Client talks to an agent's API: over its unix socket, or over HTTPS with
+// mutual TLS (NewRemoteClient).
 type Client struct {
-	socket string
+	base   string // scheme and authority
+	target string // what to name in errors: the socket or host:port
 	http   *http.Client
 }
 
@@ -30,7 +33,14 @@ func NewClient(socket string) *Client {
 		MaxIdleConns:    4,
 		IdleConnTimeout: 30 * time.Second,
 	}
-	return &Client{socket: socket, http: &http.Client{Transport: tr}}
+	return &Client{base: "http://gpuherd", target: socket, http: &http.Client{Transport: tr}}
+}
+
+// NewRemoteClient talks to an agent's API at addr (host:port) over HTTPS
+// with mutual TLS.
+func NewRemoteClient(addr string, cfg *tls.Config) *Client {
+	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true, IdleConnTimeout: 30 * time.Second}
+	return &Client{base: "https://" + addr, target: addr, http: &http.Client{Transport: tr}}
 }
 
 // Close releases idle connections.
@@ -84,6 +94,30 @@ func (c *Client) Availability(ctx context.Context) (Availability, error) {
 	return v, c.do(ctx, http.MethodGet, "/availability", nil, &v)
 }
 
+// Resize changes a claim's GPUs (model or count), in place or by a move.
+func (c *Client) Resize(ctx context.Context, id string, req ResizeRequest) (Claim, error) {
+	var v Claim
+	return v, c.do(ctx, http.MethodPost, "/claims/"+url.PathEscape(id)+"/resize", req, &v)
+}
+
+// Members lists the servers of the platform.
+func (c *Client) Members(ctx context.Context) ([]Member, error) {
+	var v []Member
+	return v, c.do(ctx, http.MethodGet, "/members", nil, &v)
+}
+
+// DrainServer cordons the agent's server.
+func (c *Client) DrainServer(ctx context.Context, reason string) (Member, error) {
+	var v Member
+	return v, c.do(ctx, http.MethodPut, "/drain", ServerDrainRequest{Reason: reason}, &v)
+}
+
+// UndrainServer lifts the cordon.
+func (c *Client) UndrainServer(ctx context.Context) (Member, error) {
+	var v Member
+	return v, c.do(ctx, http.MethodDelete, "/drain", nil, &v)
+}
+
 // Version returns the agent's build.
 func (c *Client) Version(ctx context.Context) (VersionInfo, error) {
 	var v VersionInfo
@@ -102,7 +136,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://gpuherd/"+Version+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+"/"+Version+path, rd)
 	if err != nil {
 		return err
 	}
@@ -112,12 +146,12 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("%w on %s (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)", ErrAgentDown, c.socket)
+			return fmt.Errorf("%w on %s (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)", ErrAgentDown, c.target)
 		}
 		if errors.Is(err, syscall.EACCES) {
-			return fmt.Errorf("permission denied on %s: run as root or as a member of the socket's group", c.socket)
+			return fmt.Errorf("permission denied on %s: run as root or as a member of the socket's group", c.target)
 		}
-		return fmt.Errorf("talking to the agent on %s: %w", c.socket, err)
+		return fmt.Errorf("talking to the agent on %s: %w", c.target, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

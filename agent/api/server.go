@@ -22,14 +22,31 @@ type Service interface {
 	Drain(ctx context.Context, addr, reason string) (GPU, error)
 	Undrain(ctx context.Context, addr string) (GPU, error)
 	Availability(ctx context.Context) (Availability, error)
+	Resize(ctx context.Context, id string, req ResizeRequest) (Claim, error)
+	Members(ctx context.Context) ([]Member, error)
+	DrainServer(ctx context.Context, reason string) (Member, error)
+	UndrainServer(ctx context.Context) (Member, error)
 	Version() VersionInfo
 }
 
 // MaxBodyBytes bounds every request body; a claim is a few hundred bytes.
 const MaxBodyBytes = 64 << 10
 
-// NewHandler routes the API to svc.
+// NewHandler routes the API to svc: what the local socket serves.
 func NewHandler(svc Service, log *slog.Logger) http.Handler {
+	mux, _ := newMux(svc, log)
+	return mux
+}
+
+// NewPeerHandler routes the API to svc and the owner operations to o: what
+// the mutual-TLS listener serves to coordinators and remote clients.
+func NewPeerHandler(svc Service, o Owner, log *slog.Logger) http.Handler {
+	mux, h := newMux(svc, log)
+	peerRoutes(o, mux, h)
+	return mux
+}
+
+func newMux(svc Service, log *slog.Logger) (*http.ServeMux, *handler) {
 	h := &handler{svc: svc, log: log}
 	mux := http.NewServeMux()
 	p := "/" + Version
@@ -42,11 +59,15 @@ func NewHandler(svc Service, log *slog.Logger) http.Handler {
 	mux.HandleFunc("DELETE "+p+"/gpus/{addr}/drain", h.undrain)
 	mux.HandleFunc("GET "+p+"/availability", h.availability)
 	mux.HandleFunc("GET "+p+"/version", h.version)
+	mux.HandleFunc("POST "+p+"/claims/{id}/resize", h.resize)
+	mux.HandleFunc("GET "+p+"/members", h.members)
+	mux.HandleFunc("PUT "+p+"/drain", h.drainServer)
+	mux.HandleFunc("DELETE "+p+"/drain", h.undrainServer)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Status: http.StatusNotFound, Code: CodeNotFound,
 			Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, truncate(r.URL.Path, 100))})
 	})
-	return mux
+	return mux, h
 }
 
 type handler struct {
@@ -103,6 +124,38 @@ func (h *handler) undrain(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) availability(w http.ResponseWriter, r *http.Request) {
 	v, err := h.svc.Availability(r.Context())
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) resize(w http.ResponseWriter, r *http.Request) {
+	var req ResizeRequest
+	if err := decode(w, r, &req); err != nil {
+		h.reply(w, r, nil, err)
+		return
+	}
+	v, err := h.svc.Resize(r.Context(), r.PathValue("id"), req)
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) members(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.Members(r.Context())
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) drainServer(w http.ResponseWriter, r *http.Request) {
+	var req ServerDrainRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+	}
+	v, err := h.svc.DrainServer(r.Context(), req.Reason)
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) undrainServer(w http.ResponseWriter, r *http.Request) {
+	v, err := h.svc.UndrainServer(r.Context())
 	h.reply(w, r, v, err)
 }
 

@@ -53,6 +53,20 @@ type Item struct {
 type ClaimRequest struct {
 	GPUs   []Item            `json:"gpus"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// PreferNode is tried first when it can hold the request: a VM that
+	// restarts goes back to its old server when its GPUs are still free.
+	PreferNode string `json:"prefer_node,omitempty"`
+}
+
+// ResizeRequest changes a claim's GPUs (model or count).
+type ResizeRequest struct {
+	GPUs []Item `json:"gpus"`
+}
+
+// Alternative is a request that one server could hold right now.
+type Alternative struct {
+	GPUs    []Item `json:"gpus"`
+	Servers int    `json:"servers"`
 }
 
 // ClaimGPU is one GPU handed to a claim.
@@ -76,19 +90,40 @@ type Claim struct {
 	CommittedAt time.Time         `json:"committed_at,omitzero"`
 }
 
-// ModelAvailability is one model of the catalog on this server.
+// ModelAvailability is one model of the platform.
 type ModelAvailability struct {
 	Model     string `json:"model"`
 	Available bool   `json:"available"`
 	Free      int    `json:"free"`
 	Total     int    `json:"total"`
 	Healthy   int    `json:"healthy"`
+	// MaxFreeOnOneServer is the largest request of this model one server
+	// can hold now (a VM's GPUs are all on one server).
+	MaxFreeOnOneServer int `json:"max_free_on_one_server"`
 }
 
-// Availability lists every model of the catalog, available or not.
+// Availability lists every model of the platform, available or not, as the
+// answering agent sees it (its own ledger, the others' gossip).
 type Availability struct {
-	Node   string              `json:"node"`
-	Models []ModelAvailability `json:"models"`
+	Node    string              `json:"node"`
+	Servers int                 `json:"servers"`
+	Models  []ModelAvailability `json:"models"`
+}
+
+// Member is one server of the platform.
+type Member struct {
+	Name         string              `json:"name"`
+	Addr         string              `json:"addr,omitempty"` // gossip address
+	State        string              `json:"state"`          // alive, suspect, dead, left
+	Self         bool                `json:"self,omitempty"`
+	Drained      bool                `json:"drained"`
+	AgentVersion string              `json:"agent_version,omitempty"`
+	Models       []ModelAvailability `json:"models"`
+}
+
+// ServerDrainRequest cordons a whole server.
+type ServerDrainRequest struct {
+	Reason string `json:"reason,omitempty"`
 }
 
 // DrainRequest drains a GPU: no new claims there, the existing one stays.
@@ -124,6 +159,8 @@ type Error struct {
 	Field       string   `json:"field,omitempty"`
 	Missing     []Item   `json:"missing,omitempty"`
 	KnownModels []string `json:"known_models,omitempty"`
+	// Alternatives: what would fit on one server now, when Missing could not.
+	Alternatives []Alternative `json:"alternatives,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

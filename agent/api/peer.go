@@ -1,0 +1,135 @@
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// ReserveRequest is a coordinator asking the owning server to reserve GPUs
+// for a claim under a lease. Items carry canonical model names.
+type ReserveRequest struct {
+	Items       []Item            `json:"items"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Coordinator string            `json:"coordinator"`
+}
+
+// Owner is what a server offers coordinators for its own GPUs: the one
+// place where a claim on it is decided. Every call is idempotent by ID.
+type Owner interface {
+	Reserve(ctx context.Context, id string, req ReserveRequest) (Claim, error)
+	Commit(ctx context.Context, id string) (Claim, error)
+	// Abort drops a claim of this server whatever its state (release of a
+	// committed claim, or abort of a reservation).
+	Abort(ctx context.Context, id string) (Claim, error)
+	Lookup(ctx context.Context, id string) (Claim, error)
+	List(ctx context.Context) ([]Claim, error)
+	// ResizeInPlace changes a committed claim in place; *Error not_available when
+	// this server cannot hold the new request.
+	ResizeInPlace(ctx context.Context, id string, items []Item) (Claim, error)
+}
+
+// peerRoutes routes the owner operations for coordinators.
+func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
+	p := "/" + Version + "/peer"
+	mux.HandleFunc("PUT "+p+"/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var req ReserveRequest
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		v, err := o.Reserve(r.Context(), r.PathValue("id"), req)
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST "+p+"/reservations/{id}/commit", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.Commit(r.Context(), r.PathValue("id"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("DELETE "+p+"/claims/{id}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.Abort(r.Context(), r.PathValue("id"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET "+p+"/claims/{id}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.Lookup(r.Context(), r.PathValue("id"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET "+p+"/claims", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.List(r.Context())
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST "+p+"/claims/{id}/resize", func(w http.ResponseWriter, r *http.Request) {
+		var req ResizeRequest
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		v, err := o.ResizeInPlace(r.Context(), r.PathValue("id"), req.GPUs)
+		h.reply(w, r, v, err)
+	})
+}
+
+// PeerClient is a coordinator's connection to one owner, over HTTPS with
+// mutual TLS. It implements Owner.
+type PeerClient struct {
+	c *Client
+}
+
+var _ Owner = (*PeerClient)(nil)
+
+// NewPeerClient talks to the owner's peer API at addr (host:port) with the
+// given TLS configuration (which must verify the owner's identity).
+func NewPeerClient(addr string, cfg *tls.Config, timeout time.Duration) *PeerClient {
+	tr := &http.Transport{
+		TLSClientConfig:     cfg,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: timeout,
+	}
+	return &PeerClient{c: &Client{
+		base:   "https://" + addr,
+		target: addr,
+		http:   &http.Client{Transport: tr, Timeout: timeout},
+	}}
+}
+
+// Close releases idle connections.
+func (p *PeerClient) Close() { p.c.Close() }
+
+// Reserve asks the owner to reserve and bind.
+func (p *PeerClient) Reserve(ctx context.Context, id string, req ReserveRequest) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodPut, "/peer/reservations/"+url.PathEscape(id), req, &v)
+}
+
+// Commit makes the owner's reservation a claim.
+func (p *PeerClient) Commit(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodPost, "/peer/reservations/"+url.PathEscape(id)+"/commit", nil, &v)
+}
+
+// Abort drops the claim on the owner.
+func (p *PeerClient) Abort(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+url.PathEscape(id), nil, &v)
+}
+
+// Lookup returns the owner's claim.
+func (p *PeerClient) Lookup(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodGet, "/peer/claims/"+url.PathEscape(id), nil, &v)
+}
+
+// ResizeInPlace changes the owner's claim in place.
+func (p *PeerClient) ResizeInPlace(ctx context.Context, id string, items []Item) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodPost, "/peer/claims/"+url.PathEscape(id)+"/resize", ResizeRequest{GPUs: items}, &v)
+}
+
+// List returns the owner's claims.
+func (p *PeerClient) List(ctx context.Context) ([]Claim, error) {
+	var v []Claim
+	return v, p.c.do(ctx, http.MethodGet, "/peer/claims", nil, &v)
+}

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/agent/placement"
+	"github.com/gpuherd/gpuherd/gossip"
+)
+
+// clusterState is this agent's part in the platform: gossip out and in, the
+// mutual-TLS listener for coordinators, and the clients to other owners.
+type clusterState struct {
+	a        *Agent
+	g        *gossip.Cluster
+	files    pki.Files
+	peerAddr string // host:port others reach our peer API at
+	server   *http.Server
+	ln       net.Listener
+
+	mu      sync.Mutex
+	clients map[string]*api.PeerClient // by name@addr
+}
+
+// startCluster opens the peer listener and joins gossip. The caller joins
+// the seeds (Join may wait for them).
+func (a *Agent) startCluster() error {
+	cfg := a.cfg
+	files := pki.Files{CA: cfg.TLSCA, Cert: cfg.TLSCert, Key: cfg.TLSKey}
+	srvTLS, err := pki.ServerConfig(files, pki.WithLogger(a.log))
+	if err != nil {
+		return fmt.Errorf("peer API TLS: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.PeerAddr)
+	if err != nil {
+		return fmt.Errorf("peer_addr %s: %w", cfg.PeerAddr, err)
+	}
+	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
+
+	gcfg := gossip.Config{
+		NodeName:  cfg.NodeName,
+		Join:      cfg.Join,
+		KeyFile:   cfg.GossipKeyFile,
+		Insecure:  cfg.InsecureGossip,
+		Log:       a.log.With("component", "gossip"),
+		Tune:      a.gossipTune,
+		JoinRetryMax: 0,
+	}
+	host, port, err := net.SplitHostPort(cfg.GossipAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("gossip_addr %q: %w", cfg.GossipAddr, err)
+	}
+	gcfg.BindAddr = host
+	gcfg.BindPort, _ = strconv.Atoi(port)
+	adv := cfg.AdvertiseAddr
+	if adv == "" {
+		ip, err := gossip.AdvertiseAddr(cfg.AdvertiseInterface)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		adv = ip.String()
+	}
+	gcfg.AdvertiseAddr = adv
+	_, pport, _ := net.SplitHostPort(ln.Addr().String())
+	c.peerAddr = net.JoinHostPort(adv, pport)
+
+	g, err := gossip.New(gcfg, c.summary)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	c.g = g
+	c.server = &http.Server{
+		Handler:           api.NewPeerHandler(a, a, a.log),
+		TLSConfig:         srvTLS,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+	}
+	go func() {
+		if err := c.server.ServeTLS(ln, "", ""); err != nil && err != http.ErrServerClosed {
+			a.log.Error("peer API stopped", "addr", cfg.PeerAddr, "err", err)
+		}
+	}()
+	a.cluster = c
+	a.log.Info("cluster: gossip and peer API up", "gossip", g.LocalAddr(), "peer_api", c.peerAddr)
+	return nil
+}
+
+// summary is what this server gossips: its capacity per model, from the
+// ledger, which is the truth about it.
+func (c *clusterState) summary() gossip.Summary {
+	a := c.a
+	s := gossip.Summary{
+		AgentVersion: Version,
+		PeerAddr:     c.peerAddr,
+		Drained:      a.serverDrained(),
+		Revision:     a.ledger.Revision(),
+	}
+	for m, t := range a.ledger.Totals(a.now()) {
+		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy)})
+	}
+	return s
+}
+
+func clamp16(n int) uint16 {
+	if n > 0xffff {
+		return 0xffff
+	}
+	if n < 0 {
+		return 0
+	}
+	return uint16(n)
+}
+
+// peers is every other alive server whose summary this agent can read.
+func (c *clusterState) peers() []target {
+	var out []target
+	for _, m := range c.g.Members() {
+		if m.Self || !m.Usable() || m.Summary.PeerAddr == "" {
+			continue
+		}
+		t := target{
+			name:   m.Name,
+			owner:  c.client(m.Name, m.Summary.PeerAddr),
+			server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
+			caps:   map[string]ledger.ModelTotals{},
+		}
+		for _, mc := range m.Summary.Models {
+			t.server.Free[mc.Model] = int(mc.Free)
+			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy)}
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// client returns the peer client for a server, built once per address; the
+// TLS configuration checks that the far end is that server.
+func (c *clusterState) client(name, addr string) api.Owner {
+	key := name + "@" + addr
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pc, ok := c.clients[key]; ok {
+		return pc
+	}
+	cfg, err := pki.ClientConfigFor(c.files, name, pki.WithLogger(c.a.log))
+	if err != nil {
+		return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
+	}
+	pc := api.NewPeerClient(addr, cfg, reserveTimeout)
+	c.clients[key] = pc
+	return pc
+}
+
+// publish re-advertises this server's summary; it coalesces bursts.
+func (c *clusterState) publish() {
+	if err := c.g.Publish(); err != nil {
+		c.a.log.Warn("gossip publish failed", "err", err)
+	}
+}
+
+// stop leaves the cluster gracefully, then closes the listener.
+func (c *clusterState) stop(ctx context.Context) {
+	if err := c.g.Leave(5 * time.Second); err != nil {
+		c.a.log.Warn("gossip leave", "err", err)
+	}
+	if err := c.g.Shutdown(); err != nil {
+		c.a.log.Warn("gossip shutdown", "err", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = c.server.Shutdown(sctx)
+	c.mu.Lock()
+	for _, pc := range c.clients {
+		pc.Close()
+	}
+	c.mu.Unlock()
+}
+
+// brokenOwner answers every call with the error that kept a client from
+// being built, so the coordinator moves on to the next server.
+type brokenOwner struct{ err error }
+
+func (b brokenOwner) Reserve(context.Context, string, api.ReserveRequest) (api.Claim, error) {
+	return api.Claim{}, b.err
+}
+func (b brokenOwner) Commit(context.Context, string) (api.Claim, error) { return api.Claim{}, b.err }
+func (b brokenOwner) Abort(context.Context, string) (api.Claim, error)  { return api.Claim{}, b.err }
+func (b brokenOwner) Lookup(context.Context, string) (api.Claim, error) { return api.Claim{}, b.err }
+func (b brokenOwner) List(context.Context) ([]api.Claim, error)         { return nil, b.err }
+func (b brokenOwner) ResizeInPlace(context.Context, string, []api.Item) (api.Claim, error) {
+	return api.Claim{}, b.err
+}

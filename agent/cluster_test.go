@@ -1,0 +1,262 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/pki"
+)
+
+// fastGossip shortens memberlist's timers so that a loopback cluster
+// converges in a fraction of a second.
+func fastGossip(c *memberlist.Config) {
+	c.ProbeInterval = 100 * time.Millisecond
+	c.ProbeTimeout = 50 * time.Millisecond
+	c.GossipInterval = 20 * time.Millisecond
+	c.PushPullInterval = time.Second
+	c.SuspicionMult = 2
+}
+
+type testCluster struct {
+	t      *testing.T
+	dir    string
+	agents map[string]*Agent
+	cancel map[string]context.CancelFunc
+	done   map[string]chan error
+	seed   string
+}
+
+func newTestCluster(t *testing.T) *testCluster {
+	dir := t.TempDir()
+	if err := pki.CreateCA(filepath.Join(dir, "ca"), "test CA", 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCluster{t: t, dir: dir, agents: map[string]*Agent{}, cancel: map[string]context.CancelFunc{}, done: map[string]chan error{}}
+	t.Cleanup(func() {
+		for name := range tc.agents {
+			tc.stop(name)
+		}
+	})
+	return tc
+}
+
+// start runs an agent named name on a simulated profile, joined to the
+// first agent started.
+func (tc *testCluster) start(name, profile string) *Agent {
+	t := tc.t
+	t.Helper()
+	caDir, certDir := filepath.Join(tc.dir, "ca"), filepath.Join(tc.dir, "certs")
+	if err := pki.IssueCert(caDir, certDir, name, []string{"127.0.0.1"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.NodeName = name
+	cfg.DataDir = filepath.Join(tc.dir, name)
+	cfg.Socket = filepath.Join(tc.dir, name+".sock")
+	cfg.Simulate = profile
+	cfg.IdleDriver = "nvidia"
+	cfg.GossipAddr = "127.0.0.1:0"
+	cfg.AdvertiseAddr = "127.0.0.1"
+	cfg.PeerAddr = "127.0.0.1:0"
+	cfg.InsecureGossip = true
+	cfg.TLSCA = filepath.Join(caDir, "ca.crt")
+	cfg.TLSCert = filepath.Join(certDir, name+".crt")
+	cfg.TLSKey = filepath.Join(certDir, name+".key")
+	if tc.seed != "" {
+		cfg.Join = []string{tc.seed}
+	}
+	a, err := New(context.Background(), cfg, quietLog(), WithGossipTune(fastGossip))
+	if err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	if tc.seed == "" {
+		tc.seed = a.cluster.g.LocalAddr()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, func() { close(ready) }) }()
+	<-ready
+	tc.agents[name], tc.cancel[name], tc.done[name] = a, cancel, done
+	return a
+}
+
+func (tc *testCluster) stop(name string) {
+	if tc.cancel[name] == nil {
+		return
+	}
+	tc.cancel[name]()
+	<-tc.done[name]
+	tc.agents[name].Close()
+	delete(tc.cancel, name)
+}
+
+// converge waits until every agent sees every other alive with the summary
+// cond accepts; gossip is eventually consistent, so this polls under a
+// deadline.
+func (tc *testCluster) converge(what string, cond func(a *Agent) bool) time.Duration {
+	tc.t.Helper()
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
+	for {
+		ok := true
+		for _, a := range tc.agents {
+			if !cond(a) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("cluster did not converge on %s within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func freeOf(a *Agent, model string) int {
+	av, _ := a.Availability(context.Background())
+	for _, m := range av.Models {
+		if m.Model == model {
+			return m.Free
+		}
+	}
+	return -1
+}
+
+func TestClusterClaimLandsWhereItFits(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "dgx-h100")
+	b := tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	ctx := context.Background()
+	tc.converge("membership", func(x *Agent) bool {
+		return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA H100 80GB") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4
+	})
+
+	// Through a, an L40S request can only land on b.
+	cl, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Node != "b" || len(cl.GPUs) != 2 {
+		t.Fatalf("claim through a = %+v, want 2 GPUs on b", cl)
+	}
+	for _, g := range cl.GPUs {
+		if d := driverOf(t, b.sim.Kernel, g.PCIAddress); d != "vfio-pci" {
+			t.Errorf("b's %s on %q after a remote claim", g.PCIAddress, d)
+		}
+	}
+	took := tc.converge("L40S free 2 everywhere", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 2 })
+	t.Logf("capacity change seen by every agent after %v", took)
+
+	// Get and release through c, which owns nothing of it.
+	got, err := c.Get(ctx, "vm-1")
+	if err != nil || got.Node != "b" {
+		t.Fatalf("get through c: %+v, %v", got, err)
+	}
+	if _, err := c.Release(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("L40S free 4 again", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+
+	// No single server holds 9 H100: not available, with alternatives.
+	_, err = c.Claim(ctx, "vm-big", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 9}}})
+	e := apiErr(t, err)
+	if e.Code != api.CodeNotAvailable || e.Message != "The following GPUs are not available: 9x NVIDIA H100 80GB" {
+		t.Fatalf("9 H100: %+v", e)
+	}
+	if !slices.ContainsFunc(e.Alternatives, func(alt api.Alternative) bool {
+		return len(alt.GPUs) == 1 && alt.GPUs[0] == api.Item{Model: "NVIDIA H100 80GB", Count: 8}
+	}) {
+		t.Errorf("alternatives %+v do not offer 8x H100 on one server", e.Alternatives)
+	}
+	// Each model fits somewhere, never together: both are named.
+	_, err = a.Claim(ctx, "vm-mix", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}, {Model: "L40S", Count: 1}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || len(e.Missing) != 2 {
+		t.Errorf("H100+L40S on one server: %+v", e)
+	}
+}
+
+func TestClusterRacersForTheLastGPUs(t *testing.T) {
+	tc := newTestCluster(t)
+	agents := []*Agent{tc.start("a", "l40s-4"), tc.start("b", "rtx6000pro-2"), tc.start("c", "a100-pcie-4")}
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	ctx := context.Background()
+	const claimers = 12
+	var (
+		wg               sync.WaitGroup
+		mu               sync.Mutex
+		granted, refused int
+		owners           = map[string]string{}
+	)
+	for i := range claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("vm-%d", i)
+			cl, err := agents[i%len(agents)].Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
+					t.Errorf("%s: %v", id, err)
+				}
+				refused++
+				return
+			}
+			granted++
+			for _, g := range cl.GPUs {
+				key := cl.Node + "/" + g.PCIAddress
+				if prev, dup := owners[key]; dup {
+					t.Errorf("GPU %s given to %s and %s", key, prev, id)
+				}
+				owners[key] = id
+			}
+		}()
+	}
+	wg.Wait()
+	if granted != 4 || refused != claimers-4 {
+		t.Errorf("granted %d, refused %d; want 4 and %d", granted, refused, claimers-4)
+	}
+	all, _ := agents[2].Claims(ctx)
+	if len(all) != 4 {
+		t.Errorf("cluster-wide claims list has %d claims, want 4", len(all))
+	}
+	t.Logf("%d claimers through 3 coordinators: %d granted, %d not available, 0 GPUs shared", claimers, granted, refused)
+}
+
+func TestClusterResizeInPlaceThenMove(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "a100-pcie-4")
+	tc.start("b", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	grown, err := a.Resize(ctx, "vm-1", api.ResizeRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 3}}})
+	if err != nil || grown.Node != "a" || len(grown.GPUs) != 3 {
+		t.Fatalf("grow in place: %+v, %v", grown, err)
+	}
+	moved, err := a.Resize(ctx, "vm-1", api.ResizeRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if err != nil || moved.Node != "b" || len(moved.GPUs) != 2 || moved.State != api.StateClaimed {
+		t.Fatalf("move to b: %+v, %v", moved, err)
+	}
+	if n := freeOf(a, "NVIDIA A100 80GB"); n != 4 {
+		t.Errorf("after the move a has %d A100 free, want 4", n)
+	}
+	if _, err := a.Lookup(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+		t.Errorf("the old server still holds vm-1: %v", err)
+	}
+}

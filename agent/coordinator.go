@@ -1,0 +1,457 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// The coordinator side of the protocol: any agent places a claim by ranking
+// the servers that, by its view, can hold the whole request, and asking
+// their owners in turn. The owners decide; the view is only a hint. See
+// docs/protocol.md.
+
+// Timeouts of the calls a coordinator makes to owners. A reservation binds
+// GPUs, which takes seconds; the rest only touch the owner's ledger.
+const (
+	reserveTimeout  = 20 * time.Second
+	ownerOpTimeout  = 5 * time.Second
+	lookupTimeout   = 2 * time.Second
+	commitAttempts  = 3
+	abortTimeout    = 2 * time.Second
+	maxOwnerRetries = 8 // candidates asked for one claim before giving up
+)
+
+// target is a server a coordinator may ask: this agent or a peer.
+type target struct {
+	name   string
+	self   bool
+	owner  api.Owner
+	server placement.Server
+	caps   map[string]ledger.ModelTotals
+}
+
+// targets is this agent's view of the servers: itself, exactly, from its
+// ledger, and the peers from gossip.
+func (a *Agent) targets() []target {
+	now := a.now()
+	caps := a.ledger.Totals(now)
+	free := make(map[string]int, len(caps))
+	for m, c := range caps {
+		free[m] = c.Free
+	}
+	self := target{
+		name:   a.cfg.NodeName,
+		self:   true,
+		owner:  a,
+		server: placement.Server{Name: a.cfg.NodeName, Free: free, Drained: a.serverDrained()},
+		caps:   caps,
+	}
+	out := []target{self}
+	if a.cluster != nil {
+		out = append(out, a.cluster.peers()...)
+	}
+	return out
+}
+
+// Claim places the request on one server of the platform, all of it or
+// nothing, and returns the committed claim. A retry with the same ID and
+// request, through any agent, returns the same claim.
+func (a *Agent) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+	start := time.Now()
+	c, err := a.coordinate(ctx, id, req)
+	a.rec.ClaimDone(outcome(err), time.Since(start))
+	return c, err
+}
+
+// outcome names a claim's result for the metrics.
+func outcome(err error) string {
+	var e *api.Error
+	switch {
+	case err == nil:
+		return "granted"
+	case !errors.As(err, &e):
+		return "error"
+	case e.Code == api.CodeNotAvailable:
+		return "not_available"
+	case e.Code == api.CodeInvalid || e.Code == api.CodeUnknownModel:
+		return "invalid"
+	case e.Code == api.CodeConflict:
+		return "conflict"
+	case e.Code == api.CodeBindFailed:
+		return "bind_failed"
+	}
+	return "error"
+}
+
+func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	lreq, err := a.resolve(req)
+	if err != nil {
+		return api.Claim{}, err
+	}
+	if err := ledger.ValidateRequest(lreq, a.cfg.MaxGPUsPerClaim); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	rr := api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: a.cfg.NodeName}
+	targets := a.targets()
+
+	// Idempotency across the platform: the claim may already be held, by
+	// this call's earlier try through any agent.
+	if c, t, err := a.find(ctx, targets, id); err == nil {
+		if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
+			return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+				Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, describe(c.Items))}
+		}
+		if c.State == api.StateClaimed {
+			return c, nil
+		}
+		// A reservation whose coordinator is gone: finish its work.
+		return a.commitOn(ctx, t, id)
+	} else if !isCode(err, api.CodeNotFound) {
+		return api.Claim{}, err
+	}
+
+	want := wants(lreq.Items)
+	servers := make([]placement.Server, len(targets))
+	byName := make(map[string]target, len(targets))
+	for i, t := range targets {
+		servers[i] = t.server
+		byName[t.name] = t
+	}
+	ranked := placement.Rank(servers, want, req.PreferNode, a.rnd())
+	if len(ranked) > maxOwnerRetries {
+		ranked = ranked[:maxOwnerRetries]
+	}
+	for i, name := range ranked {
+		c, err := a.tryOwner(ctx, byName[name], id, rr)
+		if err == nil {
+			if i > 0 {
+				a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", i+1)
+			}
+			return c, nil
+		}
+		if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+			return api.Claim{}, err
+		}
+		a.log.Debug("owner could not take the claim; next candidate", "claim", id, "node", name, "err", err)
+	}
+	return api.Claim{}, a.notAvailable(rr.Items, servers)
+}
+
+// errCommitUnknown: the commit was sent but its answer never came. The
+// coordinator must not try another server: the claim may be committed.
+var errCommitUnknown = errors.New("commit unconfirmed")
+
+// tryOwner asks one owner to reserve, then commits. A reservation that
+// cannot be confirmed is aborted best-effort; it expires by itself anyway.
+func (a *Agent) tryOwner(ctx context.Context, t target, id string, rr api.ReserveRequest) (api.Claim, error) {
+	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	_, err := t.owner.Reserve(rctx, id, rr)
+	cancel()
+	if err != nil {
+		var e *api.Error
+		if !errors.As(err, &e) || e.Status >= 500 {
+			// Unanswered, or failed half-way: make sure nothing stays.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+			if _, aerr := t.owner.Abort(actx, id); aerr != nil && !isCode(aerr, api.CodeNotFound) {
+				a.log.Warn("abort after a failed reservation did not go through; the lease will expire it", "claim", id, "node", t.name, "err", aerr)
+			}
+			cancel()
+		}
+		return api.Claim{}, err
+	}
+	return a.commitOn(ctx, t, id)
+}
+
+// commitOn commits the reservation id on t, retrying an unanswered commit
+// (commits are idempotent). Once a commit was sent, the claim may exist on
+// t: an answer that never comes is errCommitUnknown, never "try elsewhere".
+func (a *Agent) commitOn(ctx context.Context, t target, id string) (api.Claim, error) {
+	var last error
+	for range commitAttempts {
+		cctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		c, err := t.owner.Commit(cctx, id)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		var e *api.Error
+		if errors.As(err, &e) && e.Status < 500 {
+			return api.Claim{}, err // expired or gone: nothing is committed
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return api.Claim{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", id, t.name, last)}
+}
+
+// find looks for the claim on every server of the view, this one first.
+func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
+	if c, err := a.Lookup(ctx, id); err == nil {
+		return c, targets[0], nil
+	} else if !isCode(err, api.CodeNotFound) {
+		return api.Claim{}, target{}, err
+	}
+	type hit struct {
+		c api.Claim
+		t target
+	}
+	var (
+		mu   sync.Mutex
+		hits []hit
+		wg   sync.WaitGroup
+	)
+	for _, t := range targets[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			c, err := t.owner.Lookup(lctx, id)
+			if err != nil {
+				if !isCode(err, api.CodeNotFound) {
+					a.log.Debug("lookup failed", "claim", id, "node", t.name, "err", err)
+				}
+				return
+			}
+			mu.Lock()
+			hits = append(hits, hit{c, t})
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(hits) == 0 {
+		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+			Message: fmt.Sprintf("claim %s not found on any server", id)}
+	}
+	if len(hits) > 1 {
+		var nodes []string
+		for _, h := range hits {
+			nodes = append(nodes, h.t.name)
+		}
+		a.log.Error("claim held on several servers; release the stale ones", "claim", id, "nodes", nodes)
+	}
+	slices.SortFunc(hits, func(x, y hit) int { // a committed claim wins
+		if (x.c.State == api.StateClaimed) != (y.c.State == api.StateClaimed) {
+			if x.c.State == api.StateClaimed {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	return hits[0].c, hits[0].t, nil
+}
+
+// Get returns a claim, wherever it is held.
+func (a *Agent) Get(ctx context.Context, id string) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	c, _, err := a.find(ctx, a.targets(), id)
+	return c, err
+}
+
+// Release frees a claim's GPUs, wherever it is held.
+func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	_, t, err := a.find(ctx, a.targets(), id)
+	if err != nil {
+		return api.Claim{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	defer cancel()
+	return t.owner.Abort(rctx, id)
+}
+
+// Claims lists the claims of every reachable server.
+func (a *Agent) Claims(ctx context.Context) ([]api.Claim, error) {
+	targets := a.targets()
+	lists := make([][]api.Claim, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			cs, err := t.owner.List(lctx)
+			if err != nil {
+				a.log.Warn("listing claims failed", "node", t.name, "err", err)
+				return
+			}
+			lists[i] = cs
+		}()
+	}
+	wg.Wait()
+	out := []api.Claim{}
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	slices.SortFunc(out, func(x, y api.Claim) int {
+		if x.ID != y.ID {
+			if x.ID < y.ID {
+				return -1
+			}
+			return 1
+		}
+		if x.Node < y.Node {
+			return -1
+		}
+		return 1
+	})
+	return out, nil
+}
+
+// Resize changes a claim's GPUs: in place on its server when it fits there,
+// otherwise by moving it to a server that can hold the new request (the VM
+// restarts anyway). A move reserves on the new server first, then releases
+// the old GPUs, then commits, so the claim is never committed twice.
+func (a *Agent) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	lreq, err := a.resolve(api.ClaimRequest{GPUs: req.GPUs})
+	if err != nil {
+		return api.Claim{}, err
+	}
+	targets := a.targets()
+	cur, owner, err := a.find(ctx, targets, id)
+	if err != nil {
+		return api.Claim{}, err
+	}
+	if cur.State != api.StateClaimed {
+		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s is still being placed; retry the resize once it is claimed", id)}
+	}
+	items := apiItems(lreq.Items)
+	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	c, err := owner.owner.ResizeInPlace(rctx, id, items)
+	cancel()
+	if err == nil || !isCode(err, api.CodeNotAvailable) {
+		return c, err
+	}
+
+	// Move: every other server that can hold the new request, best first.
+	want := wants(lreq.Items)
+	var servers []placement.Server
+	byName := map[string]target{}
+	for _, t := range targets {
+		if t.name != owner.name {
+			servers = append(servers, t.server)
+			byName[t.name] = t
+		}
+	}
+	rr := api.ReserveRequest{Items: items, Labels: cur.Labels, Coordinator: a.cfg.NodeName}
+	for _, name := range placement.Rank(servers, want, "", a.rnd()) {
+		t := byName[name]
+		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		_, err := t.owner.Reserve(rctx, id, rr)
+		cancel()
+		if err != nil {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		_, err = owner.owner.Abort(actx, id)
+		cancel()
+		if err != nil && !isCode(err, api.CodeNotFound) {
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+			_, _ = t.owner.Abort(bctx, id)
+			cancel()
+			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: releasing the old GPUs failed, nothing changed: %w", id, owner.name, name, err)
+		}
+		a.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)
+		return a.commitOn(ctx, t, id)
+	}
+	all := append(servers, owner.server)
+	return api.Claim{}, a.notAvailable(items, all)
+}
+
+// notAvailable is the answer when no server can hold the request: every
+// item no single server can hold (all of them when each fits somewhere but
+// never together), and what would fit instead.
+func (a *Agent) notAvailable(items []api.Item, servers []placement.Server) error {
+	var missing []api.Item
+	for _, it := range items {
+		if len(placement.Rank(servers, []placement.Want{{Model: it.Model, Count: it.Count}}, "", nil)) == 0 {
+			missing = append(missing, it)
+		}
+	}
+	if len(missing) == 0 {
+		missing = items
+	}
+	e := &api.Error{Status: http.StatusConflict, Code: api.CodeNotAvailable,
+		Message: api.NotAvailableMessage(missing), Missing: missing}
+	var want []placement.Want
+	for _, it := range items {
+		want = append(want, placement.Want{Model: it.Model, Count: it.Count})
+	}
+	for _, alt := range placement.Alternatives(servers, want, a.modelNames()) {
+		var g []api.Item
+		for _, w := range alt.Items {
+			g = append(g, api.Item{Model: w.Model, Count: w.Count})
+		}
+		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: g, Servers: alt.Servers})
+	}
+	return e
+}
+
+func isCode(err error, code string) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+func apiItems(items []ledger.Item) []api.Item {
+	out := make([]api.Item, len(items))
+	for i, it := range items {
+		out[i] = api.Item{Model: it.Model, Count: it.Count}
+	}
+	return out
+}
+
+func wants(items []ledger.Item) []placement.Want {
+	out := make([]placement.Want, len(items))
+	for i, it := range items {
+		out[i] = placement.Want{Model: it.Model, Count: it.Count}
+	}
+	return out
+}
+
+func sameItems(x, y []api.Item) bool {
+	count := func(items []api.Item) map[string]int {
+		m := map[string]int{}
+		for _, it := range items {
+			m[it.Model] += it.Count
+		}
+		return m
+	}
+	return maps.Equal(count(x), count(y))
+}
+
+func describe(items []api.Item) string {
+	var s string
+	for i, it := range items {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%dx %s", it.Count, it.Model)
+	}
+	return s
+}

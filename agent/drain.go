@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+// serverDrain is a cordon on the whole server: no new claims, existing ones
+// stay. It is kept in the data directory so it survives restarts.
+type serverDrain struct {
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+const serverDrainFile = "server-drain.json"
+
+func (a *Agent) loadServerDrain() error {
+	path := filepath.Join(a.cfg.DataDir, serverDrainFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	var d serverDrain
+	if err := json.Unmarshal(data, &d); err != nil {
+		return fmt.Errorf("%s is corrupt (%v): fix or remove it (removing it undrains the server)", path, err)
+	}
+	a.drained = &d
+	a.log.Warn("server is drained: no new claims", "reason", d.Reason, "since", d.Since)
+	return nil
+}
+
+func (a *Agent) serverDrained() bool {
+	a.drainMu.RLock()
+	defer a.drainMu.RUnlock()
+	return a.drained != nil
+}
+
+// DrainServer cordons this server: no new claims; existing claims stay.
+func (a *Agent) DrainServer(_ context.Context, reason string) (api.Member, error) {
+	if len(reason) > 256 {
+		return api.Member{}, api.Invalid("reason", "drain reason longer than 256 bytes")
+	}
+	d := serverDrain{Reason: reason, Since: a.now().UTC()}
+	data, _ := json.Marshal(d)
+	if err := writeFileAtomic(filepath.Join(a.cfg.DataDir, serverDrainFile), data); err != nil {
+		return api.Member{}, err
+	}
+	a.drainMu.Lock()
+	a.drained = &d
+	a.drainMu.Unlock()
+	a.log.Info("server drained", "reason", reason)
+	a.changed()
+	return a.self(), nil
+}
+
+// UndrainServer lifts the cordon.
+func (a *Agent) UndrainServer(context.Context) (api.Member, error) {
+	err := os.Remove(filepath.Join(a.cfg.DataDir, serverDrainFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return api.Member{}, err
+	}
+	a.drainMu.Lock()
+	a.drained = nil
+	a.drainMu.Unlock()
+	a.log.Info("server undrained")
+	a.changed()
+	return a.self(), nil
+}
+
+// writeFileAtomic replaces path with data durably: a crash leaves the old
+// file or the new one, never half of one.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

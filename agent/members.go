@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+)
+
+// Availability lists every model of the platform — the offered ones and
+// every model some server has — with what is free, as this agent sees it:
+// its own ledger exactly, the other servers through gossip.
+func (a *Agent) Availability(context.Context) (api.Availability, error) {
+	targets := a.targets()
+	by := map[string]*api.ModelAvailability{}
+	get := func(m string) *api.ModelAvailability {
+		if by[m] == nil {
+			by[m] = &api.ModelAvailability{Model: m}
+		}
+		return by[m]
+	}
+	for _, m := range a.cfg.OfferedModels {
+		get(m)
+	}
+	for _, t := range targets {
+		for m, c := range t.caps {
+			v := get(m)
+			v.Total += c.Total
+			v.Healthy += c.Healthy
+			if t.server.Drained {
+				continue // a cordoned server offers nothing
+			}
+			v.Free += c.Free
+			v.MaxFreeOnOneServer = max(v.MaxFreeOnOneServer, c.Free)
+		}
+	}
+	out := api.Availability{Node: a.cfg.NodeName, Servers: len(targets), Models: []api.ModelAvailability{}}
+	for _, v := range by {
+		v.Available = v.Free > 0
+		out.Models = append(out.Models, *v)
+	}
+	slices.SortFunc(out.Models, func(x, y api.ModelAvailability) int { return cmp.Compare(x.Model, y.Model) })
+	return out, nil
+}
+
+// Members lists the servers of the platform with their state and free
+// capacity; alone, just this one.
+func (a *Agent) Members(context.Context) ([]api.Member, error) {
+	out := []api.Member{a.self()}
+	if a.cluster == nil {
+		return out, nil
+	}
+	for _, m := range a.cluster.g.Members() {
+		if m.Self {
+			out[0].Addr, out[0].State = m.Addr, m.State
+			continue
+		}
+		v := api.Member{Name: m.Name, Addr: m.Addr, State: m.State, Drained: m.Summary.Drained,
+			AgentVersion: m.Summary.AgentVersion, Models: []api.ModelAvailability{}}
+		if m.SummaryErr != nil {
+			v.AgentVersion = "unreadable summary: " + m.SummaryErr.Error()
+		}
+		for _, mc := range m.Summary.Models {
+			v.Models = append(v.Models, modelAvail(mc.Model, ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy)}))
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(x, y api.Member) int { return cmp.Compare(x.Name, y.Name) })
+	return out, nil
+}
+
+// self is this server as a member.
+func (a *Agent) self() api.Member {
+	m := api.Member{Name: a.cfg.NodeName, State: "alive", Self: true, Drained: a.serverDrained(),
+		AgentVersion: Version, Models: []api.ModelAvailability{}}
+	totals := a.ledger.Totals(a.now())
+	for _, name := range slices.Sorted(maps.Keys(totals)) {
+		m.Models = append(m.Models, modelAvail(name, totals[name]))
+	}
+	return m
+}
+
+func modelAvail(model string, t ledger.ModelTotals) api.ModelAvailability {
+	return api.ModelAvailability{Model: model, Available: t.Free > 0, Free: t.Free, Total: t.Total,
+		Healthy: t.Healthy, MaxFreeOnOneServer: t.Free}
+}

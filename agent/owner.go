@@ -1,0 +1,184 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+)
+
+// The owner side of the protocol: what this server decides about its own
+// GPUs, for itself or for a coordinator elsewhere. Every call is idempotent
+// by claim ID.
+
+var _ api.Owner = (*Agent)(nil)
+
+// Reserve takes the GPUs of req on this server under a lease and binds them
+// to vfio-pci; the coordinator then commits, or lets the lease run out. A GPU
+// that fails to bind is fenced off and the reservation retried on the others.
+func (a *Agent) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
+	req := ledger.Request{Labels: rr.Labels}
+	for _, it := range rr.Items {
+		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
+	}
+	for attempt := 1; ; attempt++ {
+		c, err := a.reserveAndBind(ctx, id, req, rr.Coordinator)
+		if err != nil {
+			var bf *bindFailure
+			if errors.As(err, &bf) && attempt < bindAttempts {
+				a.log.Warn("retrying reservation on other GPUs", "claim", id, "attempt", attempt, "err", err)
+				continue
+			}
+			a.rec.Reservation("failed")
+			return api.Claim{}, a.apiError(err)
+		}
+		a.rec.Reservation("reserved")
+		return a.claimView(c), nil
+	}
+}
+
+// reserveAndBind reserves in the ledger, then binds each GPU, keeping the
+// lease ahead of the binding. A GPU that fails is fenced, the reservation
+// dropped and its other GPUs returned to the idle driver.
+func (a *Agent) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
+	lease := time.Duration(a.cfg.ReservationLease)
+	c, err := a.ledger.Reserve(id, req, coordinator, a.now(), lease)
+	if err != nil {
+		return ledger.Claim{}, err
+	}
+	fresh := c.State == ledger.StateReserved
+	unlock := a.locks.lock(c.GPUs...)
+	defer unlock()
+	for _, addr := range c.GPUs {
+		if fresh {
+			// Binding can take seconds per card; keep the lease ahead of it.
+			if _, err := a.ledger.Extend(id, a.now(), lease); err != nil {
+				return ledger.Claim{}, err
+			}
+		}
+		if err := a.bind(ctx, "claim "+id, addr); err != nil {
+			if fresh {
+				if _, rerr := a.ledger.Release(id, a.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+					a.log.Error("dropping reservation after bind failure", "claim", id, "err", rerr)
+				}
+				a.toIdleLocked(ctx, c.GPUs, addr)
+			}
+			return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: err}
+		}
+	}
+	return c, nil
+}
+
+// bind moves one GPU's group to vfio-pci, fencing the GPU when it fails.
+// The caller holds the GPU's device lock.
+func (a *Agent) bind(ctx context.Context, why, addr string) error {
+	start := time.Now()
+	res, err := a.binder.Bind(ctx, addr)
+	a.rec.VFIOOperation("bind", time.Since(start), err)
+	if err != nil {
+		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
+		return err
+	}
+	logChanges(a, why, res)
+	return nil
+}
+
+// Commit makes a reservation a claim that survives crashes of this agent.
+func (a *Agent) Commit(_ context.Context, id string) (api.Claim, error) {
+	c, err := a.ledger.Commit(id, a.now())
+	if err != nil {
+		if errors.Is(err, ledger.ErrLeaseExpired) {
+			a.rec.Reservation("expired")
+			a.log.Warn("reservation expired before commit", "claim", id)
+		}
+		return api.Claim{}, a.apiError(err)
+	}
+	a.rec.Reservation("committed")
+	a.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
+	a.changed()
+	return a.claimView(c), nil
+}
+
+// Abort drops a claim of this server, committed or reserved, and returns its
+// GPUs to the idle driver.
+func (a *Agent) Abort(ctx context.Context, id string) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	c, err := a.ledger.Release(id, a.now())
+	if err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	if c.State == ledger.StateReserved {
+		a.rec.Reservation("aborted")
+	} else {
+		a.rec.Reservation("released")
+	}
+	a.log.Info("released", "claim", id, "gpus", c.GPUs)
+	unlock := a.locks.lock(c.GPUs...)
+	a.toIdleLocked(ctx, c.GPUs, "")
+	unlock()
+	a.changed()
+	return a.claimView(c), nil
+}
+
+// Lookup returns one claim of this server.
+func (a *Agent) Lookup(_ context.Context, id string) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	c, err := a.ledger.Get(id)
+	if err == nil && !c.Live(a.now()) {
+		err = fmt.Errorf("claim %s: reservation expired: %w", id, ledger.ErrNotFound)
+	}
+	if err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	return a.claimView(c), nil
+}
+
+// List returns the live claims of this server.
+func (a *Agent) List(context.Context) ([]api.Claim, error) {
+	cs := a.ledger.List()
+	out := make([]api.Claim, 0, len(cs))
+	now := a.now()
+	for _, c := range cs {
+		if c.Live(now) {
+			out = append(out, a.claimView(c))
+		}
+	}
+	return out, nil
+}
+
+// ResizeInPlace changes a committed claim of this server in place: new GPUs are
+// bound to vfio-pci, dropped ones return to the idle driver.
+func (a *Agent) ResizeInPlace(ctx context.Context, id string, items []api.Item) (api.Claim, error) {
+	req := ledger.Request{}
+	for _, it := range items {
+		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
+	}
+	before, err := a.ledger.Get(id)
+	if err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	c, err := a.ledger.Resize(id, req, a.now())
+	if err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	unlock := a.locks.lock(append(before.GPUs, c.GPUs...)...)
+	defer unlock()
+	for _, addr := range c.GPUs {
+		if err := a.bind(ctx, "resize "+id, addr); err != nil {
+			// The claim holds a GPU that is not on vfio-pci: say so; the
+			// VM start will fail on it and the operator sees it fenced.
+			return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
+		}
+	}
+	a.toIdleLocked(ctx, before.GPUs, "")
+	a.log.Info("resized", "claim", id, "from", before.GPUs, "to", c.GPUs)
+	a.changed()
+	return a.claimView(c), nil
+}

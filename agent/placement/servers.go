@@ -1,0 +1,128 @@
+package placement
+
+import (
+	"cmp"
+	"math/rand/v2"
+	"slices"
+)
+
+// Server is one server as a coordinator sees it through gossip: a hint, not
+// the truth — the owner decides when asked.
+type Server struct {
+	Name    string
+	Drained bool           // cordoned: no new claims
+	Free    map[string]int // model → free GPUs
+}
+
+// Want is count GPUs of one model, all to be placed on one server together
+// with the rest of the request.
+type Want struct {
+	Model string
+	Count int
+}
+
+// fits reports whether s can hold every item of want at once.
+func (s Server) fits(want []Want) bool {
+	if s.Drained {
+		return false
+	}
+	for _, w := range want {
+		if s.Free[w.Model] < w.Count {
+			return false
+		}
+	}
+	return true
+}
+
+// leftover is the number of GPUs of the requested models that s would still
+// have free after placing want: best fit takes the server with the least, so
+// that servers with big holes stay whole for big requests.
+func (s Server) leftover(want []Want) int {
+	n := 0
+	for _, w := range want {
+		n += s.Free[w.Model] - w.Count
+	}
+	return n
+}
+
+// Rank orders the servers that, by this view, can hold all of want: prefer
+// first when it fits, then best fit, ties in random order (rnd; nil means a
+// fixed order, for tests) so that concurrent coordinators with the same view
+// spread over equally good servers instead of all racing for the first.
+func Rank(servers []Server, want []Want, prefer string, rnd *rand.Rand) []string {
+	var fit []Server
+	for _, s := range servers {
+		if s.fits(want) {
+			fit = append(fit, s)
+		}
+	}
+	if rnd != nil {
+		rnd.Shuffle(len(fit), func(i, j int) { fit[i], fit[j] = fit[j], fit[i] })
+	} else {
+		slices.SortFunc(fit, func(a, b Server) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	slices.SortStableFunc(fit, func(a, b Server) int {
+		if pa, pb := a.Name == prefer, b.Name == prefer; pa != pb {
+			if pa {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.leftover(want), b.leftover(want))
+	})
+	out := make([]string, len(fit))
+	for i, s := range fit {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// Alternative is a request that would fit on one server right now, offered
+// when the asked one does not.
+type Alternative struct {
+	Items []Want
+	// Servers is how many servers could hold it.
+	Servers int
+}
+
+// Alternatives proposes what the user could have instead of want: the same
+// counts of another model (for a single-model request), then the largest
+// count of each requested model that one server can still hold. Only
+// alternatives that fit on one server, by this view, are offered.
+func Alternatives(servers []Server, want []Want, models []string) []Alternative {
+	var out []Alternative
+	count := func(w []Want) int {
+		n := 0
+		for _, s := range servers {
+			if s.fits(w) {
+				n++
+			}
+		}
+		return n
+	}
+	if len(want) == 1 {
+		for _, m := range models {
+			if m == want[0].Model {
+				continue
+			}
+			alt := []Want{{Model: m, Count: want[0].Count}}
+			if n := count(alt); n > 0 {
+				out = append(out, Alternative{Items: alt, Servers: n})
+			}
+		}
+	}
+	for _, w := range want {
+		best := 0
+		for _, s := range servers {
+			if !s.Drained && s.Free[w.Model] > best {
+				best = s.Free[w.Model]
+			}
+		}
+		best = min(best, w.Count-1)
+		if best >= 1 {
+			alt := []Want{{Model: w.Model, Count: best}}
+			out = append(out, Alternative{Items: alt, Servers: count(alt)})
+		}
+	}
+	return out
+}

@@ -1,0 +1,177 @@
+package gossip
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Member states, as Member.State shows them.
+const (
+	StateAlive   = "alive"   // answering; its summary may be used for placement
+	StateSuspect = "suspect" // this agent's probe got no ack; not yet declared dead
+	StateDead    = "dead"    // declared failed by the cluster
+	StateLeft    = "left"    // left gracefully (Cluster.Leave)
+)
+
+// Member is one server as this agent sees it.
+type Member struct {
+	Name       string  // memberlist node name
+	Addr       string  // ip:port of its gossip endpoint
+	State      string  // StateAlive, StateSuspect, StateDead or StateLeft
+	Summary    Summary // its last known capacity summary
+	SummaryErr error   // why its metadata did not decode (a newer or broken agent): list it, do not place on it
+	Self       bool    // this agent
+}
+
+// Usable reports whether the member's summary may guide placement: it is
+// alive and its summary decoded. Even then it is only a hint.
+func (m Member) Usable() bool {
+	return m.State == StateAlive && m.SummaryErr == nil
+}
+
+// view is this agent's picture of the cluster, built from memberlist's events.
+// It remembers departed members for a while so operators can see who went away.
+type view struct {
+	self     string
+	remember time.Duration
+	now      func() time.Time
+
+	mu      sync.Mutex
+	members map[string]*viewEntry
+	subs    map[int]chan struct{}
+	nextSub int
+}
+
+type viewEntry struct {
+	Member
+	changed time.Time // when State last changed
+}
+
+func newView(self string, remember time.Duration) *view {
+	return &view{
+		self:     self,
+		remember: remember,
+		now:      time.Now,
+		members:  make(map[string]*viewEntry),
+		subs:     make(map[int]chan struct{}),
+	}
+}
+
+// alive records a member memberlist reports as joined or updated.
+func (v *view) alive(name string, ip net.IP, port uint16, meta []byte) {
+	s, err := DecodeSummary(meta)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e := v.entry(name)
+	e.Addr = net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
+	e.Summary, e.SummaryErr = s, err
+	v.setState(e, StateAlive)
+	v.notifyLocked()
+}
+
+// gone records a member memberlist reports as dead or left. memberlist does
+// not say which; a member that announced its leave in its summary left.
+func (v *view) gone(name string, meta []byte) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e := v.entry(name)
+	if s, err := DecodeSummary(meta); err == nil {
+		e.Summary, e.SummaryErr = s, nil
+	}
+	state := StateDead
+	if e.SummaryErr == nil && e.Summary.Leaving {
+		state = StateLeft
+	}
+	v.setState(e, state)
+	v.notifyLocked()
+}
+
+// suspect records that this agent's probe of name failed.
+func (v *view) suspect(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if e, ok := v.members[name]; ok && e.State == StateAlive {
+		v.setState(e, StateSuspect)
+		v.notifyLocked()
+	}
+}
+
+// acked records a direct ack from name, which ends this agent's suspicion;
+// memberlist sends no event when a suspect refutes with unchanged metadata.
+func (v *view) acked(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if e, ok := v.members[name]; ok && e.State == StateSuspect {
+		v.setState(e, StateAlive)
+		v.notifyLocked()
+	}
+}
+
+func (v *view) entry(name string) *viewEntry {
+	e, ok := v.members[name]
+	if !ok {
+		e = &viewEntry{Member: Member{Name: name, Self: name == v.self}}
+		v.members[name] = e
+	}
+	return e
+}
+
+func (v *view) setState(e *viewEntry, state string) {
+	if e.State != state {
+		e.State = state
+		e.changed = v.now()
+	}
+}
+
+// list returns the members sorted by name, forgetting departed ones older
+// than the remember period.
+func (v *view) list() []Member {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := v.now()
+	out := make([]Member, 0, len(v.members))
+	for name, e := range v.members {
+		departed := e.State == StateDead || e.State == StateLeft
+		if departed && !e.Self && now.Sub(e.changed) > v.remember {
+			delete(v.members, name)
+			continue
+		}
+		m := e.Member
+		m.Summary.Models = slices.Clone(m.Summary.Models)
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// subscribe returns a channel that receives a value after any change, with
+// changes in a row merged into one, and a function that ends the subscription.
+func (v *view) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	v.mu.Lock()
+	id := v.nextSub
+	v.nextSub++
+	v.subs[id] = ch
+	v.mu.Unlock()
+	return ch, func() {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if _, ok := v.subs[id]; ok {
+			delete(v.subs, id)
+			close(ch)
+		}
+	}
+}
+
+func (v *view) notifyLocked() {
+	for _, ch := range v.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // a change is already pending; the reader re-reads everything
+		}
+	}
+}

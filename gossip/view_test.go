@@ -1,0 +1,119 @@
+package gossip
+
+import (
+	"bytes"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustEncode(t *testing.T, s Summary) []byte {
+	t.Helper()
+	b, err := s.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestViewStates(t *testing.T) {
+	now := time.Unix(1000, 0)
+	v := newView("a", time.Minute)
+	v.now = func() time.Time { return now }
+	lo := net.IPv4(127, 0, 0, 1)
+
+	v.alive("a", lo, 1, mustEncode(t, Summary{Revision: 1}))
+	v.alive("b", lo, 2, mustEncode(t, Summary{Revision: 2}))
+	v.alive("c", lo, 3, []byte{0xC9, 1, 2}) // a newer agent's format
+	v.alive("d", lo, 4, mustEncode(t, Summary{}))
+
+	v.suspect("b")
+	v.gone("c", nil)                                   // failed
+	v.gone("d", mustEncode(t, Summary{Leaving: true})) // announced its leave
+	v.suspect("zz")                                    // unknown: ignored
+
+	want := map[string]string{"a": StateAlive, "b": StateSuspect, "c": StateDead, "d": StateLeft}
+	ms := v.list()
+	if len(ms) != 4 {
+		t.Fatalf("%d members, want 4: %+v", len(ms), ms)
+	}
+	for i, m := range ms {
+		if i > 0 && ms[i-1].Name >= m.Name {
+			t.Errorf("members not sorted by name: %q before %q", ms[i-1].Name, m.Name)
+		}
+		if m.State != want[m.Name] {
+			t.Errorf("%s: state %q, want %q", m.Name, m.State, want[m.Name])
+		}
+		if m.Self != (m.Name == "a") {
+			t.Errorf("%s: Self = %v", m.Name, m.Self)
+		}
+	}
+	if ms[2].SummaryErr == nil || ms[2].Usable() {
+		t.Error("a member with undecodable metadata must be listed with SummaryErr and not be usable")
+	}
+	if ms[1].Usable() {
+		t.Error("a suspect member must not be usable for placement")
+	}
+	if ms[1].Addr != "127.0.0.1:2" || ms[1].Summary.Revision != 2 {
+		t.Errorf("b = %+v", ms[1])
+	}
+
+	v.acked("b")
+	if m := v.list()[1]; m.State != StateAlive {
+		t.Errorf("after an ack b is %q, want alive", m.State)
+	}
+
+	now = now.Add(2 * time.Minute)
+	ms = v.list()
+	if len(ms) != 2 || ms[0].Name != "a" || ms[1].Name != "b" {
+		t.Errorf("departed members not forgotten after the remember period: %+v", ms)
+	}
+}
+
+func TestViewSubscribeCoalesces(t *testing.T) {
+	v := newView("a", time.Minute)
+	ch, cancel := v.subscribe()
+	for i := range 10 {
+		v.alive("b", net.IPv4(127, 0, 0, 1), uint16(i), nil)
+	}
+	<-ch
+	select {
+	case <-ch:
+		t.Error("ten changes in a row delivered more than one notification")
+	default:
+	}
+	cancel()
+	cancel()
+	if _, ok := <-ch; ok {
+		t.Error("channel still open after cancel")
+	}
+	v.alive("c", net.IPv4(127, 0, 0, 1), 1, nil) // must not panic on the closed channel
+}
+
+func TestMemberlistLogger(t *testing.T) {
+	var buf bytes.Buffer
+	var suspected []string
+	l := newMemberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		func(name string) { suspected = append(suspected, name) })
+	l.Printf("[DEBUG] memberlist: Stream connection from=127.0.0.1:1")
+	l.Printf("[ERR] memberlist: Failed to send gossip to 10.0.0.1:7946: boom")
+	l.Printf("[INFO] memberlist: Suspect gpu-07 has failed, no acks received")
+	l.Printf("no level at all")
+
+	out := buf.String()
+	for _, want := range []string{
+		`level=DEBUG msg="Stream connection from=127.0.0.1:1"`,
+		`level=WARN msg="Failed to send gossip to 10.0.0.1:7946: boom"`,
+		`level=DEBUG msg="Suspect gpu-07 has failed, no acks received"`,
+		`msg="no level at all"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if len(suspected) != 1 || suspected[0] != "gpu-07" {
+		t.Errorf("suspected %v, want [gpu-07]", suspected)
+	}
+}

@@ -1,0 +1,114 @@
+// Package metrics is gpuherd's Prometheus exporter.
+//
+// Gauges that describe state (GPUs, capacity, gossip, ledger) are built at
+// each scrape from one Snapshot of a Source, as const metrics: a GPU that
+// leaves the server simply stops appearing, with no stale series to delete.
+// Events (claims, reservations, vfio operations, XID errors) are counted as
+// they happen through the Recorder interface, which *Metrics implements.
+// Serve exposes the registry on plain HTTP with /healthz and /readyz.
+//
+// Conventions, from the Prometheus naming and exporter guides: base units
+// (seconds, bytes, celsius, joules, ratio), counters end in _total,
+// metadata series end in _info and have the value 1. A GPU is labelled by
+// pci_address ("0000:3b:00.0", its identity) and model ("NVIDIA H100
+// 80GB"); there is no hostname label, which is the scrape target's job.
+// There are no sentinel values: a reading NVML does not give, or a cluster
+// that does not exist, produces no sample rather than 0 or -1.
+//
+// # Build
+//
+//	gpuherd_build_info{version,revision,goversion}  gauge  always 1
+//
+// # GPUs of this server
+//
+//	gpuherd_gpu_info{pci_address,model,device_id,iommu_group,numa_node,uuid}
+//	    gauge, always 1. device_id is the PCI device ID in four lower-case
+//	    hex digits ("2330"). iommu_group and numa_node are empty when
+//	    unknown, uuid is empty while NVML has never seen the card; the label
+//	    set itself never changes.
+//	gpuherd_gpu_state{pci_address,model,state}
+//	    gauge, one series per state: free, reserved, claimed, unhealthy,
+//	    drained; 1 for the GPU's current state, 0 for the others. A state
+//	    outside that list appears as an extra series with 1.
+//	gpuherd_gpu_driver_info{pci_address,model,driver}
+//	    gauge, always 1: the kernel driver bound to the GPU (nvidia,
+//	    vfio-pci, ...), "none" when unbound.
+//	gpuherd_gpu_healthy{pci_address,model}
+//	    gauge, 1 healthy, 0 not (fell off the bus, stuck unbind, ...).
+//
+// # NVML telemetry
+//
+// Only for GPUs the host driver holds (NVML cannot see a card on vfio-pci),
+// and each only when NVML gives that reading. Labels {pci_address,model}.
+//
+//	gpuherd_gpu_temperature_celsius   gauge    GPU core temperature
+//	gpuherd_gpu_power_watts           gauge    board power draw
+//	gpuherd_gpu_energy_joules_total   counter  energy since the nvidia driver was loaded
+//	gpuherd_gpu_memory_used_bytes     gauge    framebuffer in use
+//	gpuherd_gpu_memory_total_bytes    gauge    framebuffer size
+//	gpuherd_gpu_utilization_ratio     gauge    share of the last sample period a kernel ran, 0..1
+//
+//	gpuherd_gpu_xid_errors_total{pci_address,model,xid}
+//	    counter: critical XID errors NVML reported, by XID number (decimal).
+//	    A series appears with its first error.
+//
+// # Capacity
+//
+// This server, one series per model it has:
+//
+//	gpuherd_model_gpus{model}          gauge  GPUs of the model
+//	gpuherd_model_gpus_free{model}     gauge  GPUs a new claim can take
+//	gpuherd_model_gpus_healthy{model}  gauge  healthy GPUs
+//
+// The cluster, as this agent's gossip view has it; absent while the agent
+// runs without a cluster:
+//
+//	gpuherd_cluster_model_gpus{model}                 gauge  GPUs of the model
+//	gpuherd_cluster_model_gpus_free{model}            gauge  free GPUs
+//	gpuherd_cluster_model_gpus_healthy{model}         gauge  healthy GPUs
+//	gpuherd_cluster_model_max_free_per_server{model}  gauge  most free GPUs on any one
+//	                                                         server: the largest
+//	                                                         request that can be placed
+//
+// # Claims and reservations
+//
+//	gpuherd_claims_total{outcome}
+//	    counter: claim requests answered by this agent. outcome: granted,
+//	    not_available, invalid, conflict, bind_failed, error (all present
+//	    from the start at 0).
+//	gpuherd_claim_duration_seconds
+//	    histogram: time from a claim request to its answer, any outcome;
+//	    buckets from 1 ms to 60 s.
+//	gpuherd_reservations_total{outcome}
+//	    counter: reservation events. outcome: reserved, committed, expired,
+//	    released, aborted (all present from the start at 0).
+//	gpuherd_ledger_claims{state}
+//	    gauge: claims in the local ledger; state: reserved, committed.
+//	gpuherd_ledger_file_size_bytes
+//	    gauge: size of the ledger file.
+//
+// # vfio
+//
+//	gpuherd_vfio_operation_duration_seconds{op}
+//	    histogram: time to move a GPU's IOMMU group to vfio-pci (op="bind")
+//	    or back to the idle driver (op="release"), failures included;
+//	    buckets from 1 ms to 30 s.
+//	gpuherd_vfio_operation_errors_total{op}
+//	    counter: binds and releases that failed.
+//
+// # Gossip
+//
+// Absent while the agent runs without a cluster.
+//
+//	gpuherd_gossip_members{state}
+//	    gauge: members by memberlist state, as this agent sees them: alive,
+//	    suspect, dead, left (each present, 0 when none).
+//	gpuherd_gossip_health_score
+//	    gauge: memberlist's awareness score of this agent; 0 is healthy,
+//	    higher means it answers probes late (overloaded or a slow network).
+//
+// # Runtime
+//
+// The Go runtime (go_*), process (process_*) and promhttp handler
+// (promhttp_metric_handler_*) collectors of client_golang are there too.
+package metrics

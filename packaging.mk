@@ -1,0 +1,86 @@
+# Packages: `make packages` builds gpuherd for amd64 and arm64 and wraps each
+# in a deb and an rpm (4 files in dist/); `make check-packages` lists what is
+# inside and fails when an expected path or script is missing.
+# Included from the Makefile; uses its GO, LDFLAGS and VERSION.
+#
+# Needs: gcc for the host and <triplet>-gcc for the other architecture
+# (go-nvml is cgo, it has no pure-Go build), dpkg-deb and rpm for the checks.
+# On Debian: apt-get install gcc gcc-aarch64-linux-gnu libc6-dev-arm64-cross rpm
+
+DIST          ?= dist
+PKG_ARCHES    ?= amd64 arm64
+# A release sets PKG_VERSION (semver, no "v"). Otherwise: the tag HEAD sits
+# on, or a development version that sorts below every release.
+PKG_VERSION   ?= $(or $(patsubst v%,%,$(shell git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null)),0.0.0-dev.$(shell git rev-list --count HEAD 2>/dev/null || echo 0)+g$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown))
+GOHOSTARCH    := $(shell $(GO) env GOHOSTARCH)
+# The C cross compiler of each architecture; the host's own is plain gcc.
+CC_amd64      ?= $(if $(filter amd64,$(GOHOSTARCH)),gcc,x86_64-linux-gnu-gcc)
+CC_arm64      ?= $(if $(filter arm64,$(GOHOSTARCH)),gcc,aarch64-linux-gnu-gcc)
+NFPM          ?= $(GO) tool nfpm
+
+# What every package must hold; check-packages fails without it.
+PKG_PATHS_COMMON := /usr/bin/gpuherd /etc/gpuherd/gpuherd.yaml \
+	/etc/modules-load.d/gpuherd-vfio.conf /var/lib/gpuherd \
+	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/cli/gpuherd.txt \
+	/usr/share/doc/gpuherd/cli/gpuherd-agent.txt \
+	/usr/share/bash-completion/completions/gpuherd \
+	/usr/share/gpuherd/grafana/gpuherd-dashboard.json \
+	/usr/share/gpuherd/prometheus/gpuherd-alerts.yml
+PKG_PATHS_deb := $(PKG_PATHS_COMMON) /lib/systemd/system/gpuherd.service
+PKG_PATHS_rpm := $(PKG_PATHS_COMMON) /usr/lib/systemd/system/gpuherd.service
+
+.PHONY: packages check-packages package-binaries package-docs
+
+packages: package-binaries package-docs
+	@for arch in $(PKG_ARCHES); do \
+		for fmt in deb rpm; do \
+			GOARCH=$$arch PKG_VERSION='$(PKG_VERSION)' PKG_DIST='$(DIST)' \
+				$(NFPM) package --config packaging/nfpm.yaml --packager $$fmt --target $(DIST)/ || exit 1; \
+		done; \
+	done
+	@ls -l $(DIST)/*.deb $(DIST)/*.rpm
+
+# -z lazy (in LDFLAGS): the binary starts on hosts without libnvidia-ml.
+package-binaries:
+	@mkdir -p $(DIST)
+	@for arch in $(PKG_ARCHES); do \
+		cc=$$(case $$arch in amd64) echo '$(CC_amd64)';; arm64) echo '$(CC_arm64)';; *) echo "no C compiler known for $$arch" >&2; exit 1;; esac) || exit 1; \
+		echo "go build linux/$$arch (CC=$$cc)"; \
+		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$cc \
+			$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/gpuherd-linux-$$arch ./cmd/gpuherd || exit 1; \
+	done
+
+# Help of every command and the bash completion, from a binary this host can
+# run (the text is the same on every architecture).
+package-docs: package-binaries
+	@bin=$(DIST)/gpuherd-linux-$(GOHOSTARCH); \
+	test -x $$bin || { echo "package-docs: no $$bin (add $(GOHOSTARCH) to PKG_ARCHES)" >&2; exit 1; }; \
+	rm -rf $(DIST)/doc $(DIST)/completion; mkdir -p $(DIST)/doc $(DIST)/completion; \
+	$$bin --help > $(DIST)/doc/gpuherd.txt; \
+	for cmd in $$($$bin --help | awk '/^Available Commands:/ {on=1; next} on && /^$$/ {on=0} on {print $$1}'); do \
+		[ "$$cmd" = help ] && continue; \
+		$$bin $$cmd --help > $(DIST)/doc/gpuherd-$$cmd.txt || exit 1; \
+	done; \
+	$$bin completion bash > $(DIST)/completion/gpuherd.bash
+
+check-packages:
+	@set -e; n=0; \
+	for arch in $(PKG_ARCHES); do \
+		deb=$$(ls $(DIST)/gpuherd_*_$$arch.deb); \
+		echo "== $$deb"; dpkg-deb -I $$deb; dpkg-deb -c $$deb; \
+		list=$$(dpkg-deb -c $$deb | awk '{print $$6}' | sed 's#^\.##; s#/$$##'); \
+		for p in $(PKG_PATHS_deb); do echo "$$list" | grep -qx "$$p" || { echo "MISSING in $$deb: $$p" >&2; n=$$((n+1)); }; done; \
+		ctl=$$(mktemp -d); dpkg-deb -e $$deb $$ctl; \
+		for s in postinst prerm postrm; do test -x $$ctl/$$s || { echo "MISSING in $$deb: $$s" >&2; n=$$((n+1)); }; done; \
+		grep -qx /etc/gpuherd/gpuherd.yaml $$ctl/conffiles || { echo "NOT A CONFFILE in $$deb: /etc/gpuherd/gpuherd.yaml" >&2; n=$$((n+1)); }; \
+		rm -rf $$ctl; \
+		rpmarch=$$(case $$arch in amd64) echo x86_64;; arm64) echo aarch64;; esac); \
+		rpm=$$(ls $(DIST)/gpuherd-*.$$rpmarch.rpm); \
+		echo "== $$rpm"; rpm -qip $$rpm; rpm -qlvp $$rpm; rpm -qp --scripts $$rpm; \
+		list=$$(rpm -qlp $$rpm); \
+		for p in $(PKG_PATHS_rpm); do echo "$$list" | grep -qx "$$p" || { echo "MISSING in $$rpm: $$p" >&2; n=$$((n+1)); }; done; \
+		for s in postinstall preuninstall postuninstall; do rpm -qp --scripts $$rpm | grep -q "^$$s scriptlet" || { echo "MISSING in $$rpm: $$s scriptlet" >&2; n=$$((n+1)); }; done; \
+		rpm -qp --configfiles $$rpm | grep -qx /etc/gpuherd/gpuherd.yaml || { echo "NOT %config in $$rpm: /etc/gpuherd/gpuherd.yaml" >&2; n=$$((n+1)); }; \
+	done; \
+	test $$n -eq 0 || { echo "check-packages: $$n problem(s)" >&2; exit 1; }; \
+	echo "check-packages: ok"
