@@ -16,6 +16,8 @@ GOHOSTARCH    := $(shell $(GO) env GOHOSTARCH)
 # The C cross compiler of each architecture; the host's own is plain gcc.
 CC_amd64      ?= $(if $(filter amd64,$(GOHOSTARCH)),gcc,x86_64-linux-gnu-gcc)
 CC_arm64      ?= $(if $(filter arm64,$(GOHOSTARCH)),gcc,aarch64-linux-gnu-gcc)
+# nfpm runs on this host: it gets GOARCH=$(GOHOSTARCH) whatever the target
+# (`go tool` would otherwise build it for the package's architecture).
 NFPM          ?= $(GO) tool nfpm
 
 # What every package must hold; check-packages fails without it.
@@ -34,7 +36,7 @@ PKG_PATHS_rpm := $(PKG_PATHS_COMMON) /usr/lib/systemd/system/gpuherd.service
 packages: package-binaries package-docs
 	@for arch in $(PKG_ARCHES); do \
 		for fmt in deb rpm; do \
-			GOARCH=$$arch PKG_VERSION='$(PKG_VERSION)' PKG_DIST='$(DIST)' \
+			PKG_ARCH=$$arch PKG_VERSION='$(PKG_VERSION)' PKG_DIST='$(DIST)' GOARCH=$(GOHOSTARCH) \
 				$(NFPM) package --config packaging/nfpm.yaml --packager $$fmt --target $(DIST)/ || exit 1; \
 		done; \
 	done

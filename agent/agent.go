@@ -96,8 +96,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
 	}
+	// The ledger first: its lock keeps a second agent on this data directory
+	// from touching anything, the simulated machine included.
+	var err error
+	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim))
+	if err != nil {
+		return nil, fmt.Errorf("opening the ledger: %w", err)
+	}
 	fs, lib, err := a.openHardware(o)
 	if err != nil {
+		a.ledger.Close()
 		return nil, err
 	}
 	a.pci = vfio.New(fs, vfio.WithLogger(log))
@@ -105,12 +113,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		vfio.WithAllowList(allow),
 		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
 		vfio.WithBinderLogger(log))
-
-	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim))
-	if err != nil {
-		a.closeNVML()
-		return nil, fmt.Errorf("opening the ledger: %w", err)
-	}
 
 	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log)}
 	if lib != nil {

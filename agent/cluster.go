@@ -46,12 +46,12 @@ func (a *Agent) startCluster() error {
 	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
 
 	gcfg := gossip.Config{
-		NodeName:  cfg.NodeName,
-		Join:      cfg.Join,
-		KeyFile:   cfg.GossipKeyFile,
-		Insecure:  cfg.InsecureGossip,
-		Log:       a.log.With("component", "gossip"),
-		Tune:      a.gossipTune,
+		NodeName:     cfg.NodeName,
+		Join:         cfg.Join,
+		KeyFile:      cfg.GossipKeyFile,
+		Insecure:     cfg.InsecureGossip,
+		Log:          a.log.With("component", "gossip"),
+		Tune:         a.gossipTune,
 		JoinRetryMax: 0,
 	}
 	host, port, err := net.SplitHostPort(cfg.GossipAddr)
@@ -201,4 +201,10 @@ func (b brokenOwner) Lookup(context.Context, string) (api.Claim, error) { return
 func (b brokenOwner) List(context.Context) ([]api.Claim, error)         { return nil, b.err }
 func (b brokenOwner) ResizeInPlace(context.Context, string, []api.Item) (api.Claim, error) {
 	return api.Claim{}, b.err
+}
+func (b brokenOwner) LookupGroup(context.Context, string) (api.GroupRecord, error) {
+	return api.GroupRecord{}, b.err
+}
+func (b brokenOwner) DeleteGroup(context.Context, string) (api.GroupRecord, error) {
+	return api.GroupRecord{}, b.err
 }

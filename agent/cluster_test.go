@@ -260,3 +260,48 @@ func TestClusterResizeInPlaceThenMove(t *testing.T) {
 		t.Errorf("the old server still holds vm-1: %v", err)
 	}
 }
+
+func TestClusterNodeGroups(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "l40s-4")
+	tc.start("b", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	ctx := context.Background()
+
+	// Three nodes of 2 L40S need 6; the platform has 4: nothing is kept.
+	_, err := a.CreateGroup(ctx, "gpu-pool", api.GroupRequest{Nodes: 3, GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
+		t.Fatalf("oversized group: %+v", e)
+	}
+	if n := freeOf(a, "NVIDIA L40S"); n != 4 {
+		t.Fatalf("a failed group kept GPUs: %d L40S free", n)
+	}
+	g, err := a.CreateGroup(ctx, "gpu-pool", api.GroupRequest{Nodes: 2, GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if err != nil || len(g.Claims) != 2 {
+		t.Fatalf("group of 2: %+v, %v", g, err)
+	}
+	// Resize every node to one A100: the nodes move to b.
+	g, err = a.ResizeGroup(ctx, "gpu-pool", api.ResizeRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range g.Claims {
+		if c.Node != "b" || len(c.GPUs) != 1 {
+			t.Errorf("after resize node claim %+v, want 1 GPU on b", c)
+		}
+	}
+	if _, err := a.ResizeGroup(ctx, "gpu-pool", api.ResizeRequest{}); apiErr(t, err).Code != api.CodeInvalid {
+		t.Errorf("resize to no GPUs: %v, want refused", err)
+	}
+	// A group created without GPUs never gets one.
+	if _, err := a.CreateGroup(ctx, "cpu-pool", api.GroupRequest{Nodes: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ResizeGroup(ctx, "cpu-pool", api.ResizeRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); apiErr(t, err).Code != api.CodeConflict {
+		t.Errorf("GPUs for a group created without: %v, want refused", err)
+	}
+	if _, err := a.DeleteGroupClaims(ctx, "gpu-pool"); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("everything free again", func(x *Agent) bool { return freeOf(x, "NVIDIA A100 80GB") == 4 })
+}

@@ -165,9 +165,33 @@ func decodeConfig(data []byte, cfg *Config) error {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file keeps the defaults
 		}
+		if key := badKey(data); key != "" {
+			return &ConfigError{Key: key, Reason: err.Error()}
+		}
 		return err
 	}
 	return nil
+}
+
+// badKey finds the top-level key whose value does not decode, so that the
+// error names it: yaml's own type errors give only a line.
+func badKey(data []byte) string {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return ""
+	}
+	m := doc.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		one := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{m.Content[i], m.Content[i+1]}}
+		out, _ := yaml.Marshal(one)
+		dec := yaml.NewDecoder(bytes.NewReader(out))
+		dec.KnownFields(true)
+		var probe Config
+		if dec.Decode(&probe) != nil {
+			return m.Content[i].Value
+		}
+	}
+	return ""
 }
 
 // ConfigError names the key that is wrong.

@@ -17,7 +17,7 @@ import (
 type Config struct {
 	NodeName          string        // unique server name; defaults to the hostname
 	BindAddr          string        // address to listen on; defaults to 0.0.0.0
-	BindPort          int           // UDP and TCP port; 0 picks a free one (written back, see LocalAddr)
+	BindPort          int           // UDP and TCP port (memberlist's usual is 7946); 0 picks a free one, see LocalAddr
 	AdvertiseAddr     string        // address others reach us at; see AdvertiseAddr()
 	AdvertisePort     int           // port others reach us at; defaults to the bound port
 	Join              []string      // seeds, host or host:port (port defaults to BindPort)
@@ -127,7 +127,7 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	c.meta = meta
 
 	d := delegate{c: c}
-	mc.Delegate, mc.Events, mc.Ping = d, d, d
+	mc.Delegate, mc.Events, mc.Ping, mc.Alive = d, d, d, d
 	mc.Logger = newMemberlistLogger(log, c.view.suspect)
 	mc.LogOutput = nil
 	if cfg.Tune != nil {
@@ -198,11 +198,17 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	// summary says it first; members that miss it will show "dead".
 	s := c.local()
 	s.Leaving = true
-	if meta, err := s.Encode(); err == nil {
+	meta, err := s.Encode()
+	if err != nil {
+		c.log.Warn("cannot announce the leave in the capacity summary; others may show this server as dead", "err", err)
+	} else {
 		c.metaMu.Lock()
 		c.meta = meta
 		c.metaMu.Unlock()
-		if err := c.ml.UpdateNode(time.Until(deadline)); err != nil {
+		// At most half the time: the leave message itself matters more.
+		// (memberlist reads a zero timeout as "wait forever", hence the floor.)
+		wait := max(min(timeout/2, time.Until(deadline)), time.Millisecond)
+		if err := c.ml.UpdateNode(wait); err != nil {
 			c.log.Debug("leave intent not confirmed before the leave itself", "err", err)
 		}
 	}

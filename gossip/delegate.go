@@ -17,6 +17,7 @@ var (
 	_ memberlist.Delegate      = delegate{}
 	_ memberlist.EventDelegate = delegate{}
 	_ memberlist.PingDelegate  = delegate{}
+	_ memberlist.AliveDelegate = delegate{}
 )
 
 // NodeMeta returns the encoded local summary. Encode already refused anything
@@ -66,4 +67,14 @@ func (delegate) AckPayload() []byte { return nil }
 // NotifyPingComplete ends this agent's suspicion of a member that answered a probe.
 func (d delegate) NotifyPingComplete(other *memberlist.Node, _ time.Duration, _ []byte) {
 	d.c.view.acked(other.Name)
+}
+
+// NotifyAlive sees every alive message, including a suspect's refutation,
+// which memberlist reports with no event when the metadata is unchanged. It
+// ends this agent's suspicion and never filters anyone out. An alive message
+// still circulating from before the suspicion ends it too; that only shows
+// the member alive a little longer, until its death is gossiped.
+func (d delegate) NotifyAlive(n *memberlist.Node) error {
+	d.c.view.acked(n.Name)
+	return nil
 }

@@ -12,7 +12,7 @@ import (
 // Member states, as Member.State shows them.
 const (
 	StateAlive   = "alive"   // answering; its summary may be used for placement
-	StateSuspect = "suspect" // this agent's probe got no ack; not yet declared dead
+	StateSuspect = "suspect" // this agent's probe got no ack and no sign of life since; not yet declared dead
 	StateDead    = "dead"    // declared failed by the cluster
 	StateLeft    = "left"    // left gracefully (Cluster.Leave)
 )
@@ -100,8 +100,8 @@ func (v *view) suspect(name string) {
 	}
 }
 
-// acked records a direct ack from name, which ends this agent's suspicion;
-// memberlist sends no event when a suspect refutes with unchanged metadata.
+// acked records a sign of life from name (an ack to our probe, an alive
+// message), which ends this agent's suspicion of it.
 func (v *view) acked(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -291,7 +291,7 @@ func (b *Binder) apply(ctx context.Context, op, addr string, policy IdlePolicy) 
 	}
 	res.Changes = b.changes(touched)
 	for _, c := range res.Changes {
-		b.log.Info("PCI device changed driver", "op", op, "pci_address", c.Address, "iommu_group", group, "from", c.From, "to", c.To)
+		b.log.Debug("PCI device changed driver", "op", op, "pci_address", c.Address, "iommu_group", group, "from", c.From, "to", c.To)
 	}
 	return res, nil
 }

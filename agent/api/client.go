@@ -55,13 +55,13 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // Claim claims GPUs for id; calling it again with the same request is a no-op.
 func (c *Client) Claim(ctx context.Context, id string, req ClaimRequest) (Claim, error) {
 	var v Claim
-	return v, c.do(ctx, http.MethodPut, "/claims/"+url.PathEscape(id), req, &v)
+	return v, c.do(ctx, http.MethodPut, "/claims/"+segment(id), req, &v)
 }
 
 // Get returns one claim.
 func (c *Client) Get(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, c.do(ctx, http.MethodGet, "/claims/"+url.PathEscape(id), nil, &v)
+	return v, c.do(ctx, http.MethodGet, "/claims/"+segment(id), nil, &v)
 }
 
 // Claims lists the claims of the server.
@@ -73,19 +73,19 @@ func (c *Client) Claims(ctx context.Context) ([]Claim, error) {
 // Release frees a claim's GPUs.
 func (c *Client) Release(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, c.do(ctx, http.MethodDelete, "/claims/"+url.PathEscape(id), nil, &v)
+	return v, c.do(ctx, http.MethodDelete, "/claims/"+segment(id), nil, &v)
 }
 
 // Drain stops new claims on a GPU.
 func (c *Client) Drain(ctx context.Context, addr, reason string) (GPU, error) {
 	var v GPU
-	return v, c.do(ctx, http.MethodPut, "/gpus/"+url.PathEscape(addr)+"/drain", DrainRequest{Reason: reason}, &v)
+	return v, c.do(ctx, http.MethodPut, "/gpus/"+segment(addr)+"/drain", DrainRequest{Reason: reason}, &v)
 }
 
 // Undrain offers a drained GPU again.
 func (c *Client) Undrain(ctx context.Context, addr string) (GPU, error) {
 	var v GPU
-	return v, c.do(ctx, http.MethodDelete, "/gpus/"+url.PathEscape(addr)+"/drain", nil, &v)
+	return v, c.do(ctx, http.MethodDelete, "/gpus/"+segment(addr)+"/drain", nil, &v)
 }
 
 // Availability lists every model of the catalog with its free count.
@@ -97,7 +97,7 @@ func (c *Client) Availability(ctx context.Context) (Availability, error) {
 // Resize changes a claim's GPUs (model or count), in place or by a move.
 func (c *Client) Resize(ctx context.Context, id string, req ResizeRequest) (Claim, error) {
 	var v Claim
-	return v, c.do(ctx, http.MethodPost, "/claims/"+url.PathEscape(id)+"/resize", req, &v)
+	return v, c.do(ctx, http.MethodPost, "/claims/"+segment(id)+"/resize", req, &v)
 }
 
 // Members lists the servers of the platform.
@@ -118,10 +118,47 @@ func (c *Client) UndrainServer(ctx context.Context) (Member, error) {
 	return v, c.do(ctx, http.MethodDelete, "/drain", nil, &v)
 }
 
+// CreateGroup creates a node group, all of it or nothing.
+func (c *Client) CreateGroup(ctx context.Context, name string, req GroupRequest) (Group, error) {
+	var v Group
+	return v, c.do(ctx, http.MethodPut, "/groups/"+segment(name), req, &v)
+}
+
+// GetGroup returns a node group with its claims.
+func (c *Client) GetGroup(ctx context.Context, name string) (Group, error) {
+	var v Group
+	return v, c.do(ctx, http.MethodGet, "/groups/"+segment(name), nil, &v)
+}
+
+// ResizeGroup changes the GPUs of every node of a group.
+func (c *Client) ResizeGroup(ctx context.Context, name string, req ResizeRequest) (Group, error) {
+	var v Group
+	return v, c.do(ctx, http.MethodPost, "/groups/"+segment(name)+"/resize", req, &v)
+}
+
+// DeleteGroup releases every node's claim and forgets the group.
+func (c *Client) DeleteGroup(ctx context.Context, name string) (Group, error) {
+	var v Group
+	return v, c.do(ctx, http.MethodDelete, "/groups/"+segment(name), nil, &v)
+}
+
 // Version returns the agent's build.
 func (c *Client) Version(ctx context.Context) (VersionInfo, error) {
 	var v VersionInfo
 	return v, c.do(ctx, http.MethodGet, "/version", nil, &v)
+}
+
+// segment escapes one path segment. "." and ".." are escaped too, or the
+// server would clean them away and route the call elsewhere; the agent then
+// refuses them as IDs with a clear error.
+func segment(s string) string {
+	switch s {
+	case ".":
+		return "%2E"
+	case "..":
+		return "%2E%2E"
+	}
+	return url.PathEscape(s)
 }
 
 // ErrAgentDown means nothing answers on the socket.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http"
-	"net/url"
 	"time"
 )
 
@@ -29,6 +28,9 @@ type Owner interface {
 	// ResizeInPlace changes a committed claim in place; *Error not_available when
 	// this server cannot hold the new request.
 	ResizeInPlace(ctx context.Context, id string, items []Item) (Claim, error)
+	// LookupGroup and DeleteGroup reach the group records this server keeps.
+	LookupGroup(ctx context.Context, name string) (GroupRecord, error)
+	DeleteGroup(ctx context.Context, name string) (GroupRecord, error)
 }
 
 // peerRoutes routes the owner operations for coordinators.
@@ -68,6 +70,14 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 		v, err := o.ResizeInPlace(r.Context(), r.PathValue("id"), req.GPUs)
 		h.reply(w, r, v, err)
 	})
+	mux.HandleFunc("GET "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.LookupGroup(r.Context(), r.PathValue("name"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("DELETE "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.DeleteGroup(r.Context(), r.PathValue("name"))
+		h.reply(w, r, v, err)
+	})
 }
 
 // PeerClient is a coordinator's connection to one owner, over HTTPS with
@@ -101,35 +111,47 @@ func (p *PeerClient) Close() { p.c.Close() }
 // Reserve asks the owner to reserve and bind.
 func (p *PeerClient) Reserve(ctx context.Context, id string, req ReserveRequest) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodPut, "/peer/reservations/"+url.PathEscape(id), req, &v)
+	return v, p.c.do(ctx, http.MethodPut, "/peer/reservations/"+segment(id), req, &v)
 }
 
 // Commit makes the owner's reservation a claim.
 func (p *PeerClient) Commit(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodPost, "/peer/reservations/"+url.PathEscape(id)+"/commit", nil, &v)
+	return v, p.c.do(ctx, http.MethodPost, "/peer/reservations/"+segment(id)+"/commit", nil, &v)
 }
 
 // Abort drops the claim on the owner.
 func (p *PeerClient) Abort(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+url.PathEscape(id), nil, &v)
+	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+segment(id), nil, &v)
 }
 
 // Lookup returns the owner's claim.
 func (p *PeerClient) Lookup(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodGet, "/peer/claims/"+url.PathEscape(id), nil, &v)
+	return v, p.c.do(ctx, http.MethodGet, "/peer/claims/"+segment(id), nil, &v)
 }
 
 // ResizeInPlace changes the owner's claim in place.
 func (p *PeerClient) ResizeInPlace(ctx context.Context, id string, items []Item) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodPost, "/peer/claims/"+url.PathEscape(id)+"/resize", ResizeRequest{GPUs: items}, &v)
+	return v, p.c.do(ctx, http.MethodPost, "/peer/claims/"+segment(id)+"/resize", ResizeRequest{GPUs: items}, &v)
 }
 
 // List returns the owner's claims.
 func (p *PeerClient) List(ctx context.Context) ([]Claim, error) {
 	var v []Claim
 	return v, p.c.do(ctx, http.MethodGet, "/peer/claims", nil, &v)
+}
+
+// LookupGroup returns a group record the owner keeps.
+func (p *PeerClient) LookupGroup(ctx context.Context, name string) (GroupRecord, error) {
+	var v GroupRecord
+	return v, p.c.do(ctx, http.MethodGet, "/peer/groups/"+segment(name), nil, &v)
+}
+
+// DeleteGroup removes a group record the owner keeps.
+func (p *PeerClient) DeleteGroup(ctx context.Context, name string) (GroupRecord, error) {
+	var v GroupRecord
+	return v, p.c.do(ctx, http.MethodDelete, "/peer/groups/"+segment(name), nil, &v)
 }

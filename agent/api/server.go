@@ -26,6 +26,10 @@ type Service interface {
 	Members(ctx context.Context) ([]Member, error)
 	DrainServer(ctx context.Context, reason string) (Member, error)
 	UndrainServer(ctx context.Context) (Member, error)
+	CreateGroup(ctx context.Context, name string, req GroupRequest) (Group, error)
+	GetGroup(ctx context.Context, name string) (Group, error)
+	ResizeGroup(ctx context.Context, name string, req ResizeRequest) (Group, error)
+	DeleteGroupClaims(ctx context.Context, name string) (Group, error)
 	Version() VersionInfo
 }
 
@@ -63,6 +67,32 @@ func newMux(svc Service, log *slog.Logger) (*http.ServeMux, *handler) {
 	mux.HandleFunc("GET "+p+"/members", h.members)
 	mux.HandleFunc("PUT "+p+"/drain", h.drainServer)
 	mux.HandleFunc("DELETE "+p+"/drain", h.undrainServer)
+	mux.HandleFunc("PUT "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {
+		var req GroupRequest
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		v, err := svc.CreateGroup(r.Context(), r.PathValue("name"), req)
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("GET "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := svc.GetGroup(r.Context(), r.PathValue("name"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST "+p+"/groups/{name}/resize", func(w http.ResponseWriter, r *http.Request) {
+		var req ResizeRequest
+		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		v, err := svc.ResizeGroup(r.Context(), r.PathValue("name"), req)
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("DELETE "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := svc.DeleteGroupClaims(r.Context(), r.PathValue("name"))
+		h.reply(w, r, v, err)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Status: http.StatusNotFound, Code: CodeNotFound,
 			Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, truncate(r.URL.Path, 100))})
@@ -219,14 +249,15 @@ func decodeError(err error) error {
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: CodeInvalid,
 			Message: fmt.Sprintf("request body larger than %d bytes", MaxBodyBytes)}
 	case errors.As(err, &typeErr):
-		return Invalid(typeErr.Field, "field %q: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		field := truncate(typeErr.Field, 64)
+		return Invalid(field, "field %q: expected %s, got JSON %s", field, typeErr.Type, typeErr.Value)
 	case errors.As(err, &synErr):
 		return Invalid("", "malformed JSON at byte %d: %v", synErr.Offset, synErr)
 	case errors.Is(err, io.EOF):
 		return Invalid("", "empty request body: send a JSON object")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return Invalid(field, "unknown field %q", truncate(field, 64))
+		return Invalid(truncate(field, 64), "unknown field %q", truncate(field, 64))
 	default:
 		return Invalid("", "malformed request: %v", err)
 	}

@@ -180,3 +180,29 @@ func NotAvailableMessage(missing []Item) string {
 	}
 	return "The following GPUs are not available: " + strings.Join(parts, ", ")
 }
+
+// GroupRequest creates a Kubernetes node group: Nodes nodes, each with GPUs
+// (the same for every node, all of a node's on one server). A group created
+// without GPUs can never get one.
+type GroupRequest struct {
+	Nodes int    `json:"nodes"`
+	GPUs  []Item `json:"gpus,omitempty"`
+}
+
+// GroupRecord is what the platform remembers of a group besides its node
+// claims: the agent that created it keeps it.
+type GroupRecord struct {
+	Name        string    `json:"name"`
+	Nodes       int       `json:"nodes"`
+	WithGPUs    bool      `json:"with_gpus"`
+	Coordinator string    `json:"coordinator"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Group is a node group with the claim of each node (node i's claim ID is
+// NAME.node-i).
+type Group struct {
+	GroupRecord
+	GPUs   []Item  `json:"gpus"` // per node
+	Claims []Claim `json:"claims"`
+}

@@ -46,6 +46,11 @@ func ValidateID(id string) error {
 			return &ValidationError{Field: "id", Reason: fmt.Sprintf("%q has %q at byte %d; use only letters, digits, '.', '_' and '-'", id, id[i], i)}
 		}
 	}
+	// "." and ".." would be path segments in the API's URLs; an ID that
+	// starts with a letter or digit never is one.
+	if c := id[0]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+		return &ValidationError{Field: "id", Reason: fmt.Sprintf("%q must start with a letter or a digit", id)}
+	}
 	return nil
 }
 

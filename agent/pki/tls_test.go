@@ -1,10 +1,14 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/tls"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -211,7 +215,8 @@ func TestPeerNameWithoutTLS(t *testing.T) {
 func TestReloadOnRotation(t *testing.T) {
 	c := newCluster(t)
 	f := c.files("node-a")
-	srvCfg, err := ServerConfig(f)
+	var logs lockedBuffer
+	srvCfg, err := ServerConfig(f, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,8 +252,16 @@ func TestReloadOnRotation(t *testing.T) {
 	if err := os.WriteFile(f.Key, prevKey, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := peerCert(t, addr, forA); got.SerialNumber.Cmp(second.SerialNumber) != 0 {
-		t.Fatal("a mismatched pair replaced the certificate in service")
+	for range 2 {
+		if got := peerCert(t, addr, forA); got.SerialNumber.Cmp(second.SerialNumber) != 0 {
+			t.Fatal("a mismatched pair replaced the certificate in service")
+		}
+	}
+	if n := strings.Count(logs.String(), "cannot be used"); n != 1 {
+		t.Fatalf("the bad pair was reported %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "does not match certificate") {
+		t.Fatalf("the warning does not say what is wrong:\n%s", logs.String())
 	}
 
 	// Finishing the rotation takes effect at the next handshake.
@@ -256,4 +269,22 @@ func TestReloadOnRotation(t *testing.T) {
 	if got := peerCert(t, addr, forA); got.SerialNumber.Cmp(second.SerialNumber) == 0 {
 		t.Fatal("server did not pick up the completed rotation")
 	}
+}
+
+// lockedBuffer collects log output written from server goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

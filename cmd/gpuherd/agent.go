@@ -67,6 +67,18 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.NVML, "nvml", d.NVML, "auto or off")
 	fl.StringVar(&f.LogLevel, "log-level", d.LogLevel, "debug, info, warn or error")
 	fl.StringVar(&f.LogFormat, "log-format", d.LogFormat, "text or json")
+	fl.StringVar(&f.MetricsAddr, "metrics-addr", d.MetricsAddr, "HOST:PORT of /metrics, /healthz, /readyz (\"\" off)")
+	fl.StringSliceVar(&f.OfferedModels, "offered-models", d.OfferedModels, "models the platform offers (listed even when none is free)")
+	fl.StringVar(&f.GossipAddr, "gossip-addr", "", "HOST:PORT gossip listens on (\"\": run alone)")
+	fl.StringVar(&f.AdvertiseAddr, "advertise-addr", "", "IP other servers reach this one at (default: found with netlink)")
+	fl.StringVar(&f.AdvertiseInterface, "advertise-interface", "", "interface to take the advertise address from (default: the default route's)")
+	fl.StringSliceVar(&f.Join, "join", nil, "gossip seeds: HOST[:PORT] of other servers")
+	fl.StringVar(&f.GossipKeyFile, "gossip-key-file", "", "gossip keys, one base64 key per line, first is primary")
+	fl.BoolVar(&f.InsecureGossip, "insecure-gossip", false, "run gossip unencrypted (labs only)")
+	fl.StringVar(&f.PeerAddr, "peer-addr", "", "HOST:PORT of the mutual-TLS API for coordinators and remote clients")
+	fl.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate that signs every agent")
+	fl.StringVar(&f.TLSCert, "tls-cert", "", "this agent's certificate")
+	fl.StringVar(&f.TLSKey, "tls-key", "", "this agent's key")
 	// The agent's --socket is its own flag; the client's persistent one is hidden here.
 	return cmd
 }
@@ -75,21 +87,33 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 // default never overrides the config file.
 func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 	set := map[string]func(){
-		"node-name":          func() { cfg.NodeName = f.NodeName },
-		"data-dir":           func() { cfg.DataDir = f.DataDir },
-		"socket":             func() { cfg.Socket = f.Socket },
-		"socket-group":       func() { cfg.SocketGroup = f.SocketGroup },
-		"sysfs-root":         func() { cfg.SysfsRoot = f.SysfsRoot },
-		"dev-root":           func() { cfg.DevRoot = f.DevRoot },
-		"simulate":           func() { cfg.Simulate = f.Simulate },
-		"idle-driver":        func() { cfg.IdleDriver = f.IdleDriver },
-		"allow-devices":      func() { cfg.AllowDevices = f.AllowDevices },
-		"bind-timeout":       func() { cfg.BindTimeout = f.BindTimeout },
-		"reservation-lease":  func() { cfg.ReservationLease = f.ReservationLease },
-		"max-gpus-per-claim": func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
-		"nvml":               func() { cfg.NVML = f.NVML },
-		"log-level":          func() { cfg.LogLevel = f.LogLevel },
-		"log-format":         func() { cfg.LogFormat = f.LogFormat },
+		"node-name":           func() { cfg.NodeName = f.NodeName },
+		"data-dir":            func() { cfg.DataDir = f.DataDir },
+		"socket":              func() { cfg.Socket = f.Socket },
+		"socket-group":        func() { cfg.SocketGroup = f.SocketGroup },
+		"sysfs-root":          func() { cfg.SysfsRoot = f.SysfsRoot },
+		"dev-root":            func() { cfg.DevRoot = f.DevRoot },
+		"simulate":            func() { cfg.Simulate = f.Simulate },
+		"idle-driver":         func() { cfg.IdleDriver = f.IdleDriver },
+		"allow-devices":       func() { cfg.AllowDevices = f.AllowDevices },
+		"bind-timeout":        func() { cfg.BindTimeout = f.BindTimeout },
+		"reservation-lease":   func() { cfg.ReservationLease = f.ReservationLease },
+		"max-gpus-per-claim":  func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
+		"nvml":                func() { cfg.NVML = f.NVML },
+		"log-level":           func() { cfg.LogLevel = f.LogLevel },
+		"log-format":          func() { cfg.LogFormat = f.LogFormat },
+		"metrics-addr":        func() { cfg.MetricsAddr = f.MetricsAddr },
+		"offered-models":      func() { cfg.OfferedModels = f.OfferedModels },
+		"gossip-addr":         func() { cfg.GossipAddr = f.GossipAddr },
+		"advertise-addr":      func() { cfg.AdvertiseAddr = f.AdvertiseAddr },
+		"advertise-interface": func() { cfg.AdvertiseInterface = f.AdvertiseInterface },
+		"join":                func() { cfg.Join = f.Join },
+		"gossip-key-file":     func() { cfg.GossipKeyFile = f.GossipKeyFile },
+		"insecure-gossip":     func() { cfg.InsecureGossip = f.InsecureGossip },
+		"peer-addr":           func() { cfg.PeerAddr = f.PeerAddr },
+		"tls-ca":              func() { cfg.TLSCA = f.TLSCA },
+		"tls-cert":            func() { cfg.TLSCert = f.TLSCert },
+		"tls-key":             func() { cfg.TLSKey = f.TLSKey },
 	}
 	fl.Visit(func(p *pflag.Flag) {
 		if apply, ok := set[p.Name]; ok {

@@ -271,7 +271,7 @@ func TestCLIClaimLifecycle(t *testing.T) {
 
 	// availability: every model of the catalog, L40S included though absent here
 	out = ok(t, sock, "availability")
-	for _, want := range []string{`(?m)^NVIDIA H100 80GB\s+Available\s+6\s+8$`, `(?m)^NVIDIA L40S\s+Unavailable\s+0\s+0$`, `(?m)^NVIDIA A100 80GB\s+Unavailable\s+0\s+0$`} {
+	for _, want := range []string{`(?m)^NVIDIA H100 80GB\s+Available\s+6\s+8\s+6$`, `(?m)^NVIDIA L40S\s+Unavailable\s+0\s+0\s+0$`, `(?m)^NVIDIA A100 80GB\s+Unavailable\s+0\s+0\s+0$`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("availability does not match %s:\n%s", want, out)
 		}
@@ -362,8 +362,13 @@ func TestCLINotAvailable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := api.NotAvailableMessage(tc.missing)
 			r := gpuherd(t, sock, tc.args...)
-			if r.code != exitNotAvailable || r.stdout != "" || r.stderr != "gpuherd: "+msg+"\n" {
-				t.Errorf("%s: %s; want exit 3 and stderr exactly %q", strings.Join(tc.args, " "), r, "gpuherd: "+msg+"\n")
+			// The first line is the message, exactly; alternatives may follow.
+			first, rest, _ := strings.Cut(r.stderr, "\n")
+			if r.code != exitNotAvailable || r.stdout != "" || first != "gpuherd: "+msg {
+				t.Errorf("%s: %s; want exit 3 and stderr starting with %q", strings.Join(tc.args, " "), r, "gpuherd: "+msg)
+			}
+			if rest != "" && !strings.HasPrefix(rest, "Select an alternative GPU:\n  --gpu ") {
+				t.Errorf("%s: after the message, stderr has %q; want the alternatives", strings.Join(tc.args, " "), rest)
 			}
 
 			r = gpuherd(t, sock, append(tc.args, "-o", "json")...)

@@ -48,16 +48,36 @@ func (g *globals) show(v any, table func(w *tabwriter.Writer)) error {
 }
 
 // fail reports an agent error: as JSON on stdout for programs (the exit
-// code still tells the class), as one line on stderr for people.
+// code still tells the class), as one line on stderr for people, followed
+// by the alternatives when the GPUs were not available.
 func (g *globals) fail(err error) error {
 	var ae *api.Error
-	if g.json() && errors.As(err, &ae) {
+	if !errors.As(err, &ae) {
+		return err
+	}
+	if g.json() {
 		enc := json.NewEncoder(g.stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(api.ErrorBody{Error: ae})
 		return &printedError{err: err}
 	}
-	return err
+	if len(ae.Alternatives) == 0 {
+		return err
+	}
+	fmt.Fprintln(g.stderr, "gpuherd: "+ae.Message)
+	fmt.Fprintln(g.stderr, "Select an alternative GPU:")
+	for _, alt := range ae.Alternatives {
+		fmt.Fprintf(g.stderr, "  --gpu %q   (fits on %d server(s))\n", gpuFlags(alt.GPUs), alt.Servers)
+	}
+	return &printedError{err: err}
+}
+
+func gpuFlags(items []api.Item) string {
+	var parts []string
+	for _, it := range items {
+		parts = append(parts, fmt.Sprintf("%s:%d", it.Model, it.Count))
+	}
+	return strings.Join(parts, " ")
 }
 
 func exactArgs(n int, what string) cobra.PositionalArgs {
@@ -106,7 +126,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 }
 
 func newClaimCmd(g *globals) *cobra.Command {
-	var gpus, labels []string
+	var (
+		gpus, labels []string
+		prefer       string
+	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
 		Short: "Claim GPUs on this server for a VM (all of them, or none)",
@@ -121,6 +144,7 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 			if err != nil {
 				return err
 			}
+			req.PreferNode = prefer
 			ctx, cancel := withTimeout(cmd)
 			defer cancel()
 			c := g.client()
@@ -134,6 +158,7 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 	}
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
+	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (a VM restarting on its old server)")
 	return cmd
 }
 
@@ -281,13 +306,14 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 				return g.fail(err)
 			}
 			return g.show(av, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL")
+				fmt.Fprintf(w, "As seen by %s (%d server(s))\n", av.Node, av.Servers)
+				fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER")
 				for _, m := range av.Models {
 					avail := "Unavailable"
 					if m.Available {
 						avail = "Available"
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", m.Model, avail, m.Free, m.Total)
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", m.Model, avail, m.Free, m.Total, m.MaxFreeOnOneServer)
 				}
 			})
 		},
@@ -295,20 +321,49 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 }
 
 func newDrainCmd(g *globals, drain bool) *cobra.Command {
-	var reason string
-	use, short := "drain PCI_ADDRESS", "Stop new claims on a GPU (its claim, if any, stays)"
+	var (
+		reason string
+		server bool
+	)
+	use, short := "drain PCI_ADDRESS | --server", "Stop new claims on a GPU or on the whole server (existing claims stay)"
 	if !drain {
-		use, short = "undrain PCI_ADDRESS", "Offer a drained GPU again"
+		use, short = "undrain PCI_ADDRESS | --server", "Offer a drained GPU, or a drained server, again"
 	}
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  exactArgs(1, "one PCI address (e.g. 0000:3b:00.0)"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if server {
+				return exactArgs(0, "no PCI address with --server")(cmd, args)
+			}
+			return exactArgs(1, "one PCI address (e.g. 0000:3b:00.0) or --server")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := withTimeout(cmd)
 			defer cancel()
 			c := g.client()
 			defer c.Close()
+			if server {
+				var (
+					m   api.Member
+					err error
+				)
+				if drain {
+					m, err = c.DrainServer(ctx, reason)
+				} else {
+					m, err = c.UndrainServer(ctx)
+				}
+				if err != nil {
+					return g.fail(err)
+				}
+				return g.show(m, func(w *tabwriter.Writer) {
+					state := "takes new claims"
+					if m.Drained {
+						state = "drained: no new claims"
+					}
+					fmt.Fprintf(w, "server %s: %s\n", m.Name, state)
+				})
+			}
 			var (
 				gp  api.GPU
 				err error
@@ -326,8 +381,9 @@ func newDrainCmd(g *globals, drain bool) *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&server, "server", false, "the whole server this agent runs on")
 	if drain {
-		cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status)")
+		cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status and members)")
 	}
 	return cmd
 }

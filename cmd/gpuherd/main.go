@@ -121,6 +121,11 @@ it through its unix socket.`,
 		newDrainCmd(g, false),
 		newInventoryCmd(g),
 		newVersionCmd(g),
+		newMembersCmd(g),
+		newResizeCmd(g),
+		newGroupCmd(g),
+		newGossipCmd(g),
+		newTLSCmd(g),
 	)
 	return root
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# CI: build the deb and rpm for amd64 and arm64, check what is inside, and
+# install, run and remove the amd64 deb on this machine. Runs as root on a
+# clean Debian without systemd as PID 1 (a container), so it installs its own
+# tools and checks the maintainer scripts cope with that.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
+
+step() { printf '\n=== %s\n' "$*"; }
+fail() {
+	echo "packages.sh: $*" >&2
+	exit 1
+}
+
+# The Makefile includes packaging.mk; until it does, name both.
+mk=(make)
+grep -Eq '^-?include +packaging\.mk' Makefile || mk=(make -f Makefile -f packaging.mk)
+
+step "tools"
+export DEBIAN_FRONTEND=noninteractive
+# No service of a package installed here may start: this is a build box.
+printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+chmod 0755 /usr/sbin/policy-rc.d
+trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+apt-get update -qq
+# gcc-aarch64-linux-gnu: go-nvml is cgo, so arm64 needs a cross C compiler.
+# rpm: rpm -qp checks. systemd: systemd-analyze verify. prometheus: promtool.
+apt-get install -y -qq --no-install-recommends \
+	gcc libc6-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+	rpm systemd prometheus shellcheck binutils >/dev/null
+
+step "maintainer scripts (shellcheck)"
+shellcheck -s sh packaging/scripts/deb/* packaging/scripts/rpm/*
+
+step "unit file (systemd-analyze verify)"
+# verify wants ExecStart's binary to exist: check a copy of the unit that
+# points at a freshly built one.
+make build
+unitdir=$(mktemp -d)
+sed "s#^ExecStart=/usr/bin/gpuherd #ExecStart=$PWD/bin/gpuherd #" systemd/gpuherd.service >"$unitdir/gpuherd.service"
+grep -q "^ExecStart=$PWD/bin/gpuherd agent" "$unitdir/gpuherd.service" || fail "ExecStart not rewritten"
+out=$(systemd-analyze verify "$unitdir/gpuherd.service" 2>&1) || fail "systemd-analyze verify: $out"
+[ -z "$out" ] || fail "systemd-analyze verify warns: $out"
+systemd-analyze security --offline=yes --threshold=40 "$unitdir/gpuherd.service" | tail -1
+
+step "alert rules (promtool)"
+promtool check rules packaging/prometheus/gpuherd-alerts.yml
+(cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml)
+
+step "packages"
+"${mk[@]}" packages
+"${mk[@]}" check-packages
+[ "$(find dist -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) | wc -l)" -eq 4 ] || fail "want 4 packages in dist/"
+# The binary must start without libnvidia-ml: NVML is dlopened, never linked.
+for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
+	if readelf -d "$bin" | grep -q 'NEEDED.*libnvidia-ml'; then
+		fail "$bin links libnvidia-ml"
+	fi
+done
+readelf -h dist/gpuherd-linux-arm64 | grep -q 'AArch64' || fail "dist/gpuherd-linux-arm64 is not an arm64 binary"
+
+step "install the amd64 deb"
+deb=$(ls dist/gpuherd_*_amd64.deb)
+dpkg -i "$deb"
+/usr/bin/gpuherd version
+/usr/bin/gpuherd --help >/dev/null
+[ -f /etc/gpuherd/gpuherd.yaml ] || fail "no /etc/gpuherd/gpuherd.yaml"
+[ -f /lib/systemd/system/gpuherd.service ] || fail "no unit file"
+[ "$(stat -c %a /var/lib/gpuherd)" = 700 ] || fail "/var/lib/gpuherd is not 0700"
+grep -qx vfio-pci /etc/modules-load.d/gpuherd-vfio.conf || fail "modules-load.d does not load vfio-pci"
+# The installed unit itself verifies too.
+systemd-analyze verify /lib/systemd/system/gpuherd.service
+
+step "not enabled, not running after install"
+# is-enabled reads the unit files, so it answers without a running systemd.
+state=$(systemctl is-enabled gpuherd.service 2>/dev/null || true)
+[ "$state" = disabled ] || fail "after install gpuherd.service is '$state', want disabled"
+if compgen -G '/etc/systemd/system/*.wants/gpuherd.service' >/dev/null; then
+	fail "the package enabled gpuherd.service"
+fi
+if [ -d /run/systemd/system ]; then
+	if systemctl is-active --quiet gpuherd.service; then fail "the package started gpuherd.service"; fi
+fi
+if grep -qx gpuherd /proc/[0-9]*/comm 2>/dev/null; then fail "a gpuherd process runs after install"; fi
+
+step "upgrade in place (same version) keeps an edited config"
+echo "log_level: debug" >>/etc/gpuherd/gpuherd.yaml
+dpkg -i "$deb"
+grep -qx "log_level: debug" /etc/gpuherd/gpuherd.yaml || fail "reinstall replaced the edited config"
+
+step "remove keeps config and state; purge deletes them"
+mkdir -p /var/lib/gpuherd && echo ledger >/var/lib/gpuherd/ledger.db
+dpkg -r gpuherd
+[ ! -e /usr/bin/gpuherd ] || fail "/usr/bin/gpuherd left after remove"
+[ ! -e /lib/systemd/system/gpuherd.service ] || fail "unit left after remove"
+[ -f /etc/gpuherd/gpuherd.yaml ] || fail "remove deleted the config (only purge may)"
+[ -f /var/lib/gpuherd/ledger.db ] || fail "remove deleted the ledger (only purge may)"
+dpkg -P gpuherd
+for p in /etc/gpuherd /var/lib/gpuherd /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd; do
+	[ ! -e "$p" ] || fail "$p left after purge"
+done
+if dpkg -s gpuherd >/dev/null 2>&1; then fail "dpkg still knows gpuherd after purge"; fi
+
+echo
+echo "packages.sh: ok"

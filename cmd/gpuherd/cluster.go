@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/gossip"
+)
+
+func newMembersCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "members",
+		Short: "The servers of the platform, their state and free capacity",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			ms, err := c.Members(ctx)
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(ms, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION")
+				for _, m := range ms {
+					var caps []string
+					for _, mc := range m.Models {
+						caps = append(caps, fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total))
+					}
+					name := m.Name
+					if m.Self {
+						name += " (this)"
+					}
+					drained := "no"
+					if m.Drained {
+						drained = "yes"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", name, m.State, drained, dash(strings.Join(caps, ", ")), dash(m.AgentVersion))
+				}
+			})
+		},
+	}
+}
+
+func newResizeCmd(g *globals) *cobra.Command {
+	var gpus []string
+	cmd := &cobra.Command{
+		Use:   "resize ID --gpu MODEL[:COUNT] [--gpu ...]",
+		Short: "Change a claim's GPUs (model or count); in place when its server can, else moved",
+		Long: `Change the GPUs of claim ID. When its server can hold the new request the
+claim changes in place, atomically; otherwise it moves to a server that can
+(the VM restarts anyway). Exit code 3 when no server can hold it; the claim is
+then unchanged.`,
+		Args: exactArgs(1, "one claim ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := parseClaimRequest(gpus, nil)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cl, err := c.Resize(ctx, args[0], api.ResizeRequest{GPUs: req.GPUs})
+			if err != nil {
+				return g.fail(err)
+			}
+			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+		},
+	}
+	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] the claim should hold (repeatable)")
+	return cmd
+}
+
+func newGossipCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "gossip", Short: "Gossip encryption keys"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "keygen",
+		Short: "Print a new random gossip key (base64, 32 bytes) for the key file",
+		Long: `Print a new AES-256 key for gossip_key_file. The file holds one key per line;
+the first encrypts, every one decrypts. To rotate: add the new key as the
+second line on every server and reload (SIGHUP); move it to the first line
+everywhere and reload; remove the old line and reload.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(*cobra.Command, []string) error {
+			k, err := gossip.GenerateKey()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, k)
+			return nil
+		},
+	})
+	return cmd
+}

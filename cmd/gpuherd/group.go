@@ -1,0 +1,127 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+func newGroupCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "group",
+		Short: "Kubernetes node groups: every node gets the same GPUs, each node's on one server",
+	}
+	var (
+		nodes int
+		gpus  []string
+	)
+	create := &cobra.Command{
+		Use:   "create NAME --nodes N [--gpu MODEL[:COUNT] ...]",
+		Short: "Create a node group, all of it or nothing",
+		Long: `Create a node group of N nodes. With --gpu, every node gets those GPUs, all of
+a node's on one server (different nodes may use different servers); if one
+node cannot be placed nothing is kept and the exit code is 3. A group created
+without --gpu can never get GPUs later.`,
+		Args: exactArgs(1, "one group name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := api.GroupRequest{Nodes: nodes}
+			if len(gpus) > 0 {
+				cr, err := parseClaimRequest(gpus, nil)
+				if err != nil {
+					return err
+				}
+				req.GPUs = cr.GPUs
+			}
+			if nodes < 1 {
+				return usagef("--nodes: a group needs at least one node")
+			}
+			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) {
+				return c.CreateGroup(cmd.Context(), args[0], req)
+			})
+		},
+	}
+	create.Flags().IntVar(&nodes, "nodes", 0, "number of nodes")
+	create.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] per node (repeatable)")
+
+	var rgpus []string
+	resize := &cobra.Command{
+		Use:   "resize NAME --gpu MODEL[:COUNT] [--gpu ...]",
+		Short: "Change the GPUs of every node of a group (it must keep at least one)",
+		Args:  exactArgs(1, "one group name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(rgpus) == 0 {
+				return usagef("--gpu: a group with GPUs must keep at least one (and one without GPUs can never get any)")
+			}
+			cr, err := parseClaimRequest(rgpus, nil)
+			if err != nil {
+				return err
+			}
+			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) {
+				return c.ResizeGroup(cmd.Context(), args[0], api.ResizeRequest{GPUs: cr.GPUs})
+			})
+		},
+	}
+	resize.Flags().StringArrayVar(&rgpus, "gpu", nil, "MODEL[:COUNT] per node (repeatable)")
+
+	get := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a group and its nodes' GPUs",
+		Args:  exactArgs(1, "one group name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) { return c.GetGroup(cmd.Context(), args[0]) })
+		},
+	}
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Release every node's GPUs and forget the group",
+		Args:  exactArgs(1, "one group name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) { return c.DeleteGroup(cmd.Context(), args[0]) })
+		},
+	}
+	cmd.AddCommand(create, resize, get, del)
+	return cmd
+}
+
+func groupCall(g *globals, cmd *cobra.Command, call func(*api.Client) (api.Group, error)) error {
+	ctx, cancel := withTimeout(cmd)
+	defer cancel()
+	cmd.SetContext(ctx)
+	c := g.client()
+	defer c.Close()
+	gr, err := call(c)
+	if err != nil {
+		return g.fail(err)
+	}
+	return g.show(gr, func(w *tabwriter.Writer) {
+		per := "no GPUs (can never get any)"
+		if gr.WithGPUs {
+			per = describeItems(gr.GPUs) + " per node"
+		}
+		fmt.Fprintf(w, "Group %s: %d node(s), %s\n", gr.Name, gr.Nodes, per)
+		if len(gr.Claims) > 0 {
+			fmt.Fprintln(w, "NODE CLAIM\tSERVER\tSTATE\tGPUS")
+			for _, c := range gr.Claims {
+				var addrs []string
+				for _, gp := range c.GPUs {
+					addrs = append(addrs, gp.PCIAddress)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", c.ID, c.Node, c.State, addrs)
+			}
+		}
+	})
+}
+
+func describeItems(items []api.Item) string {
+	s := ""
+	for i, it := range items {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%dx %s", it.Count, it.Model)
+	}
+	return s
+}
