@@ -12,7 +12,7 @@ PKG_ARCHES    ?= amd64 arm64
 # A release sets PKG_VERSION (semver, no "v"). Otherwise: the tag HEAD sits
 # on, or a development version that sorts below every release.
 PKG_VERSION   ?= $(or $(patsubst v%,%,$(shell git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null)),0.0.0-dev.$(shell git rev-list --count HEAD 2>/dev/null || echo 0)+g$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown))
-GOHOSTARCH    := $(shell $(GO) env GOHOSTARCH)
+GOHOSTARCH    ?= $(shell $(GO) env GOHOSTARCH)
 # The C cross compiler of each architecture; the host's own is plain gcc.
 CC_amd64      ?= $(if $(filter amd64,$(GOHOSTARCH)),gcc,x86_64-linux-gnu-gcc)
 CC_arm64      ?= $(if $(filter arm64,$(GOHOSTARCH)),gcc,aarch64-linux-gnu-gcc)

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -19,6 +20,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/metrics"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -41,9 +43,14 @@ type Agent struct {
 	cluster *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune func(*memberlist.Config)
+	onChange   func()
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims
+
+	metrics *metrics.Metrics
+	tele    telemetry
+	ready   atomic.Bool // serving: /readyz says so
 
 	mu     sync.RWMutex
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
@@ -60,7 +67,12 @@ type options struct {
 	nvml       nvml.Interface
 	rec        Recorder
 	gossipTune func(*memberlist.Config)
+	onChange   func()
 }
+
+// WithOnChange calls f (which must be quick) whenever this server's
+// capacity may have changed; the systemd STATUS line follows it.
+func WithOnChange(f func()) Option { return func(o *options) { o.onChange = f } }
 
 // WithRecorder sends the agent's events (claims, reservations, vfio
 // operations) to r, normally the metrics.
@@ -91,7 +103,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
-		rec: o.rec, gossipTune: o.gossipTune}
+		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange}
+	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))
+	if _, nop := o.rec.(nopRecorder); nop {
+		a.rec = a.metrics
+	}
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
@@ -186,7 +202,6 @@ func (a *Agent) Close() error {
 	var err error
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
-		a.cluster = nil
 	}
 	if a.ledger != nil {
 		err = a.ledger.Close()
@@ -271,6 +286,34 @@ func (a *Agent) changed() {
 	if c := a.cluster; c != nil {
 		c.publish()
 	}
+	if a.onChange != nil {
+		a.onChange()
+	}
+}
+
+// StatusLine sums this server up in one line (systemd's STATUS=).
+func (a *Agent) StatusLine() string {
+	total, free := 0, 0
+	for _, t := range a.ledger.Totals(a.now()) {
+		total += t.Total
+		free += t.Free
+	}
+	s := fmt.Sprintf("%d GPUs, %d free, %d claims", total, free, len(a.ledger.List()))
+	if a.serverDrained() {
+		s += ", drained"
+	}
+	if c := a.cluster; c != nil {
+		s += fmt.Sprintf("; cluster of %d", len(c.g.Members()))
+	}
+	return s
+}
+
+// ReloadGossipKeys applies the gossip key file again (key rotation).
+func (a *Agent) ReloadGossipKeys(path string) error {
+	if a.cluster == nil || path == "" {
+		return nil
+	}
+	return a.cluster.g.ReloadKeys(path)
 }
 
 // rnd breaks ties between equally good servers; each call gets its own

@@ -28,6 +28,8 @@ type clusterState struct {
 
 	mu      sync.Mutex
 	clients map[string]*api.PeerClient // by name@addr
+
+	stopOnce sync.Once
 }
 
 // startCluster opens the peer listener and joins gossip. The caller joins
@@ -170,8 +172,13 @@ func (c *clusterState) publish() {
 	}
 }
 
-// stop leaves the cluster gracefully, then closes the listener.
+// stop leaves the cluster gracefully, then closes the listener. Only the
+// first call does anything.
 func (c *clusterState) stop(ctx context.Context) {
+	c.stopOnce.Do(func() { c.doStop(ctx) })
+}
+
+func (c *clusterState) doStop(ctx context.Context) {
 	if err := c.g.Leave(5 * time.Second); err != nil {
 		c.a.log.Warn("gossip leave", "err", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/metrics"
 )
 
 // Run serves the local API on the unix socket and runs the background loops
@@ -31,8 +32,23 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    16 << 10,
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	if a.cfg.MetricsAddr != "" {
+		ms, err := metrics.Listen(a.cfg.MetricsAddr, a.metrics, a.readiness, a.log)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("metrics_addr: %w", err)
+		}
+		go func() {
+			if err := ms.Serve(ctx); err != nil {
+				errc <- fmt.Errorf("metrics on %s: %w", a.cfg.MetricsAddr, err)
+			}
+		}()
+		a.log.Info("serving metrics", "addr", ms.Addr().String())
+	}
+	a.refreshTelemetry()
+	go a.watchXID(ctx)
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
 	if c := a.cluster; c != nil {
 		// Seeds may come up after us: keep trying in the background; this
@@ -44,9 +60,12 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		}()
 		c.publish()
 	}
+	a.ready.Store(true)
 	if ready != nil {
 		ready()
 	}
+	tele := time.NewTicker(telemetryInterval)
+	defer tele.Stop()
 
 	sweep := time.NewTicker(sweepInterval(time.Duration(a.cfg.ReservationLease)))
 	defer sweep.Stop()
@@ -55,6 +74,11 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	for {
 		select {
 		case <-ctx.Done():
+			a.ready.Store(false)
+			if c := a.cluster; c != nil {
+				// A graceful leave: the others stop placing claims here at once.
+				c.stop(context.Background())
+			}
 			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err := srv.Shutdown(shutCtx)
@@ -66,8 +90,18 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			a.Sweep(ctx)
 		case <-health.C:
 			a.CheckHealth()
+		case <-tele.C:
+			a.refreshTelemetry()
 		}
 	}
+}
+
+// readiness is what /readyz reports: ready once the agent serves its API.
+func (a *Agent) readiness() error {
+	if !a.ready.Load() {
+		return errors.New("starting: discovery, ledger or gossip not up yet")
+	}
+	return nil
 }
 
 // sweepInterval checks leases often enough that a reservation outlives its

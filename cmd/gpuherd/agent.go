@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/systemd"
 )
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -38,13 +43,10 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			log := newLogger(g.stderr, cfg)
-			a, err := agent.New(cmd.Context(), cfg, log)
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			return a.Run(cmd.Context(), nil)
+			return runAgent(cmd.Context(), g, cfg, configPath, func(c *agent.Config) error {
+				applyAgentFlags(cmd.Flags(), &f, c)
+				return nil
+			})
 		},
 	}
 	fl := cmd.Flags()
@@ -122,9 +124,85 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 	})
 }
 
-func newLogger(w io.Writer, cfg agent.Config) *slog.Logger {
-	var level slog.Level
+// runAgent runs the daemon under systemd's eyes: STATUS lines while it
+// starts and whenever capacity changes, READY=1 once inventory, ledger and
+// gossip are up, watchdog pings while the agent is healthy, RELOADING=1 and
+// a reload on SIGHUP, STOPPING=1 and a graceful gossip leave on SIGTERM.
+func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath string, flags func(*agent.Config) error) error {
+	level := new(slog.LevelVar)
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	log := newLogger(g.stderr, cfg, level)
+	notify := systemd.New(log)
+	notify.Status("discovering GPUs and reconciling them with the ledger")
+
+	var a *agent.Agent
+	status := func() {
+		if a != nil {
+			notify.Status("%s", a.StatusLine())
+		}
+	}
+	a, err := agent.New(ctx, cfg, log, agent.WithOnChange(status))
+	if err != nil {
+		notify.Status("failed: %v", err)
+		return err
+	}
+	defer a.Close()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go notify.RunWatchdog(runCtx, a.Healthy)
+	go func() {
+		<-ctx.Done()
+		notify.Stopping()
+	}()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-hup:
+				notify.Reloading()
+				reload(log, level, a, configPath, flags)
+				_ = notify.Ready()
+				status()
+			}
+		}
+	}()
+	return a.Run(runCtx, func() {
+		if err := notify.Ready(); err != nil {
+			log.Warn("systemd: READY=1 not sent", "err", err)
+		}
+		status()
+	})
+}
+
+// reload re-reads what can change without a restart: the log level and the
+// gossip keys (key rotation). Anything else needs a restart, and says so.
+func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath string, flags func(*agent.Config) error) {
+	cfg := agent.DefaultConfig()
+	if configPath != "" {
+		if err := agent.LoadConfigFile(configPath, &cfg); err != nil {
+			log.Error("reload: config not applied", "err", err)
+			return
+		}
+	}
+	_ = flags(&cfg)
+	if err := cfg.Validate(); err != nil {
+		log.Error("reload: config not applied", "err", err)
+		return
+	}
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err == nil {
+		log.Info("reload: log level", "level", level.Level().String())
+	}
+	if err := a.ReloadGossipKeys(cfg.GossipKeyFile); err != nil {
+		log.Error("reload: gossip keys not applied", "err", err)
+	}
+}
+
+func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))

@@ -38,13 +38,19 @@ type child struct {
 // still runs) and waits for it, so that no test leaves one behind.
 func startChild(t *testing.T, logName string, args ...string) *child {
 	t.Helper()
+	return startChildEnv(t, logName, nil, args...)
+}
+
+// startChildEnv is startChild with extra environment variables.
+func startChildEnv(t *testing.T, logName string, env []string, args ...string) *child {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), logName)
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), asMainEnv+"=1", "GPUHERD_SOCKET=")
+	cmd.Env = append(append(os.Environ(), asMainEnv+"=1", "GPUHERD_SOCKET="), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
