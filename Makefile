@@ -8,6 +8,7 @@ LDFLAGS    := -X github.com/gpuherd/gpuherd/agent.Version=$(VERSION) -extldflags
 BIN        := bin/gpuherd
 RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
+METRICS_PORT ?= 9465
 
 .PHONY: all build run test lint fmt clean
 
@@ -27,9 +28,11 @@ run: build
 	@echo "  $(CURDIR)/$(BIN) status"
 	@echo "  $(CURDIR)/$(BIN) claim vm-1 --gpu \"H100 80GB:2\""
 	@echo "  $(CURDIR)/$(BIN) release vm-1"
+	@echo "  curl -s localhost:$(METRICS_PORT)/metrics | grep ^gpuherd_"
 	@echo
 	exec $(BIN) agent --simulate $(PROFILE) --node-name sim-$(PROFILE) \
-		--data-dir $(RUN_DIR)/data --socket $(RUN_DIR)/gpuherd.sock --idle-driver nvidia
+		--data-dir $(RUN_DIR)/data --socket $(RUN_DIR)/gpuherd.sock --idle-driver nvidia \
+		--metrics-addr 127.0.0.1:$(METRICS_PORT)
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -44,3 +47,5 @@ fmt:
 
 clean:
 	rm -rf bin .run dist
+
+include packaging.mk

@@ -86,7 +86,7 @@ func TestUnitFileMustHaves(t *testing.T) {
 		{"Service", "Type", "notify", "READY=1 only after inventory, ledger and gossip"},
 		{"Service", "NotifyAccess", "main", "only the agent speaks for itself"},
 		{"Service", "ExecStart", "/usr/bin/gpuherd agent --config /etc/gpuherd/gpuherd.yaml", "the packaged paths"},
-		{"Service", "ExecReload", "/bin/kill -HUP $MAINPID", "SIGHUP reloads log level and drains"},
+		{"Service", "ExecReload", "/bin/kill -HUP $MAINPID", "SIGHUP reloads the log level and gossip keys"},
 		{"Service", "Restart", "on-failure", "a crashed or watchdog-killed agent comes back"},
 		{"Service", "WatchdogSec", "30s", "the agent pings at half of it"},
 		{"Service", "StateDirectory", "gpuherd", "the ledger in /var/lib/gpuherd"},
