@@ -4,7 +4,8 @@ GO         ?= go
 export CGO_CFLAGS ?= -Wno-deprecated-declarations
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # -z lazy: the binary must start on hosts without libnvidia-ml (NVML is dlopened).
-LDFLAGS    := -X github.com/gpuherd/gpuherd/agent.Version=$(VERSION) -extldflags=-Wl,-z,lazy
+COMMIT     ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+LDFLAGS    := -X github.com/gpuherd/gpuherd/agent.Version=$(VERSION) -X github.com/gpuherd/gpuherd/agent.Commit=$(COMMIT) -extldflags=-Wl,-z,lazy
 BIN        := bin/gpuherd
 RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100

@@ -35,7 +35,7 @@ func (b *bindFailure) Unwrap() error { return b.err }
 // idle driver, skipping skip. The caller holds their device locks, so a
 // claim that takes one of them now binds it only after this returns. Failures
 // fence the GPU; the release itself already happened in the ledger.
-func (a *Agent) toIdleLocked(ctx context.Context, addrs []string, skip string) {
+func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
 	for _, addr := range a.unclaimed(addrs) {
 		if addr == skip || a.health(addr) != "" {
 			continue
@@ -47,7 +47,7 @@ func (a *Agent) toIdleLocked(ctx context.Context, addrs []string, skip string) {
 			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
 			continue
 		}
-		logChanges(a, "release", res)
+		logChanges(a, why, res)
 	}
 }
 
@@ -273,7 +273,7 @@ func (a *Agent) Sweep(ctx context.Context) {
 		a.rec.Reservation("expired")
 		a.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
 		unlock := a.locks.lock(c.GPUs...)
-		a.toIdleLocked(ctx, c.GPUs, "")
+		a.toIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")
 		unlock()
 	}
 	if len(expired) > 0 {

@@ -112,7 +112,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	if c, t, err := a.find(ctx, targets, id); err == nil {
 		if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
 			return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
-				Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, describe(c.Items))}
+				Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, api.DescribeItems(c.Items))}
 		}
 		if c.State == api.StateClaimed {
 			return c, nil
@@ -443,15 +443,4 @@ func sameItems(x, y []api.Item) bool {
 		return m
 	}
 	return maps.Equal(count(x), count(y))
-}
-
-func describe(items []api.Item) string {
-	var s string
-	for i, it := range items {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%dx %s", it.Count, it.Model)
-	}
-	return s
 }

@@ -162,7 +162,7 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 		}
 		g.Claims = append(g.Claims, c)
 	}
-	a.log.Info("group created", "group", name, "nodes", req.Nodes, "gpus_per_node", describe(g.GPUs))
+	a.log.Info("group created", "group", name, "nodes", req.Nodes, "gpus_per_node", api.DescribeItems(g.GPUs))
 	return g, nil
 }
 

@@ -64,7 +64,7 @@ func (a *Agent) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 				if _, rerr := a.ledger.Release(id, a.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 					a.log.Error("dropping reservation after bind failure", "claim", id, "err", rerr)
 				}
-				a.toIdleLocked(ctx, c.GPUs, addr)
+				a.toIdleLocked(ctx, "reservation "+id+" dropped", c.GPUs, addr)
 			}
 			return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: err}
 		}
@@ -119,7 +119,7 @@ func (a *Agent) Abort(ctx context.Context, id string) (api.Claim, error) {
 	}
 	a.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock := a.locks.lock(c.GPUs...)
-	a.toIdleLocked(ctx, c.GPUs, "")
+	a.toIdleLocked(ctx, "release "+id, c.GPUs, "")
 	unlock()
 	a.changed()
 	return a.claimView(c), nil
@@ -177,7 +177,7 @@ func (a *Agent) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 			return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
 		}
 	}
-	a.toIdleLocked(ctx, before.GPUs, "")
+	a.toIdleLocked(ctx, "resize "+id, before.GPUs, "")
 	a.log.Info("resized", "claim", id, "from", before.GPUs, "to", c.GPUs)
 	a.changed()
 	return a.claimView(c), nil

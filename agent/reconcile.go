@@ -18,7 +18,6 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	claims := a.ledger.List()
 	held := map[string]string{}
-	changed := 0
 	for _, c := range claims {
 		for _, addr := range c.GPUs {
 			held[addr] = c.ID
@@ -28,14 +27,8 @@ func (a *Agent) reconcile(ctx context.Context) error {
 				continue
 			}
 			unlock := a.locks.lock(addr)
-			res, err := a.binder.Bind(ctx, addr)
+			_ = a.bind(ctx, "reconcile: claim "+c.ID, addr) // a failure fences the GPU; the claim stays
 			unlock()
-			if err != nil {
-				a.fence(addr, fmt.Sprintf("reconcile: claimed by %s but bind to vfio-pci failed: %v", c.ID, err))
-				continue
-			}
-			changed += len(res.Changes)
-			logChanges(a, "reconcile: claim "+c.ID, res)
 		}
 	}
 	a.mu.RLock()
@@ -46,20 +39,9 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 	}
 	a.mu.RUnlock()
-	for _, addr := range free {
-		if a.health(addr) != "" {
-			continue
-		}
-		unlock := a.locks.lock(addr)
-		res, err := a.binder.Release(ctx, addr, a.policy)
-		unlock()
-		if err != nil {
-			a.fence(addr, fmt.Sprintf("reconcile: idle driver %s: %v", a.policy, err))
-			continue
-		}
-		changed += len(res.Changes)
-		logChanges(a, "reconcile: idle driver", res)
-	}
-	a.log.Info("reconciled", "claims", len(claims), "expired", len(expired), "driver_changes", changed, "idle_driver", string(a.policy))
+	unlock := a.locks.lock(free...)
+	a.toIdleLocked(ctx, "reconcile: idle driver", free, "")
+	unlock()
+	a.log.Info("reconciled", "claims", len(claims), "expired", len(expired), "free", len(free), "idle_driver", string(a.policy))
 	return nil
 }

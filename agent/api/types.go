@@ -174,11 +174,16 @@ type ErrorBody struct {
 // held: every item that could not be placed, e.g.
 // "The following GPUs are not available: 2x NVIDIA H100 80GB".
 func NotAvailableMessage(missing []Item) string {
-	parts := make([]string, len(missing))
-	for i, it := range missing {
+	return "The following GPUs are not available: " + DescribeItems(missing)
+}
+
+// DescribeItems writes items as people read them: "2x NVIDIA H100 80GB, 1x NVIDIA L40S".
+func DescribeItems(items []Item) string {
+	parts := make([]string, len(items))
+	for i, it := range items {
 		parts[i] = fmt.Sprintf("%dx %s", it.Count, it.Model)
 	}
-	return "The following GPUs are not available: " + strings.Join(parts, ", ")
+	return strings.Join(parts, ", ")
 }
 
 // GroupRequest creates a Kubernetes node group: Nodes nodes, each with GPUs

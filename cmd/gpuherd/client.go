@@ -280,11 +280,7 @@ func newClaimsCmd(g *globals) *cobra.Command {
 			return g.show(cls, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "ID\tNODE\tSTATE\tGPUS\tMODELS")
 				for _, cl := range cls {
-					var models []string
-					for _, it := range cl.Items {
-						models = append(models, fmt.Sprintf("%dx %s", it.Count, it.Model))
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", cl.ID, cl.Node, cl.State, len(cl.GPUs), strings.Join(models, ", "))
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", cl.ID, cl.Node, cl.State, len(cl.GPUs), api.DescribeItems(cl.Items))
 				}
 			})
 		},

@@ -99,7 +99,7 @@ func groupCall(g *globals, cmd *cobra.Command, call func(*api.Client) (api.Group
 	return g.show(gr, func(w *tabwriter.Writer) {
 		per := "no GPUs (can never get any)"
 		if gr.WithGPUs {
-			per = describeItems(gr.GPUs) + " per node"
+			per = api.DescribeItems(gr.GPUs) + " per node"
 		}
 		fmt.Fprintf(w, "Group %s: %d node(s), %s\n", gr.Name, gr.Nodes, per)
 		if len(gr.Claims) > 0 {
@@ -113,15 +113,4 @@ func groupCall(g *globals, cmd *cobra.Command, call func(*api.Client) (api.Group
 			}
 		}
 	})
-}
-
-func describeItems(items []api.Item) string {
-	s := ""
-	for i, it := range items {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%dx %s", it.Count, it.Model)
-	}
-	return s
 }
