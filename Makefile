@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run test lint fmt clean
+.PHONY: all build run demo test lint fmt clean
 
 all: build
 
@@ -34,6 +34,11 @@ run: build
 	exec $(BIN) agent --simulate $(PROFILE) --node-name sim-$(PROFILE) \
 		--data-dir $(RUN_DIR)/data --socket $(RUN_DIR)/gpuherd.sock --idle-driver nvidia \
 		--metrics-addr 127.0.0.1:$(METRICS_PORT)
+
+# Four agents on simulated servers with TLS and a gossip key, and a scripted
+# scenario with a readable transcript (cmd/gpuherd-demo).
+demo: build
+	$(GO) run ./cmd/gpuherd-demo --gpuherd $(BIN)
 
 test:
 	$(GO) test -race -count=1 ./...

@@ -38,9 +38,10 @@ type Agent struct {
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	locks   deviceLocks
-	rec     Recorder
-	cluster *clusterState // nil when this server runs alone
+	locks      keyedLocks // by PCI address
+	claimLocks keyedLocks // by claim ID
+	rec        Recorder
+	cluster    *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune func(*memberlist.Config)
 	onChange   func()
@@ -130,7 +131,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
 		vfio.WithBinderLogger(log))
 
-	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log)}
+	gpuIDs, _ := cfg.gpuDevices()
+	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log), inventory.WithGPUDevices(gpuIDs)}
 	if lib != nil {
 		src := inventory.NewNVML(lib, log)
 		if _, err := src.Snapshot(); err != nil {

@@ -36,6 +36,11 @@ type Config struct {
 	IdleDriver string `yaml:"idle_driver"`
 	// AllowDevices lists the vendor:device IDs gpuherd may bind ("10de:*").
 	AllowDevices []string `yaml:"allow_devices"`
+	// GPUDevices lists extra vendor:device IDs counted as GPUs besides
+	// NVIDIA's display-class functions. For tests on emulated hardware only
+	// (QEMU devices standing in for GPUs, vfio/realkernel); empty on a real
+	// server. Each must also be on AllowDevices.
+	GPUDevices []string `yaml:"gpu_devices"`
 	// BindTimeout bounds every sysfs write; a write that takes longer marks the device stuck.
 	BindTimeout Duration `yaml:"bind_timeout"`
 	// ReservationLease is how long a reservation lives unless committed.
@@ -231,6 +236,9 @@ func (c *Config) Validate() error {
 	if _, err := vfio.ParseAllowList(c.AllowDevices); err != nil {
 		return bad("allow_devices", "%v", err)
 	}
+	if _, err := c.gpuDevices(); err != nil {
+		return err
+	}
 	if c.BindTimeout < Duration(100*time.Millisecond) || c.BindTimeout > Duration(10*time.Minute) {
 		return bad("bind_timeout", "%s must be between 100ms and 10m", time.Duration(c.BindTimeout))
 	}
@@ -300,6 +308,28 @@ func (c *Config) validateCluster() error {
 		return bad("gossip_key_file", "required with gossip_addr: gossip is encrypted (generate a key with `gpuherd gossip keygen`), or set insecure_gossip: true for a lab")
 	}
 	return nil
+}
+
+// gpuDevices parses GPUDevices: exact vendor:device IDs, each on the allow
+// list (a GPU gpuherd may not bind could only fail its claims).
+func (c *Config) gpuDevices() (vfio.AllowList, error) {
+	bad := func(format string, args ...any) error {
+		return &ConfigError{Key: "gpu_devices", Reason: fmt.Sprintf(format, args...)}
+	}
+	ids, err := vfio.ParseAllowList(c.GPUDevices)
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	allow, _ := vfio.ParseAllowList(c.AllowDevices)
+	for _, id := range ids {
+		if id.AnyDevice {
+			return nil, bad("%s: list exact vendor:device IDs, not a whole vendor", id)
+		}
+		if !allow.Allows(id.Vendor, id.Device) {
+			return nil, bad("%s is not on allow_devices (%s): gpuherd could not bind it", id, allow)
+		}
+	}
+	return ids, nil
 }
 
 // LedgerPath is where the claims ledger lives.

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,6 +98,10 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
+	// Requests for one ID through this agent go one at a time: a retry
+	// waits for the first try and then finds its claim.
+	unlock := a.claimLocks.lock(id)
+	defer unlock()
 	lreq, err := a.resolve(req)
 	if err != nil {
 		return api.Claim{}, err
@@ -118,7 +123,11 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 			return c, nil
 		}
 		// A reservation whose coordinator is gone: finish its work.
-		return a.commitOn(ctx, t, id)
+		c, err := a.commitOn(ctx, t, id)
+		if err != nil {
+			return api.Claim{}, err
+		}
+		return a.settle(ctx, id, c, t)
 	} else if !isCode(err, api.CodeNotFound) {
 		return api.Claim{}, err
 	}
@@ -140,7 +149,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 			if i > 0 {
 				a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", i+1)
 			}
-			return c, nil
+			return a.settle(ctx, id, c, byName[name])
 		}
 		if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
 			return api.Claim{}, err
@@ -196,27 +205,41 @@ func (a *Agent) commitOn(ctx context.Context, t target, id string) (api.Claim, e
 			break
 		}
 	}
-	return api.Claim{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
-		Message: fmt.Sprintf("claim %s: commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", id, t.name, last)}
+	return api.Claim{}, fmt.Errorf("%w: %w", errCommitUnknown, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", id, t.name, last)})
 }
 
-// find looks for the claim on every server of the view, this one first.
-func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
-	if c, err := a.Lookup(ctx, id); err == nil {
-		return c, targets[0], nil
-	} else if !isCode(err, api.CodeNotFound) {
-		return api.Claim{}, target{}, err
+// copyOf is one server's copy of a claim.
+type copyOf struct {
+	c api.Claim
+	t target
+}
+
+// before orders the copies of one claim ID so that every agent picks the
+// same one: a committed copy before a reservation, then the earliest
+// commit, then the server name.
+func before(x, y copyOf) int {
+	if xc, yc := x.c.State == api.StateClaimed, y.c.State == api.StateClaimed; xc != yc {
+		if xc {
+			return -1
+		}
+		return 1
 	}
-	type hit struct {
-		c api.Claim
-		t target
+	if c := x.c.CommittedAt.Compare(y.c.CommittedAt); c != 0 {
+		return c
 	}
+	return strings.Compare(x.t.name, y.t.name)
+}
+
+// findAll looks for the claim on every server of the view, in parallel,
+// and returns every copy, the one to keep first.
+func (a *Agent) findAll(ctx context.Context, targets []target, id string) []copyOf {
 	var (
 		mu   sync.Mutex
-		hits []hit
+		hits []copyOf
 		wg   sync.WaitGroup
 	)
-	for _, t := range targets[1:] {
+	for _, t := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -230,11 +253,18 @@ func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Clai
 				return
 			}
 			mu.Lock()
-			hits = append(hits, hit{c, t})
+			hits = append(hits, copyOf{c, t})
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	slices.SortFunc(hits, before)
+	return hits
+}
+
+// find returns the copy of the claim to use, wherever it is held.
+func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
+	hits := a.findAll(ctx, targets, id)
 	if len(hits) == 0 {
 		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
@@ -242,20 +272,38 @@ func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Clai
 	if len(hits) > 1 {
 		var nodes []string
 		for _, h := range hits {
-			nodes = append(nodes, h.t.name)
+			nodes = append(nodes, h.t.name+"="+h.c.State)
 		}
-		a.log.Error("claim held on several servers; release the stale ones", "claim", id, "nodes", nodes)
+		a.log.Warn("claim held on several servers", "claim", id, "copies", nodes)
 	}
-	slices.SortFunc(hits, func(x, y hit) int { // a committed claim wins
-		if (x.c.State == api.StateClaimed) != (y.c.State == api.StateClaimed) {
-			if x.c.State == api.StateClaimed {
-				return -1
-			}
-			return 1
-		}
-		return 0
-	})
 	return hits[0].c, hits[0].t, nil
+}
+
+// settle runs after a commit on t: when the same claim ID was placed at the
+// same time through another agent (a client that retried elsewhere before
+// the first try answered), both may have committed. Every coordinator then
+// keeps the same copy (see before) and the others release theirs, so one
+// copy survives. Copies seen only as reservations are left to expire or to
+// their coordinator's own settle.
+func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target) (api.Claim, error) {
+	var committed []copyOf
+	for _, h := range a.findAll(ctx, a.targets(), id) {
+		if h.c.State == api.StateClaimed {
+			committed = append(committed, h)
+		}
+	}
+	if len(committed) < 2 || committed[0].t.name == t.name {
+		return mine, nil
+	}
+	keep := committed[0]
+	a.log.Warn("claim committed on two servers by concurrent coordinators; releasing this copy",
+		"claim", id, "released_on", t.name, "kept_on", keep.t.name)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+	defer cancel()
+	if _, err := t.owner.Abort(actx, id); err != nil && !isCode(err, api.CodeNotFound) {
+		return api.Claim{}, fmt.Errorf("claim %s: committed on %s and %s by concurrent requests; releasing the copy on %s failed: %w", id, keep.t.name, t.name, t.name, err)
+	}
+	return keep.c, nil
 }
 
 // Get returns a claim, wherever it is held.

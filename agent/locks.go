@@ -5,43 +5,61 @@ import (
 	"sync"
 )
 
-// deviceLocks serialises driver changes per GPU: a release returning a GPU to
-// its idle driver and a new claim binding it must not interleave their sysfs
-// writes. Claims on different GPUs proceed in parallel.
-type deviceLocks struct {
+// keyedLocks is one mutex per key, held only while someone uses it. As
+// device locks it serialises driver changes per GPU: a release returning a
+// GPU to its idle driver and a new claim binding it must not interleave
+// their sysfs writes, while claims on different GPUs proceed in parallel.
+// Keyed by claim ID, it serialises requests for one claim through one
+// coordinator. Entries go away when unused, so a stream of claim IDs does
+// not grow the map.
+type keyedLocks struct {
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks map[string]*keyedLock
 }
 
-func (d *deviceLocks) get(addr string) *sync.Mutex {
+type keyedLock struct {
+	sync.Mutex
+	users int // holders and waiters; the entry is dropped at zero
+}
+
+func (d *keyedLocks) acquire(key string) *keyedLock {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.locks == nil {
-		d.locks = make(map[string]*sync.Mutex)
+		d.locks = make(map[string]*keyedLock)
 	}
-	m, ok := d.locks[addr]
+	l, ok := d.locks[key]
 	if !ok {
-		m = new(sync.Mutex)
-		d.locks[addr] = m
+		l = new(keyedLock)
+		d.locks[key] = l
 	}
-	return m
+	l.users++
+	d.mu.Unlock()
+	l.Lock()
+	return l
 }
 
-// lock takes the locks of addrs in address order (so two callers never
-// deadlock) and returns the function that releases them.
-func (d *deviceLocks) lock(addrs ...string) (unlock func()) {
-	sorted := slices.Clone(addrs)
+func (d *keyedLocks) release(key string, l *keyedLock) {
+	l.Unlock()
+	d.mu.Lock()
+	if l.users--; l.users == 0 {
+		delete(d.locks, key)
+	}
+	d.mu.Unlock()
+}
+
+// lock takes the locks of keys in order (so two callers never deadlock)
+// and returns the function that releases them.
+func (d *keyedLocks) lock(keys ...string) (unlock func()) {
+	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
-	held := make([]*sync.Mutex, 0, len(sorted))
-	for _, a := range sorted {
-		m := d.get(a)
-		m.Lock()
-		held = append(held, m)
+	held := make([]*keyedLock, len(sorted))
+	for i, k := range sorted {
+		held[i] = d.acquire(k)
 	}
 	return func() {
 		for i := len(held) - 1; i >= 0; i-- {
-			held[i].Unlock()
+			d.release(sorted[i], held[i])
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 // its identity; everything else describes it.
 type GPU struct {
 	Address           string   `json:"address"` // sysfs PCI address, "0000:3b:00.0"
-	Model             string   `json:"model"`   // catalog name, or "10de:<device>" when KnownModel is false
+	Model             string   `json:"model"`   // catalog name, or "vvvv:dddd" (UnknownModelName) when KnownModel is false
 	VendorID          uint16   `json:"vendor_id"`
 	DeviceID          uint16   `json:"device_id"`
 	SubsystemVendorID uint16   `json:"subsystem_vendor_id"`
@@ -68,6 +68,24 @@ func WithFactStore(s FactStore) Option { return func(inv *Inventory) { inv.store
 // built-in one merged with the operator's models).
 func WithCatalog(c *Catalog) Option { return func(inv *Inventory) { inv.catalog = c } }
 
+// WithGPUDevices makes devices with these exact vendor:device IDs count as
+// GPUs besides NVIDIA's display-class functions, whatever their vendor and
+// class. It exists for tests on emulated hardware (QEMU's edu or
+// pci-testdev standing in for GPUs under a real kernel, vfio/realkernel) and
+// is empty on a real server. Such a device is offered under its PCI ID
+// ("1b36:0005"); bridges and virtual functions never count, and a wildcard
+// entry ("1b36:*") is ignored.
+func WithGPUDevices(ids vfio.AllowList) Option {
+	return func(inv *Inventory) {
+		inv.extraGPUs = nil
+		for _, e := range ids {
+			if !e.AnyDevice {
+				inv.extraGPUs = append(inv.extraGPUs, e)
+			}
+		}
+	}
+}
+
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(inv *Inventory) { inv.log = l } }
 
@@ -78,6 +96,8 @@ type Inventory struct {
 	store   FactStore
 	catalog *Catalog
 	log     *slog.Logger
+	// extraGPUs are vendor:device IDs counted as GPUs (tests only).
+	extraGPUs vfio.AllowList
 
 	// mu serialises Discover: it reads, merges and writes back the fact
 	// cache, and keeps the log-once state below.
@@ -126,9 +146,7 @@ func (inv *Inventory) Discover() ([]GPU, error) {
 		if d.IOMMUGroup >= 0 {
 			groups[d.IOMMUGroup] = append(groups[d.IOMMUGroup], d)
 		}
-		// The non-GPU list wins over the class code so that an NVSwitch
-		// can never be offered, whatever its firmware reports.
-		if d.IsGPU() && !inv.catalog.IsNonGPU(d.Device) {
+		if inv.isGPU(d) {
 			gpus = append(gpus, d)
 		}
 	}
@@ -163,9 +181,26 @@ func (inv *Inventory) Discover() ([]GPU, error) {
 	return out, nil
 }
 
+// isGPU reports whether d is offered as a GPU.
+func (inv *Inventory) isGPU(d vfio.Device) bool {
+	if d.IsGPU() {
+		// The non-GPU list wins over the class code so that an NVSwitch
+		// can never be offered, whatever its firmware reports.
+		return !inv.catalog.IsNonGPU(d.Device)
+	}
+	if d.Vendor == vfio.VendorNVIDIA && inv.catalog.IsNonGPU(d.Device) {
+		return false
+	}
+	return inv.extraGPUs.Allows(d.Vendor, d.Device) && !d.VirtualFunction && d.Class>>16 != 0x06
+}
+
 // describe is what sysfs and the catalog say about a GPU.
 func (inv *Inventory) describe(d vfio.Device, group []vfio.Device) GPU {
 	m, known := inv.catalog.ModelOf(d.Device)
+	if d.Vendor != vfio.VendorNVIDIA {
+		// A test stand-in (WithGPUDevices): the catalog is NVIDIA's.
+		m, known = Model{Name: UnknownModelName(d.Vendor, d.Device)}, false
+	}
 	g := GPU{
 		Address:           d.Address,
 		Model:             m.Name,

@@ -17,6 +17,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"sync"
 	"time"
 
@@ -85,20 +86,20 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		opt(&o)
 	}
 
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.lockTimeout, NoSync: false})
-	switch {
-	case errors.Is(err, bolterrors.ErrTimeout):
-		return nil, fmt.Errorf("ledger %s is %w (waited %s): is another gpuherd agent running with the same data directory?",
-			path, ErrLocked, o.lockTimeout)
-	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
-		return nil, &CorruptError{Path: path, Err: err}
+	switch err := checkFile(path); {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := create(path); err != nil {
+			return nil, err
+		}
 	case err != nil:
-		return nil, fmt.Errorf("open ledger %s: %w", path, err)
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return nil, unusable(path, err)
 	}
-
-	st, err := initFile(db, path)
+	db, st, err := openFile(path, o)
 	if err != nil {
-		_ = db.Close() // the open error is the one worth reporting
 		return nil, err
 	}
 	return &Ledger{
@@ -107,6 +108,36 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		maxGPUs: o.maxGPUs,
 		state:   st,
 	}, nil
+}
+
+// openFile opens and reads the file. bbolt panics on some damaged pages
+// (a freelist or branch that points nowhere); that is a corrupt file, not a
+// reason to crash the agent.
+func openFile(path string, o options) (db *bolt.DB, st *state, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				_ = db.Close()
+			}
+			db, st, err = nil, nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt failed reading it: %v", r)}
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: o.lockTimeout, NoSync: false})
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return nil, nil, fmt.Errorf("ledger %s is %w (waited %s): is another gpuherd agent running with the same data directory?",
+			path, ErrLocked, o.lockTimeout)
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
+		return nil, nil, &CorruptError{Path: path, Err: err}
+	case err != nil:
+		return nil, nil, unusable(path, err)
+	}
+	st, err = initFile(db, path)
+	if err != nil {
+		_ = db.Close() // the open error is the one worth reporting
+		return nil, nil, err
+	}
+	return db, st, nil
 }
 
 // initFile creates the buckets of a new file, or checks the schema of an
@@ -130,25 +161,18 @@ func initFile(db *bolt.DB, path string) (*state, error) {
 		return nil, err
 	}
 	if fresh {
-		err := db.Update(func(tx *bolt.Tx) error {
-			for _, name := range [][]byte{bucketMeta, bucketClaims, bucketDrains, bucketFacts} {
-				if _, err := tx.CreateBucket(name); err != nil {
-					return fmt.Errorf("create bucket %q: %w", name, err)
-				}
-			}
-			meta := tx.Bucket(bucketMeta)
-			if err := meta.Put(keySchema, []byte(fmt.Sprint(SchemaVersion))); err != nil {
-				return err
-			}
-			return meta.Put(keyRevision, encodeRevision(0))
-		})
-		if err != nil {
+		// A bbolt file without buckets: an older gpuherd that stopped
+		// between creating the file and writing its schema.
+		if err := db.Update(initBuckets); err != nil {
 			return nil, fmt.Errorf("initialise ledger %s: %w", path, err)
 		}
 	}
 
 	var st *state
 	err = db.View(func(tx *bolt.Tx) error {
+		if err := checkPages(tx, path); err != nil {
+			return err
+		}
 		var err error
 		st, err = load(tx, path)
 		return err

@@ -121,6 +121,11 @@ func validateLabels(labels map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		v := labels[k]
 		field := fmt.Sprintf("labels[%q]", k)
+		if len(k) > 2*MaxLabelKeyLen {
+			// Never echo a huge key back whole: errors go into logs and
+			// answers.
+			field = fmt.Sprintf("labels[%q…]", k[:MaxLabelKeyLen])
+		}
 		switch {
 		case k == "":
 			return &ValidationError{Field: "labels", Reason: "has an empty key"}

@@ -1,0 +1,152 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+// Report is what Inspect found in a ledger file.
+type Report struct {
+	Path     string           `json:"path"`
+	Size     int64            `json:"size_bytes"`
+	Schema   int              `json:"schema"`
+	Revision uint64           `json:"revision"`
+	Claims   []Claim          `json:"claims"`
+	Drains   map[string]Drain `json:"drains"`
+	Facts    int              `json:"facts"` // GPUs with cached NVML facts
+}
+
+// Drain is one drained GPU as the file holds it.
+type Drain struct {
+	Model  string    `json:"model"`
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+// Inspect opens the ledger file at path read-only, runs bbolt's page check
+// and reads every record exactly as Open would, and reports what it holds.
+// It never writes to the file. It fails with the same errors as Open (a
+// *CorruptError naming the record, ErrSchemaTooNew), and with ErrLocked
+// while an agent holds the file: stop it first, or back the ledger up
+// through the agent.
+func Inspect(path string, lockTimeout time.Duration) (Report, error) {
+	if lockTimeout <= 0 {
+		lockTimeout = DefaultLockTimeout
+	}
+	if err := checkFile(path); err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			return Report{}, err
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return Report{}, fmt.Errorf("ledger %s: %w: no ledger in this data directory", path, err)
+		}
+		return Report{}, unusable(path, err)
+	}
+	return inspect(path, lockTimeout)
+}
+
+func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
+	var db *bolt.DB
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptError{Path: path, Err: fmt.Errorf("bbolt failed reading it: %v", r)}
+		}
+		if db != nil {
+			_ = db.Close()
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return Report{}, fmt.Errorf("ledger %s is %w (waited %s): a running agent holds it; stop the agent (systemctl stop gpuherd) to check or copy the file",
+			path, ErrLocked, lockTimeout)
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
+		return Report{}, &CorruptError{Path: path, Err: err}
+	case err != nil:
+		return Report{}, unusable(path, err)
+	}
+	rep = Report{Path: path, Drains: map[string]Drain{}}
+	err = db.View(func(tx *bolt.Tx) error {
+		rep.Size = tx.Size()
+		if tx.Bucket(bucketMeta) == nil {
+			return &CorruptError{Path: path, Bucket: string(bucketMeta), Err: errors.New("missing: this is not a gpuherd ledger, or one whose creation never finished")}
+		}
+		if err := checkPages(tx, path); err != nil {
+			return err
+		}
+		st, err := load(tx, path)
+		if err != nil {
+			return err
+		}
+		fmt.Sscan(string(tx.Bucket(bucketMeta).Get(keySchema)), &rep.Schema)
+		rep.Revision = st.rev
+		for _, rec := range st.claims {
+			rep.Claims = append(rep.Claims, copyClaim(rec.Claim))
+		}
+		slices.SortFunc(rep.Claims, func(a, b Claim) int { return strings.Compare(a.ID, b.ID) })
+		for addr, d := range st.drains {
+			rep.Drains[addr] = Drain(d)
+		}
+		rep.Facts = tx.Bucket(bucketFacts).Stats().KeyN
+		return nil
+	})
+	if err != nil {
+		return Report{}, err
+	}
+	return rep, nil
+}
+
+// BackupFile copies the ledger at src, which no agent may hold, to dst: it
+// checks src as Inspect does, writes a consistent copy to a temporary file
+// beside dst, fsyncs it, checks the copy, and renames it into place. dst is
+// never left half-written.
+func BackupFile(src, dst string, lockTimeout time.Duration) (Report, error) {
+	if _, err := Inspect(src, lockTimeout); err != nil {
+		return Report{}, err
+	}
+	db, err := bolt.Open(src, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err != nil {
+		return Report{}, fmt.Errorf("ledger %s: %w", src, err)
+	}
+	defer db.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
+	}
+	defer os.Remove(tmp.Name())
+	err = db.View(func(tx *bolt.Tx) error { _, err := tx.WriteTo(tmp); return err })
+	if err == nil {
+		err = tmp.Chmod(0o600)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
+	}
+	rep, err := Inspect(tmp.Name(), lockTimeout)
+	if err != nil {
+		return Report{}, fmt.Errorf("backup to %s: the copy does not read back: %w", dst, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
+	}
+	if err := syncDir(filepath.Dir(dst)); err != nil {
+		return Report{}, err
+	}
+	rep.Path = dst
+	return rep, nil
+}

@@ -1,0 +1,11 @@
+//go:build unix && !linux
+
+package main
+
+import "syscall"
+
+// childAttr puts an agent in its own process group, so that Ctrl-C in the
+// terminal reaches only the demo, which then stops the agents in order.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
