@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test lint fmt clean
+.PHONY: all build run demo test test-kernel lint fmt clean
 
 all: build
 
@@ -42,6 +42,11 @@ demo: build
 
 test:
 	$(GO) test -race -count=1 ./...
+
+# vfio on a real kernel: Debian's cloud kernel under QEMU (TCG, emulated
+# IOMMU), the agent included. See vfio/realkernel/run.sh.
+test-kernel:
+	GO=$(GO) vfio/realkernel/run.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

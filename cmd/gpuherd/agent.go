@@ -61,6 +61,7 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.Simulate, "simulate", "", "run on simulated hardware: a profile name or file")
 	fl.StringVar(&f.IdleDriver, "idle-driver", d.IdleDriver, "driver of free GPUs: vfio-pci, nvidia or none")
 	fl.StringSliceVar(&f.AllowDevices, "allow-devices", d.AllowDevices, "vendor:device IDs gpuherd may bind")
+	fl.StringSliceVar(&f.GPUDevices, "gpu-devices", nil, "extra vendor:device IDs counted as GPUs (tests on emulated hardware only)")
 	f.BindTimeout = d.BindTimeout
 	fl.Var(&f.BindTimeout, "bind-timeout", "deadline of every sysfs write")
 	f.ReservationLease = d.ReservationLease
@@ -98,6 +99,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"simulate":            func() { cfg.Simulate = f.Simulate },
 		"idle-driver":         func() { cfg.IdleDriver = f.IdleDriver },
 		"allow-devices":       func() { cfg.AllowDevices = f.AllowDevices },
+		"gpu-devices":         func() { cfg.GPUDevices = f.GPUDevices },
 		"bind-timeout":        func() { cfg.BindTimeout = f.BindTimeout },
 		"reservation-lease":   func() { cfg.ReservationLease = f.ReservationLease },
 		"max-gpus-per-claim":  func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
