@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test test-kernel lint fmt clean
+.PHONY: all build run demo test test-kernel test-faults lint fmt clean
 
 all: build
 
@@ -47,6 +47,11 @@ test:
 # IOMMU), the agent included. See vfio/realkernel/run.sh.
 test-kernel:
 	GO=$(GO) vfio/realkernel/run.sh
+
+# Faults across servers (root, Linux): agents in network namespaces, kill -9,
+# SIGSTOP, partitions and packet loss from fixed seeds; see docs/testing.md.
+test-faults:
+	.ci/faults.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -88,6 +89,9 @@ func (a *Agent) startCluster() error {
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    16 << 10,
+		// Refused handshakes (no certificate, another CA) go to the log at
+		// debug level: a scanner must not flood the journal.
+		ErrorLog: slog.NewLogLogger(a.log.With("component", "peer-api").Handler(), slog.LevelDebug),
 	}
 	go func() {
 		if err := c.server.ServeTLS(ln, "", ""); err != nil && err != http.ErrServerClosed {
@@ -143,6 +147,18 @@ func (c *clusterState) peers() []target {
 			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy)}
 		}
 		out = append(out, t)
+	}
+	return out
+}
+
+// unreachable names the other members gossip knows but cannot reach now
+// (suspect or dead, not left): they may hold claims nobody can see.
+func (c *clusterState) unreachable() []string {
+	var out []string
+	for _, m := range c.g.Members() {
+		if !m.Self && (m.State == gossip.StateSuspect || m.State == gossip.StateDead) {
+			out = append(out, m.Name)
+		}
 	}
 	return out
 }

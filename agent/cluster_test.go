@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,4 +305,40 @@ func TestClusterNodeGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.converge("everything free again", func(x *Agent) bool { return freeOf(x, "NVIDIA A100 80GB") == 4 })
+}
+
+// TestClusterReleaseWhileOwnerUnreachable: a release through another agent
+// while the claim's owner does not answer must not say "not found" (the
+// caller would believe the GPUs free); it is a retryable 503 naming the
+// server, and the release goes through once the owner answers again.
+func TestClusterReleaseWhileOwnerUnreachable(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "dgx-h100")
+	tc.start("b", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Point a's client for b at a port where nothing listens.
+	a.cluster.mu.Lock()
+	saved := map[string]*api.PeerClient{}
+	for key, pc := range a.cluster.clients {
+		saved[key] = pc
+		if strings.HasPrefix(key, "b@") {
+			a.cluster.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
+		}
+	}
+	a.cluster.mu.Unlock()
+
+	_, err := a.Release(ctx, "vm-1")
+	if e := apiErr(t, err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "b did not answer") {
+		t.Fatalf("release with the owner unreachable: %+v; want 503 naming b", e)
+	}
+	a.cluster.mu.Lock()
+	a.cluster.clients = saved
+	a.cluster.mu.Unlock()
+	if _, err := a.Release(ctx, "vm-1"); err != nil {
+		t.Fatalf("release once b answers again: %v", err)
+	}
 }

@@ -114,7 +114,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 
 	// Idempotency across the platform: the claim may already be held, by
 	// this call's earlier try through any agent.
-	if c, t, err := a.find(ctx, targets, id); err == nil {
+	if c, t, err := a.find(ctx, targets, id, false); err == nil {
 		if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
 			return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
 				Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, api.DescribeItems(c.Items))}
@@ -143,6 +143,8 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	if len(ranked) > maxOwnerRetries {
 		ranked = ranked[:maxOwnerRetries]
 	}
+	var lastErr error // the last failure that was not a plain "no"
+	refused := 0
 	for i, name := range ranked {
 		c, err := a.tryOwner(ctx, byName[name], id, rr)
 		if err == nil {
@@ -154,7 +156,18 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 		if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
 			return api.Claim{}, err
 		}
+		if isCode(err, api.CodeNotAvailable) {
+			refused++
+		} else {
+			lastErr = fmt.Errorf("%s: %w", name, err)
+		}
 		a.log.Debug("owner could not take the claim; next candidate", "claim", id, "node", name, "err", err)
+	}
+	if len(ranked) > 0 && refused == 0 {
+		// Every server that should fit failed rather than said no (a full
+		// disk, a broken owner): "not available" would hide why.
+		return api.Claim{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", id, lastErr)}
 	}
 	return api.Claim{}, a.notAvailable(rr.Items, servers)
 }
@@ -232,12 +245,15 @@ func before(x, y copyOf) int {
 }
 
 // findAll looks for the claim on every server of the view, in parallel,
-// and returns every copy, the one to keep first.
-func (a *Agent) findAll(ctx context.Context, targets []target, id string) []copyOf {
+// and returns every copy, the one to keep first, and the servers that did
+// not answer: those of the view whose lookup failed, and the members gossip
+// knows but sees as suspect or dead.
+func (a *Agent) findAll(ctx context.Context, targets []target, id string) ([]copyOf, []string) {
 	var (
-		mu   sync.Mutex
-		hits []copyOf
-		wg   sync.WaitGroup
+		mu         sync.Mutex
+		hits       []copyOf
+		unanswered []string
+		wg         sync.WaitGroup
 	)
 	for _, t := range targets {
 		wg.Add(1)
@@ -246,26 +262,37 @@ func (a *Agent) findAll(ctx context.Context, targets []target, id string) []copy
 			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 			defer cancel()
 			c, err := t.owner.Lookup(lctx, id)
-			if err != nil {
-				if !isCode(err, api.CodeNotFound) {
-					a.log.Debug("lookup failed", "claim", id, "node", t.name, "err", err)
-				}
-				return
-			}
 			mu.Lock()
-			hits = append(hits, copyOf{c, t})
-			mu.Unlock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				hits = append(hits, copyOf{c, t})
+			case !isCode(err, api.CodeNotFound):
+				a.log.Debug("lookup failed", "claim", id, "node", t.name, "err", err)
+				unanswered = append(unanswered, t.name)
+			}
 		}()
 	}
 	wg.Wait()
+	if a.cluster != nil {
+		unanswered = append(unanswered, a.cluster.unreachable()...)
+	}
 	slices.SortFunc(hits, before)
-	return hits
+	slices.Sort(unanswered)
+	return hits, unanswered
 }
 
-// find returns the copy of the claim to use, wherever it is held.
-func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
-	hits := a.findAll(ctx, targets, id)
+// find returns the copy of the claim to use, wherever it is held. When no
+// server has it but some did not answer, strict callers (get, release) get
+// a retryable 503 rather than a "not found" that would let them believe the
+// GPUs are free; a new claim (not strict) goes ahead.
+func (a *Agent) find(ctx context.Context, targets []target, id string, strict bool) (api.Claim, target, error) {
+	hits, unanswered := a.findAll(ctx, targets, id)
 	if len(hits) == 0 {
+		if strict && len(unanswered) > 0 {
+			return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s not found on the servers that answered; %s did not answer: retry when they are back", id, strings.Join(unanswered, ", "))}
+		}
 		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
 	}
@@ -287,7 +314,8 @@ func (a *Agent) find(ctx context.Context, targets []target, id string) (api.Clai
 // their coordinator's own settle.
 func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target) (api.Claim, error) {
 	var committed []copyOf
-	for _, h := range a.findAll(ctx, a.targets(), id) {
+	hits, _ := a.findAll(ctx, a.targets(), id)
+	for _, h := range hits {
 		if h.c.State == api.StateClaimed {
 			committed = append(committed, h)
 		}
@@ -311,7 +339,7 @@ func (a *Agent) Get(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	c, _, err := a.find(ctx, a.targets(), id)
+	c, _, err := a.find(ctx, a.targets(), id, true)
 	return c, err
 }
 
@@ -320,7 +348,7 @@ func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	_, t, err := a.find(ctx, a.targets(), id)
+	_, t, err := a.find(ctx, a.targets(), id, true)
 	if err != nil {
 		return api.Claim{}, err
 	}
@@ -381,7 +409,7 @@ func (a *Agent) Resize(ctx context.Context, id string, req api.ResizeRequest) (a
 		return api.Claim{}, err
 	}
 	targets := a.targets()
-	cur, owner, err := a.find(ctx, targets, id)
+	cur, owner, err := a.find(ctx, targets, id, true)
 	if err != nil {
 		return api.Claim{}, err
 	}

@@ -18,14 +18,13 @@ import (
 // meta pages at the start; each holds the page size and the high-water mark
 // (pages in use) of the file, protected by an FNV-64a checksum.
 const (
-	boltMagic        = 0xED0CDAED
-	boltVersion      = 2
-	pageHeaderSize   = 16 // id, flags, count, overflow
-	metaChecksumAt   = 56 // bytes of the meta covered by its checksum
-	metaSize         = metaChecksumAt + 8
-	minPageSize      = 1024
-	maxPageSize      = 1 << 16
-	defaultPageGuess = 4096
+	boltMagic      = 0xED0CDAED
+	boltVersion    = 2
+	pageHeaderSize = 16 // id, flags, count, overflow
+	metaChecksumAt = 56 // bytes of the meta covered by its checksum
+	metaSize       = metaChecksumAt + 8
+	minPageSize    = 1024
+	maxPageSize    = 1 << 16
 )
 
 type boltMeta struct {
@@ -85,7 +84,7 @@ func checkFile(path string) error {
 	if m, ok := readMeta(f, 0); ok {
 		best, found = m, true
 	}
-	second := int64(defaultPageGuess)
+	second := int64(os.Getpagesize()) // what bbolt uses when it creates a file
 	if found {
 		second = int64(best.pageSize)
 	}

@@ -126,6 +126,7 @@ it through its unix socket.`,
 		newGroupCmd(g),
 		newGossipCmd(g),
 		newTLSCmd(g),
+		newLedgerCmd(g),
 	)
 	return root
 }

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+)
+
+// ledgerFlags pick the ledger file: --file, or ledger.db in --data-dir (or
+// in the data_dir of --config).
+type ledgerFlags struct {
+	dataDir, config, file string
+	wait                  time.Duration
+}
+
+func (f *ledgerFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.dataDir, "data-dir", agent.DefaultConfig().DataDir, "the agent's data directory")
+	cmd.Flags().StringVar(&f.config, "config", "", "take data_dir from this agent configuration file")
+	cmd.Flags().StringVar(&f.file, "file", "", "a ledger file anywhere (a backup to check before restoring it)")
+	cmd.Flags().DurationVar(&f.wait, "lock-wait", 2*time.Second, "how long to wait for an agent to let go of the file")
+}
+
+func (f *ledgerFlags) path(cmd *cobra.Command) (string, error) {
+	if f.file != "" {
+		if cmd.Flags().Changed("data-dir") || f.config != "" {
+			return "", usagef("--file excludes --data-dir and --config")
+		}
+		return f.file, nil
+	}
+	cfg := agent.DefaultConfig()
+	if f.config != "" {
+		if err := agent.LoadConfigFile(f.config, &cfg); err != nil {
+			return "", err
+		}
+	}
+	if f.config == "" || cmd.Flags().Changed("data-dir") {
+		cfg.DataDir = f.dataDir
+	}
+	return cfg.LedgerPath(), nil
+}
+
+func newLedgerCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ledger",
+		Short: "Check or back up the claims ledger of a stopped agent",
+		Long: `The ledger (ledger.db in the data directory) is the truth about who holds
+which GPU of this server. "check" reads it without writing and says exactly
+what is wrong with it; "backup" makes a consistent copy. Both need the agent
+stopped: a running agent holds the file locked. The recovery procedure is in
+the README, "Ledger problems".`,
+	}
+	cmd.AddCommand(newLedgerCheckCmd(g), newLedgerBackupCmd(g))
+	return cmd
+}
+
+func newLedgerCheckCmd(g *globals) *cobra.Command {
+	var f ledgerFlags
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Verify every page and record of the ledger, read-only, and list its claims",
+		Long: `Open the ledger read-only, run bbolt's page check, read every record as the
+agent would at start, and print the claims, drains and revision it holds.
+Exit 0 when the agent would accept the file, 1 with the exact problem (the
+file, the bucket and record) when it would not. Nothing is ever written.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, err := f.path(cmd)
+			if err != nil {
+				return err
+			}
+			rep, err := ledger.Inspect(path, f.wait)
+			if err != nil {
+				return err
+			}
+			return g.show(rep, func(w *tabwriter.Writer) { printLedger(w, rep, "ok") })
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func newLedgerBackupCmd(g *globals) *cobra.Command {
+	var (
+		f   ledgerFlags
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "backup --out FILE",
+		Short: "Copy the ledger of a stopped agent, checked, to FILE",
+		Long: `Check the ledger as "ledger check" does, then write a consistent copy to FILE
+(through a temporary file, fsynced, renamed into place; mode 0600) and check
+the copy. A damaged ledger is not copied: keep the file itself instead.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return usagef("--out FILE is required")
+			}
+			path, err := f.path(cmd)
+			if err != nil {
+				return err
+			}
+			if abs, _ := filepath.Abs(out); abs == mustAbs(path) {
+				return usagef("--out %s is the ledger itself", out)
+			}
+			rep, err := ledger.BackupFile(path, out, f.wait)
+			if err != nil {
+				return err
+			}
+			return g.show(rep, func(w *tabwriter.Writer) { printLedger(w, rep, "backup of "+path) })
+		},
+	}
+	f.add(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "the backup file to write")
+	return cmd
+}
+
+func mustAbs(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+func printLedger(w *tabwriter.Writer, rep ledger.Report, what string) {
+	fmt.Fprintf(w, "LEDGER %s: %s, schema %d, revision %d, %d claims, %d drained GPUs, %d bytes\n",
+		rep.Path, what, rep.Schema, rep.Revision, len(rep.Claims), len(rep.Drains), rep.Size)
+	if len(rep.Claims) > 0 {
+		fmt.Fprintln(w, "CLAIM\tSTATE\tGPUS\tCREATED\tEXPIRES")
+		for _, c := range rep.Claims {
+			exp := "-"
+			if !c.ExpiresAt.IsZero() {
+				exp = c.ExpiresAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.ID, c.State, strings.Join(c.GPUs, ","), c.CreatedAt.Format(time.RFC3339), exp)
+		}
+	}
+	for _, addr := range slices.Sorted(maps.Keys(rep.Drains)) {
+		fmt.Fprintf(w, "drained %s: %s\n", addr, rep.Drains[addr].Reason)
+	}
+}
