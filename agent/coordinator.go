@@ -291,7 +291,7 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 	if len(hits) == 0 {
 		if strict && len(unanswered) > 0 {
 			return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("claim %s not found on the servers that answered; %s did not answer: retry when they are back", id, strings.Join(unanswered, ", "))}
+				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer; retry when they are back", id, strings.Join(unanswered, ", "))}
 		}
 		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}

@@ -158,10 +158,10 @@ func TestClassify(t *testing.T) {
 			t.Errorf("classify(%v) = %s, want %s", tc.err, got, tc.want)
 		}
 	}
-	if got := classifyCLI(3, "", nil); got != outNotAvailable {
+	if got := classifyCLI(3, "", "", nil); got != outNotAvailable {
 		t.Errorf("exit 3 = %s", got)
 	}
-	if got := classifyCLI(1, "agent not reachable", nil); got != outAmbiguous {
+	if got := classifyCLI(1, "", "agent not reachable", nil); got != outAmbiguous {
 		t.Errorf("exit 1 unreachable = %s", got)
 	}
 }

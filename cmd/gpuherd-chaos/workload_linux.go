@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -122,10 +121,10 @@ func classify(err error) outcome {
 	return outAmbiguous
 }
 
-// classifyCLI maps the CLI's exit codes: 0 ok, 3 not available, 2 usage;
-// exit 1 is any other error, which is only definitive when the message says
-// so.
-func classifyCLI(code int, stderr string, err error) outcome {
+// classifyCLI maps the CLI's answer: exit 0 ok, 3 not available, 2 usage;
+// for exit 1 the error's code, which `-o json` prints on stdout, says
+// whether the answer is definitive (a message's wording never decides).
+func classifyCLI(code int, stdout, stderr string, err error) outcome {
 	switch {
 	case err != nil:
 		return outAmbiguous
@@ -135,9 +134,12 @@ func classifyCLI(code int, stderr string, err error) outcome {
 		return outNotAvailable
 	case code == 2:
 		return outRefused
-	case strings.Contains(stderr, "no claim"), strings.Contains(stderr, "not found"):
-		return outNotFound
 	}
+	var eb api.ErrorBody
+	if json.Unmarshal([]byte(stdout), &eb) == nil && eb.Error != nil {
+		return classify(eb.Error)
+	}
+	_ = stderr // an agent that could not be reached says so only in words
 	return outAmbiguous
 }
 
@@ -267,7 +269,7 @@ func (w *workload) claim(a *agent, rec *claimRec, viaCLI bool) outcome {
 	)
 	if viaCLI {
 		out, stderr, code, err := a.cli(ctx, append([]string{"claim", rec.id, "-o", "json"}, gpuArgs(rec.items)...)...)
-		o = classifyCLI(code, stderr, err)
+		o = classifyCLI(code, out, stderr, err)
 		if o == outOK {
 			if err := json.Unmarshal([]byte(out), &c); err != nil {
 				o = outAmbiguous
@@ -315,8 +317,8 @@ func (w *workload) release(a *agent, rec *claimRec, viaCLI bool) bool {
 	defer cancel()
 	var o outcome
 	if viaCLI {
-		_, stderr, code, err := a.cli(ctx, "release", rec.id)
-		o = classifyCLI(code, stderr, err)
+		out, stderr, code, err := a.cli(ctx, "release", rec.id, "-o", "json")
+		o = classifyCLI(code, out, stderr, err)
 	} else {
 		_, err := a.client.Release(ctx, rec.id)
 		o = classify(err)
@@ -351,7 +353,7 @@ func (w *workload) get(a *agent, rec *claimRec, viaCLI bool) {
 	)
 	if viaCLI {
 		out, stderr, code, err := a.cli(ctx, "get", rec.id, "-o", "json")
-		o = classifyCLI(code, stderr, err)
+		o = classifyCLI(code, out, stderr, err)
 		if o == outOK {
 			if err := json.Unmarshal([]byte(out), &c); err != nil {
 				o = outAmbiguous
