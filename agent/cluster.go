@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -31,6 +32,9 @@ type clusterState struct {
 	clients map[string]*api.PeerClient // by name@addr
 
 	stopOnce sync.Once
+	// joined turns true once a seed answered (or there is none to ask):
+	// before that this agent's view may lack servers that hold claims.
+	joined atomic.Bool
 }
 
 // startCluster opens the peer listener and joins gossip. The caller joins
@@ -155,6 +159,9 @@ func (c *clusterState) peers() []target {
 // (suspect or dead, not left): they may hold claims nobody can see.
 func (c *clusterState) unreachable() []string {
 	var out []string
+	if !c.joined.Load() {
+		out = append(out, "the rest of the cluster (not joined yet)")
+	}
 	for _, m := range c.g.Members() {
 		if !m.Self && (m.State == gossip.StateSuspect || m.State == gossip.StateDead) {
 			out = append(out, m.Name)

@@ -54,9 +54,13 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		// Seeds may come up after us: keep trying in the background; this
 		// server serves its own GPUs meanwhile.
 		go func() {
-			if err := c.g.Join(ctx); err != nil && ctx.Err() == nil {
-				a.log.Error("gossip join gave up", "err", err)
+			if err := c.g.Join(ctx); err != nil {
+				if ctx.Err() == nil {
+					a.log.Error("gossip join gave up", "err", err)
+				}
+				return
 			}
+			c.joined.Store(true)
 		}()
 		c.publish()
 	}
