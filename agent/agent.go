@@ -64,6 +64,7 @@ type Option func(*options)
 
 type options struct {
 	now        func() time.Time
+	wall       func() time.Time
 	fs         vfio.FS
 	nvml       nvml.Interface
 	rec        Recorder
@@ -82,8 +83,23 @@ func WithRecorder(r Recorder) Option { return func(o *options) { o.rec = r } }
 // WithGossipTune adjusts memberlist's configuration; tests shorten timers.
 func WithGossipTune(f func(*memberlist.Config)) Option { return func(o *options) { o.gossipTune = f } }
 
-// WithClock replaces the wall clock (leases, expiry).
+// WithClock replaces the agent's clock (leases, expiry) outright; tests
+// move it by hand.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithWallClock replaces the wall clock the agent's clock starts from (see
+// monotonicClock); fault tests step it to play a clock step.
+func WithWallClock(wall func() time.Time) Option { return func(o *options) { o.wall = wall } }
+
+// monotonicClock reads the wall clock once, at start, and then advances with
+// the monotonic clock: a step of the wall clock while the agent runs (NTP
+// catching up, an operator) can neither stretch nor cut a lease. A step
+// takes effect at the next start, when reconcile drops every reservation.
+func monotonicClock(wall func() time.Time) func() time.Time {
+	start := wall().Round(0) // the wall reading only
+	mono := time.Now()
+	return func() time.Time { return start.Add(time.Since(mono)) }
+}
 
 // WithSysfs runs the agent on the given sysfs (and NVML, may be nil) instead
 // of the configured one; tests pass a vfio.Kernel.
@@ -97,9 +113,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{now: time.Now, rec: nopRecorder{}}
+	o := options{rec: nopRecorder{}, wall: time.Now}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.now == nil {
+		o.now = monotonicClock(o.wall)
 	}
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)

@@ -410,3 +410,48 @@ func TestNonViableGroupIsFencedAtStart(t *testing.T) {
 		t.Fatalf("want exactly the L40S sharing its group with the NVMe fenced and untouched, got %+v", fenced)
 	}
 }
+
+func TestClockIgnoresWallStepsWhileRunning(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		wall = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	)
+	now := monotonicClock(func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return wall
+	})
+	t0 := now()
+	mu.Lock()
+	wall = wall.Add(-time.Hour) // the wall clock steps back an hour
+	mu.Unlock()
+	t1 := now()
+	if t1.Before(t0) || t1.Sub(t0) > time.Minute {
+		t.Fatalf("agent clock went from %v to %v after a wall step of -1h; want it to keep running", t0, t1)
+	}
+}
+
+func TestRestartDropsEveryReservation(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	m := machine(t, "a100-pcie-4", dir)
+	ctx := context.Background()
+	a := startAgent(t, cfg, m, nil)
+	r, err := a.Reserve(ctx, "vm-inflight", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}, Coordinator: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	// Restarted well within the lease: the reservation still goes.
+	a = startAgent(t, cfg, m, nil)
+	defer a.Close()
+	if _, err := a.Lookup(ctx, "vm-inflight"); apiErr(t, err).Code != api.CodeNotFound {
+		t.Fatalf("a reservation survived the restart: %v", err)
+	}
+	if _, err := a.Commit(ctx, "vm-inflight"); err == nil {
+		t.Fatal("its coordinator could still commit it after the restart")
+	}
+	if d := driverOf(t, m.Kernel, r.GPUs[0].PCIAddress); d != vfio.DriverNVIDIA {
+		t.Errorf("its GPU is on %q after the restart, want the idle driver", d)
+	}
+}

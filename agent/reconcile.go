@@ -2,19 +2,32 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
 // reconcile makes the machine agree with the ledger, as after a crash or a
-// reboot: expired reservations are dropped, every GPU of a live claim is on
+// reboot: reservations are dropped, every GPU of a committed claim is on
 // vfio-pci, and free GPUs follow the idle policy. Every change is logged.
+//
+// No reservation survives a restart, expired or not: its lease was written
+// on the clock of the previous run (a clock stepped back since would stretch
+// it), and its coordinator has already seen this agent fail — a commit now
+// finds nothing and the coordinator moves on, so nothing is lost.
 func (a *Agent) reconcile(ctx context.Context) error {
-	expired, err := a.ledger.Expire(a.now())
-	if err != nil {
-		return fmt.Errorf("reconcile: expiring reservations: %w", err)
-	}
-	for _, c := range expired {
-		a.log.Warn("reconcile: dropped reservation whose lease ran out", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
+	dropped := 0
+	for _, c := range a.ledger.List() {
+		if c.State != ledger.StateReserved {
+			continue
+		}
+		if _, err := a.ledger.Release(c.ID, a.now()); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			return fmt.Errorf("reconcile: dropping reservation %s: %w", c.ID, err)
+		}
+		dropped++
+		a.log.Warn("reconcile: dropped a reservation left by the previous run", "claim", c.ID, "coordinator", c.Coordinator,
+			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.now()))
 	}
 	claims := a.ledger.List()
 	held := map[string]string{}
@@ -42,6 +55,6 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	unlock := a.locks.lock(free...)
 	a.toIdleLocked(ctx, "reconcile: idle driver", free, "")
 	unlock()
-	a.log.Info("reconciled", "claims", len(claims), "expired", len(expired), "free", len(free), "idle_driver", string(a.policy))
+	a.log.Info("reconciled", "claims", len(claims), "reservations_dropped", dropped, "free", len(free), "idle_driver", string(a.policy))
 	return nil
 }

@@ -50,6 +50,12 @@ type agent struct {
 	paused   bool      // SIGSTOPped
 	lastWake time.Time // last start or SIGCONT
 	starts   int
+
+	// clockFile holds the offset the agent adds to its wall clock (a clock
+	// step); clockBase is the offset in effect when it last started, which
+	// is the one its timestamps carry (its clock ignores later steps).
+	clockFile string
+	clockBase time.Duration
 }
 
 func newAgent(dir, bin string, i, n int, pki, key string, lease time.Duration) *agent {
@@ -64,6 +70,7 @@ func newAgent(dir, bin string, i, n int, pki, key string, lease time.Duration) *
 	a.dataDir = filepath.Join(sd, "data")
 	a.socket = filepath.Join(sd, "api.sock")
 	a.logPath = filepath.Join(sd, "agent.log")
+	a.clockFile = filepath.Join(sd, "clock-offset")
 	a.client = api.NewClient(a.socket)
 	a.args = []string{"agent",
 		"--simulate", a.profile,
@@ -79,6 +86,7 @@ func newAgent(dir, bin string, i, n int, pki, key string, lease time.Duration) *
 		"--tls-key", filepath.Join(pki, a.name+".key"),
 		"--idle-driver", "nvidia", // so that "claimed means vfio-pci" is a real check
 		"--reservation-lease", lease.String(),
+		"--clock-offset-file", a.clockFile,
 	}
 	// Every agent gets every other as a seed, so that any one restarting
 	// while some are down or cut off still finds the cluster.
@@ -101,7 +109,8 @@ func (a *agent) start() error {
 		return err
 	}
 	a.starts++
-	fmt.Fprintf(logFile, "=== gpuherd-chaos: start #%d of %s at %s ===\n", a.starts, a.name, time.Now().Format(time.RFC3339Nano))
+	a.clockBase = readOffset(a.clockFile)
+	fmt.Fprintf(logFile, "=== gpuherd-chaos: start #%d of %s at %s, clock offset %s ===\n", a.starts, a.name, time.Now().Format(time.RFC3339Nano), a.clockBase)
 	cmd := exec.Command("ip", append([]string{"netns", "exec", a.ns, a.bin}, a.args...)...)
 	cmd.Env = append(os.Environ(), "GPUHERD_SOCKET=")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -192,6 +201,30 @@ func (a *agent) signal(sig syscall.Signal) {
 		a.paused = false
 		a.lastWake = time.Now()
 	}
+}
+
+// setClock writes the offset the agent's wall clock will read from now on.
+func (a *agent) setClock(d time.Duration) error {
+	return os.WriteFile(a.clockFile, []byte(d.String()+"\n"), 0o600)
+}
+
+// realTime converts a time stamped by the agent into the harness's clock.
+func (a *agent) realTime(t time.Time) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return t.Add(-a.clockBase)
+}
+
+func readOffset(path string) time.Duration {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0
+	}
+	return d
 }
 
 func (a *agent) wake() time.Time {

@@ -97,19 +97,20 @@ func (m *monitor) sample(ctx context.Context, a *agent) {
 		if c.State != api.StateReserved {
 			continue
 		}
-		from := c.ExpiresAt
+		deadline := a.realTime(c.ExpiresAt) // the agent's clock may carry a step
+		from := deadline
 		if w := a.wake(); w.After(from) {
 			from = w
 		}
 		if before.Sub(from) > tol {
 			m.h.violate("reservation-outlived-lease", "%s lists reservation %s (expires %s) at %s, %s after its deadline", a.name, c.ID,
-				c.ExpiresAt.Format(time.RFC3339Nano), before.Format(time.RFC3339Nano), before.Sub(c.ExpiresAt).Round(time.Millisecond))
+				deadline.Format(time.RFC3339Nano), before.Format(time.RFC3339Nano), before.Sub(deadline).Round(time.Millisecond))
 		}
 	}
 	// Live claims of this owner: committed ones, and reservations whose
 	// deadline had not passed when the answer came back.
 	checkNoSharedGPU(m.h, a.name, own, func(c api.Claim) bool {
-		return c.State == api.StateClaimed || (c.State == api.StateReserved && c.ExpiresAt.After(after))
+		return c.State == api.StateClaimed || (c.State == api.StateReserved && a.realTime(c.ExpiresAt).After(after))
 	})
 }
 

@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// Fault kinds. A clock step is not among them: see clockNote.
+// Fault kinds.
 const (
+	faultClock   = "clock step (wall clock ± 1-3 leases)"
 	faultKill    = "kill-9+restart"
 	faultPause   = "pause (SIGSTOP<lease)"
 	faultFreeze  = "freeze past lease (SIGSTOP>lease)"
@@ -20,16 +21,14 @@ const (
 	faultLoss    = "packet loss (nft numgen)"
 )
 
-var faultKinds = []string{faultKill, faultPause, faultFreeze, faultIsolate, faultSplit, faultLoss}
+var faultKinds = []string{faultKill, faultPause, faultFreeze, faultIsolate, faultSplit, faultLoss, faultClock}
 
-// clockNote is printed with the counts: why there is no clock-step fault.
-const clockNote = `clock steps: not injected. Go reads CLOCK_REALTIME/CLOCK_MONOTONIC through the vDSO,
-  so libfaketime (LD_PRELOAD) has no effect on gpuherd; time namespaces offset only
-  CLOCK_MONOTONIC/BOOTTIME and only before a process starts; stepping the real clock
-  would step the whole machine. The closest safe stand-in is the freeze fault: a
-  SIGSTOP longer than the lease, after which the agent's clocks have jumped forward
-  past every lease it granted (a forward step as the agent sees it). Backward steps
-  are not covered.`
+// clockNote is printed with the counts: how clock steps are played.
+const clockNote = `clock steps: the machine's clock is never touched (Go reads it through the vDSO,
+  so libfaketime cannot reach gpuherd, and a real step would step every process).
+  Each agent reads its wall clock through --clock-offset-file; a clock-step fault
+  writes an offset of one to three leases, forward or back, into one agent's file,
+  and in half of them restarts the agent while its clock is off, then sets it back.`
 
 // faulter injects faults from several lanes at once. Faults of one class
 // (process, link, loss) never overlap on one node, so that each heals what
@@ -156,6 +155,41 @@ func (f *faulter) lane(ctx context.Context, rng *rand.Rand, deadline time.Time) 
 			sleep(ctx, d)
 			a.signal(syscall.SIGCONT)
 			f.logf("heal  %s %s: SIGCONT", kind, a.name)
+			f.give("proc", nodes)
+		case faultClock:
+			nodes := f.take(rng, "proc", 1)
+			if len(nodes) == 0 {
+				continue
+			}
+			a := f.agents[nodes[0]-1]
+			step := between(rng, f.lease, 3*f.lease).Round(time.Millisecond)
+			if rng.IntN(2) == 0 {
+				step = -step
+			}
+			restart := rng.IntN(2) == 0
+			d := hold(2*time.Second, 6*time.Second)
+			f.logf("fault %s %s: %+v for %s (restart while stepped: %v)", kind, a.name, step, d.Round(time.Millisecond), restart)
+			f.counted(kind)
+			if err := a.setClock(step); err != nil {
+				f.harnessErr(err)
+			}
+			if restart {
+				if err := a.kill9(); err != nil {
+					f.harnessErr(err)
+				}
+				f.restart(ctx, a)
+			}
+			sleep(ctx, d)
+			if err := a.setClock(0); err != nil {
+				f.harnessErr(err)
+			}
+			if restart {
+				if err := a.kill9(); err != nil {
+					f.harnessErr(err)
+				}
+				f.restart(ctx, a)
+			}
+			f.logf("heal  %s %s", kind, a.name)
 			f.give("proc", nodes)
 		case faultIsolate:
 			nodes := f.take(rng, "link", 1)

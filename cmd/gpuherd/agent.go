@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -18,6 +20,7 @@ import (
 func newAgentCmd(g *globals) *cobra.Command {
 	var (
 		configPath string
+		clockFile  string
 		f          agent.Config
 	)
 	cmd := &cobra.Command{
@@ -43,15 +46,23 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			var opts []agent.Option
+			if clockFile != "" {
+				opts = append(opts, agent.WithWallClock(offsetClock(clockFile)))
+			}
 			return runAgent(cmd.Context(), g, cfg, configPath, func(c *agent.Config) error {
 				applyAgentFlags(cmd.Flags(), &f, c)
 				return nil
-			})
+			}, opts...)
 		},
 	}
 	fl := cmd.Flags()
 	d := agent.DefaultConfig()
 	fl.StringVar(&configPath, "config", "", "YAML configuration file")
+	// Test only: the fault runs play a clock step by writing an offset
+	// ("-90s") into this file; the agent reads its wall clock through it.
+	fl.StringVar(&clockFile, "clock-offset-file", "", "test only: a file holding an offset added to the wall clock")
+	_ = fl.MarkHidden("clock-offset-file")
 	fl.StringVar(&f.NodeName, "node-name", d.NodeName, "this server's name")
 	fl.StringVar(&f.DataDir, "data-dir", d.DataDir, "directory of the ledger (and the simulated machine)")
 	fl.StringVar(&f.Socket, "socket", d.Socket, "unix socket of the local API")
@@ -130,7 +141,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 // starts and whenever capacity changes, READY=1 once inventory, ledger and
 // gossip are up, watchdog pings while the agent is healthy, RELOADING=1 and
 // a reload on SIGHUP, STOPPING=1 and a graceful gossip leave on SIGTERM.
-func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath string, flags func(*agent.Config) error) error {
+func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath string, flags func(*agent.Config) error, opts ...agent.Option) error {
 	level := new(slog.LevelVar)
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := newLogger(g.stderr, cfg, level)
@@ -143,7 +154,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 			notify.Status("%s", a.StatusLine())
 		}
 	}
-	a, err := agent.New(ctx, cfg, log, agent.WithOnChange(status))
+	a, err := agent.New(ctx, cfg, log, append(opts, agent.WithOnChange(status))...)
 	if err != nil {
 		notify.Status("failed: %v", err)
 		return err
@@ -210,4 +221,20 @@ func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// offsetClock is the wall clock moved by the duration written in path (none
+// when the file is missing or empty): a clock step, for fault runs.
+func offsetClock(path string) func() time.Time {
+	return func() time.Time {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return time.Now()
+		}
+		d, err := time.ParseDuration(strings.TrimSpace(string(data)))
+		if err != nil {
+			return time.Now()
+		}
+		return time.Now().Add(d)
+	}
 }
