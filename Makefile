@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test test-kernel test-faults lint fmt clean
+.PHONY: all build run demo test test-kernel test-faults bench bench-micro lint fmt clean
 
 all: build
 
@@ -52,6 +52,14 @@ test-kernel:
 # SIGSTOP, partitions and packet loss from fixed seeds; see docs/testing.md.
 test-faults:
 	.ci/faults.sh
+
+# Claim speed, convergence and placement against etcd, an oracle and other
+# rankings (needs Debian's etcd-server for the etcd rows); see BENCHMARKS.md.
+bench:
+	$(GO) run ./cmd/gpuherd-bench
+
+bench-micro:
+	$(GO) test -run '^$$' -bench . ./agent/ledger ./agent/placement ./gossip ./metrics
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

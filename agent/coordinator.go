@@ -293,6 +293,11 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 			return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer; retry when they are back", id, strings.Join(unanswered, ", "))}
 		}
+		names := make([]string, len(targets))
+		for i, t := range targets {
+			names[i] = t.name
+		}
+		a.log.Debug("claim not found", "claim", id, "asked", names, "members", a.memberStates())
 		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
 	}
@@ -304,6 +309,18 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 		a.log.Warn("claim held on several servers", "claim", id, "copies", nodes)
 	}
 	return hits[0].c, hits[0].t, nil
+}
+
+// memberStates is the gossip view in one line, for logs.
+func (a *Agent) memberStates() string {
+	if a.cluster == nil {
+		return ""
+	}
+	var parts []string
+	for _, m := range a.cluster.g.Members() {
+		parts = append(parts, m.Name+"="+m.State)
+	}
+	return strings.Join(parts, " ")
 }
 
 // settle runs after a commit on t: when the same claim ID was placed at the

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// errRefused: no server could hold the claim (not_available).
+var errRefused = errors.New("not available")
+
+// allocator is a way to place claims: the agents themselves, the bench's
+// own coordinator with another ranking, or the central etcd allocator.
+type allocator interface {
+	name() string
+	claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (server string, err error)
+	release(ctx context.Context, id, server string) error
+	retries() int64 // stale answers / conflicts so far
+}
+
+// agentAlloc places claims through a random agent's coordinator (Agent.Claim,
+// the same code the API runs), and releases on the owner.
+type agentAlloc struct{ c *cluster }
+
+func (agentAlloc) name() string { return "gpuherd (best fit)" }
+
+func (x agentAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (string, error) {
+	coord := x.c.nodes[rnd.IntN(len(x.c.nodes))]
+	cl, err := coord.a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: count}}})
+	if err != nil {
+		var e *api.Error
+		if errors.As(err, &e) && e.Code == api.CodeNotAvailable {
+			return "", errRefused
+		}
+		return "", err
+	}
+	return cl.Node, nil
+}
+
+func (x agentAlloc) release(ctx context.Context, id, server string) error {
+	_, err := x.c.by[server].a.Release(ctx, id)
+	return err
+}
+
+func (x agentAlloc) retries() int64 { return x.c.ctr.reserveFailed.Load() }
+
+// viewAlloc is the bench's own coordinator: it takes a random agent's gossip
+// view (Agent.Members), ranks it with its ranker, and asks the owners over
+// the real mutual-TLS peer API (reserve, commit), at most eight of them, as
+// the agent's coordinator does — minus the claim-ID lookup on every server,
+// which a trace of fresh IDs does not need.
+type viewAlloc struct {
+	label string
+	c     *cluster
+	rank  ranker
+	files pki.Files
+
+	mu      sync.Mutex
+	clients map[string]*api.PeerClient
+	stale   atomic.Int64
+}
+
+func newViewAlloc(label string, c *cluster, rank ranker, files pki.Files) *viewAlloc {
+	return &viewAlloc{label: label, c: c, rank: rank, files: files, clients: map[string]*api.PeerClient{}}
+}
+
+func (v *viewAlloc) name() string { return v.label }
+
+func (v *viewAlloc) client(name string) (*api.PeerClient, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if pc, ok := v.clients[name]; ok {
+		return pc, nil
+	}
+	cfg, err := pki.ClientConfigFor(v.files, name)
+	if err != nil {
+		return nil, err
+	}
+	pc := api.NewPeerClient(v.c.by[name].peerAddr, cfg, 20*time.Second)
+	v.clients[name] = pc
+	return pc, nil
+}
+
+func (v *viewAlloc) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, pc := range v.clients {
+		pc.Close()
+	}
+}
+
+// view is the servers as one agent sees them.
+func view(nd *node) []placement.Server {
+	ms, _ := nd.a.Members(context.Background())
+	out := make([]placement.Server, 0, len(ms))
+	for _, m := range ms {
+		if m.State != "alive" {
+			continue
+		}
+		s := placement.Server{Name: m.Name, Drained: m.Drained, Free: map[string]int{}}
+		for _, x := range m.Models {
+			s.Free[x.Model] = x.Free
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (v *viewAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (string, error) {
+	coord := v.c.nodes[rnd.IntN(len(v.c.nodes))]
+	ranked := v.rank(view(coord), []placement.Want{{Model: model, Count: count}}, rnd)
+	if len(ranked) > 8 {
+		ranked = ranked[:8]
+	}
+	rr := api.ReserveRequest{Items: []api.Item{{Model: model, Count: count}}, Coordinator: "bench"}
+	for _, s := range ranked {
+		pc, err := v.client(s)
+		if err != nil {
+			return "", err
+		}
+		if _, err := pc.Reserve(ctx, id, rr); err != nil {
+			var e *api.Error
+			if errors.As(err, &e) && e.Code == api.CodeNotAvailable {
+				v.stale.Add(1)
+				continue
+			}
+			_, _ = pc.Abort(ctx, id)
+			continue
+		}
+		if _, err := pc.Commit(ctx, id); err != nil {
+			return "", err
+		}
+		return s, nil
+	}
+	return "", errRefused
+}
+
+func (v *viewAlloc) release(ctx context.Context, id, server string) error {
+	_, err := v.c.by[server].a.Release(ctx, id)
+	return err
+}
+
+func (v *viewAlloc) retries() int64 { return v.stale.Load() }
+
+// replayResult is one replay of a trace on one allocator.
+type replayResult struct {
+	alloc            string
+	load             float64
+	offered          int // measured claims (warm-up excluded)
+	accepted         int
+	refused          int
+	refusedWhileFit  int // refused while, by the owners' ledgers, some server could hold it
+	errors           int
+	retries          int64
+	latency          durations // granted, measured claims
+	wall             time.Duration
+	firstErr         error
+	truthChecked     bool
+	offeredPerSecond float64
+}
+
+// replay issues the trace's claims at their arrival times (open loop: each
+// in its own goroutine), releases each granted claim when its holding time
+// is over, and at the end releases whatever is still held. truth, when not
+// nil, reads the owners' ledgers when a claim is refused.
+func replay(ctx context.Context, t trace, al allocator, truth func() capacity, seed uint64) replayResult {
+	res := replayResult{alloc: al.name(), load: t.Load, truthChecked: truth != nil}
+	r0 := al.retries()
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		held = map[string]string{}
+		end  = make(chan struct{})
+	)
+	start := time.Now()
+	for i, rq := range t.Requests {
+		if d := time.Until(start.Add(rq.At)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(seed, uint64(i)))
+			t0 := time.Now()
+			srv, err := al.claim(ctx, rnd, rq.ID, rq.Model, rq.Count)
+			lat := time.Since(t0)
+			var fitNow bool
+			if errors.Is(err, errRefused) && !rq.Warmup && truth != nil {
+				fitNow = fitsSomewhere(truth(), rq.Model, rq.Count)
+			}
+			mu.Lock()
+			if !rq.Warmup {
+				res.offered++
+				switch {
+				case err == nil:
+					res.accepted++
+					res.latency = append(res.latency, lat)
+				case errors.Is(err, errRefused):
+					res.refused++
+					if fitNow {
+						res.refusedWhileFit++
+					}
+				default:
+					res.errors++
+					if res.firstErr == nil {
+						res.firstErr = err
+					}
+				}
+			}
+			if err == nil {
+				held[rq.ID] = srv
+			}
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+			select {
+			case <-time.After(time.Until(start.Add(rq.At + rq.Hold))):
+			case <-end:
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = al.release(rctx, rq.ID, srv)
+			cancel()
+			mu.Lock()
+			delete(held, rq.ID)
+			mu.Unlock()
+		}()
+	}
+	if d := time.Until(start.Add(t.Duration)); d > 0 {
+		time.Sleep(d)
+	}
+	res.wall = time.Since(start)
+	close(end)
+	wg.Wait()
+	res.retries = al.retries() - r0
+	res.offeredPerSecond = float64(res.offered) / t.Duration.Seconds()
+	return res
+}
+
+// closedLoop runs workers that each claim one GPU and release it, again and
+// again, for dur; it returns the claim latencies and claims per second.
+func closedLoop(ctx context.Context, al allocator, models []string, workers int, dur time.Duration, seed uint64, prefix string) (durations, float64, int, error) {
+	var (
+		mu       sync.Mutex
+		lat      durations
+		errs     int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	deadline := time.Now().Add(dur)
+	start := time.Now()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(seed, uint64(w)))
+			for i := 0; time.Now().Before(deadline); i++ {
+				id := prefix + "-" + itoa(w) + "-" + itoa(i)
+				model := models[rnd.IntN(len(models))]
+				t0 := time.Now()
+				srv, err := al.claim(ctx, rnd, id, model, 1)
+				d := time.Since(t0)
+				mu.Lock()
+				if err != nil {
+					errs++
+					if firstErr == nil {
+						firstErr = err
+					}
+				} else {
+					lat = append(lat, d)
+				}
+				mu.Unlock()
+				if err == nil {
+					_ = al.release(ctx, id, srv)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	return lat, float64(len(lat)) / el.Seconds(), errs, firstErr
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i == 0 {
+		return "0"
+	}
+	var b [20]byte
+	p := len(b)
+	for i > 0 {
+		p--
+		b[p] = digits[i%10]
+		i /= 10
+	}
+	return string(b[p:])
+}

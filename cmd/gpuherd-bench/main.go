@@ -1,0 +1,517 @@
+// Command gpuherd-bench measures gpuherd against real baselines on one
+// machine: claim latency and throughput of N in-process agents on loopback
+// (real memberlist, real HTTPS with mutual TLS, real bbolt with fsync,
+// simulated hardware), the same against a central allocator on etcd, the
+// placement quality against an omniscient best-fit oracle and against
+// first-fit and random rankings of the same gossip view, gossip convergence
+// up to 100 real agents and up to 1,000 members on memberlist's in-memory
+// transport, and the floor: one loopback mTLS round trip and one fsync.
+//
+// It prints Markdown tables and writes PNG plots (see BENCHMARKS.md).
+//
+//	go run ./cmd/gpuherd-bench                    # the default run, < 10 min on 2 cores
+//	go run ./cmd/gpuherd-bench -sizes 10 -loads 0.9 -mock 100   # a quick one
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/pki"
+)
+
+type options struct {
+	sizes    []int
+	focus    int
+	loads    []float64
+	hold     time.Duration
+	traceDur time.Duration
+	seq      int
+	workers  int
+	tput     time.Duration
+	idle     time.Duration
+	mock     []int
+	trials   int
+	seed     uint64
+	etcdBin  string
+	out      string
+	keep     bool
+	child    bool
+}
+
+func main() {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	var o options
+	var sizes, loads, mock string
+	flag.StringVar(&sizes, "sizes", "10,50,100", "cluster sizes of real in-process agents")
+	flag.IntVar(&o.focus, "focus", 50, "size at which the load sweep, the rankers and etcd run")
+	flag.StringVar(&loads, "loads", "0.5,0.7,0.9,0.95", "target loads (share of all GPUs held) of the trace replays")
+	flag.DurationVar(&o.hold, "hold", 3*time.Second, "mean holding time of a claim in the trace (exponential)")
+	flag.DurationVar(&o.traceDur, "trace", 6*time.Second, "measured length of each trace replay (after a warm-up fill)")
+	flag.IntVar(&o.seq, "seq", 150, "sequential claims (claim 1 GPU, release) for unloaded latency, per size")
+	flag.IntVar(&o.workers, "workers", 16, "concurrent clients of the throughput test")
+	flag.DurationVar(&o.tput, "tput", 5*time.Second, "length of the throughput test")
+	flag.DurationVar(&o.idle, "idle", 8*time.Second, "idle window for CPU and memory")
+	flag.StringVar(&mock, "mock", "100,250", "sizes of the in-memory gossip clusters")
+	flag.IntVar(&o.trials, "trials", 3, "capacity changes timed per size (each also timed back)")
+	var seed uint
+	flag.UintVar(&seed, "seed", 1, "seed of the traces and of every random choice of the bench")
+	flag.StringVar(&o.etcdBin, "etcd", "/usr/bin/etcd", "etcd server binary (Debian: etcd-server)")
+	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG plots")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
+	flag.BoolVar(&o.child, "child", true, "measure one agent in a process of its own at the largest size")
+	flag.Parse()
+	o.seed = uint64(seed)
+	raiseFileLimit()
+	var err error
+	if o.sizes, err = parseInts(sizes); err != nil {
+		fatal(err)
+	}
+	if o.mock, err = parseInts(mock); err != nil {
+		fatal(err)
+	}
+	if o.loads, err = parseFloats(loads); err != nil {
+		fatal(err)
+	}
+	slices.Sort(o.sizes)
+	if len(o.sizes) > 0 && !slices.Contains(o.sizes, o.focus) {
+		o.focus = o.sizes[len(o.sizes)/2]
+	}
+	if err := run(o); err != nil {
+		fatal(err)
+	}
+}
+
+// raiseFileLimit lifts the open-file limit: in one process, N agents that
+// all talk to each other hold N×(N−1) client and as many server sockets
+// (about 20,000 at 100 agents), which one agent per server never does.
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return
+	}
+	want := uint64(1 << 18)
+	if l.Max < want {
+		n := syscall.Rlimit{Cur: want, Max: want}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &n) == nil { // needs CAP_SYS_RESOURCE
+			return
+		}
+	}
+	l.Cur = l.Max
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "gpuherd-bench:", err)
+	os.Exit(1)
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 2 {
+			return nil, fmt.Errorf("size %q: want an integer ≥ 2", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil || x <= 0 || x > 1.5 {
+			return nil, fmt.Errorf("load %q: want a share like 0.9", f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// progress goes to stderr; tables to stdout.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// sizeResult is everything measured at one cluster size.
+type sizeResult struct {
+	n            int
+	gpus         int
+	startup      time.Duration
+	converge     time.Duration
+	seqAgent     durations // Agent.Claim, unloaded
+	seqView      durations // bench coordinator, no ID lookup, unloaded
+	lookup       durations // Agent.Get of an unknown ID: the lookup fan-out alone
+	tput         float64
+	tputLat      durations
+	tputErr      int
+	rssTotal     int64
+	cpuIdle      time.Duration // process CPU during the idle window
+	idleWin      time.Duration
+	spreads      []spread
+	replays      []replayResult
+	oracle       map[float64][3]int // load → accepted by omniscient best fit, first fit, random
+	oracleOffer  map[float64]int    // load → claims offered (warm-up excluded)
+	childRSS     int64
+	childCPU     time.Duration
+	childWin     time.Duration
+	childErr     error
+	etcdSeq      durations
+	etcdTput     float64
+	etcdTputLat  durations
+	etcdReplay   *replayResult
+	etcdErr      error
+	etcdTputErrs int
+	meshSkipped  bool // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
+}
+
+func run(o options) error {
+	began := time.Now()
+	dir, err := os.MkdirTemp("", "gpuherd-bench-")
+	if err != nil {
+		return err
+	}
+	if !o.keep {
+		defer os.RemoveAll(dir)
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctr := &counters{}
+	c, err := newCluster(dir, ctr, log)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	benchFiles, err := c.issue("bench-coordinator")
+	if err != nil {
+		return err
+	}
+	progress("work dir %s; %d CPUs; %s", dir, runtime.NumCPU(), runtime.Version())
+
+	progress("floor: loopback mTLS round trips and bbolt fsyncs")
+	fl, err := measureFloor(c, 800)
+	if err != nil {
+		return err
+	}
+
+	var results []*sizeResult
+	for _, n := range o.sizes {
+		r, err := runSize(o, c, n, benchFiles)
+		if err != nil {
+			return fmt.Errorf("at %d agents: %w", n, err)
+		}
+		results = append(results, r)
+	}
+	c.stop()
+
+	var mocks []mockResult
+	for _, n := range o.mock {
+		progress("gossip on memberlist's in-memory transport: %d members", n)
+		m, err := convergeMock(n, o.trials*2, 20*time.Second)
+		if err != nil {
+			progress("  %v", err)
+			continue
+		}
+		mocks = append(mocks, m)
+		runtime.GC()
+	}
+	if len(results) == 0 {
+		for _, m := range mocks {
+			s := mergeSpreads(m.changes)
+			fmt.Printf("mock %d: join %v, 50%% %v 99%% %v 100%% %v missed %d\n", m.n, m.join, s.p50, s.p99, s.all, s.missed)
+		}
+		return nil
+	}
+	report(os.Stdout, o, fl, results, mocks, time.Since(began))
+	if err := plots(o, fl, results, mocks); err != nil {
+		return err
+	}
+	progress("done in %v", time.Since(began).Round(time.Second))
+	return nil
+}
+
+func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, error) {
+	ctx := context.Background()
+	r := &sizeResult{n: n, oracle: map[float64][3]int{}, oracleOffer: map[float64]int{}}
+	progress("starting agents: %d → %d", len(c.nodes), n)
+	t0 := time.Now()
+	if err := c.start(n-len(c.nodes), 8); err != nil {
+		return nil, err
+	}
+	r.startup = time.Since(t0)
+	conv, err := c.waitConverged(120 * time.Second)
+	if err != nil {
+		return nil, err
+	}
+	r.converge = conv
+	capa := c.capacity()
+	for _, ms := range capa {
+		for _, k := range ms {
+			r.gpus += k
+		}
+	}
+	progress("%d agents up in %v, gossip converged %v later; %d GPUs", n, r.startup.Round(time.Millisecond), conv.Round(time.Millisecond), r.gpus)
+	time.Sleep(2 * time.Second) // let the join traffic settle
+
+	progress("idle for %v: CPU and memory", o.idle)
+	runtime.GC()
+	cpu0 := cpuTime()
+	w0 := time.Now()
+	time.Sleep(o.idle)
+	r.cpuIdle, r.idleWin = cpuTime()-cpu0, time.Since(w0)
+	r.rssTotal = rssBytes(0)
+
+	progress("convergence of a capacity change: %d trials", o.trials)
+	r.spreads, err = convergeReal(c, o.trials, 15*time.Second)
+	if err != nil {
+		return nil, err
+	}
+
+	models := modelsByShare(capa)
+	rnd := rand.New(rand.NewPCG(o.seed, uint64(n)))
+	agentA := agentAlloc{c: c}
+	va := newViewAlloc("bench coordinator (best fit)", c, bestFit, benchFiles)
+	defer va.close()
+	mesh := meshFits(n)
+	r.meshSkipped = !mesh
+	if !mesh {
+		progress("%d agents talking to each other need ~%d sockets in this one process, over the open-file limit: Agent.Claim phases skipped, the bench coordinator runs them", n, 2*n*(n-1))
+	}
+	progress("warming the connections: every agent looks a claim up on every other")
+	warm(c, va, mesh)
+	progress("unloaded latency: %d claims through the agents, then the bench coordinator", o.seq)
+	for i := range o.seq {
+		if !mesh {
+			break
+		}
+		id := fmt.Sprintf("seq-%d-%d", n, i)
+		t := time.Now()
+		srv, err := agentA.claim(ctx, rnd, id, models[i%len(models)], 1)
+		if err != nil {
+			return nil, fmt.Errorf("sequential claim: %w", err)
+		}
+		r.seqAgent = append(r.seqAgent, time.Since(t))
+		if err := agentA.release(ctx, id, srv); err != nil {
+			return nil, err
+		}
+	}
+	for i := range o.seq {
+		id := fmt.Sprintf("seqv-%d-%d", n, i)
+		t := time.Now()
+		srv, err := va.claim(ctx, rnd, id, models[i%len(models)], 1)
+		if err != nil {
+			return nil, fmt.Errorf("sequential claim (bench coordinator): %w", err)
+		}
+		r.seqView = append(r.seqView, time.Since(t))
+		_ = va.release(ctx, id, srv)
+	}
+	for i := range o.seq / 2 {
+		if !mesh {
+			break
+		}
+		nd := c.nodes[rnd.IntN(len(c.nodes))]
+		t := time.Now()
+		_, err := nd.a.Get(ctx, fmt.Sprintf("nowhere-%d", i))
+		if err == nil || !isNotFound(err) {
+			return nil, fmt.Errorf("lookup of an unknown claim: %v", err)
+		}
+		r.lookup = append(r.lookup, time.Since(t))
+	}
+
+	progress("throughput: %d clients for %v", o.workers, o.tput)
+	var tpErr error
+	var tpAlloc allocator = agentA
+	if !mesh {
+		tpAlloc = va
+	}
+	r.tputLat, r.tput, r.tputErr, tpErr = closedLoop(ctx, tpAlloc, models, o.workers, o.tput, o.seed, fmt.Sprintf("tp-%d", n))
+	if tpErr != nil {
+		progress("  %d errors, first: %v", r.tputErr, tpErr)
+	}
+
+	loads := []float64{0.9}
+	if n == o.focus {
+		loads = o.loads
+	}
+	for _, load := range loads {
+		tr := newTrace(o.seed, capa, load, o.hold, o.traceDur, "x")
+		a, off := simulate(tr, capa, bestFit, o.seed)
+		b, _ := simulate(tr, capa, firstFit, o.seed)
+		cc, _ := simulate(tr, capa, randomFit, o.seed)
+		r.oracle[load] = [3]int{a, b, cc}
+		r.oracleOffer[load] = off
+		allocs := []allocator{agentA}
+		if !mesh {
+			allocs = []allocator{va}
+		}
+		if n == o.focus {
+			allocs = append(allocs, va,
+				newViewAlloc("bench coordinator (first fit)", c, firstFit, benchFiles),
+				newViewAlloc("bench coordinator (random)", c, randomFit, benchFiles))
+		}
+		for k, al := range allocs {
+			tr := newTrace(o.seed, capa, load, o.hold, o.traceDur, fmt.Sprintf("t%d-%02.0f-%d", n, load*100, k))
+			progress("replay at load %.0f%% (%.1f claims/s, %d claims): %s", load*100, tr.Rate, len(tr.Requests), al.name())
+			res := replay(ctx, tr, al, c.truthFree, o.seed)
+			if res.firstErr != nil {
+				progress("  %d errors, first: %v", res.errors, res.firstErr)
+			}
+			r.replays = append(r.replays, res)
+			if v, ok := al.(*viewAlloc); ok && v != va {
+				v.close()
+			}
+			time.Sleep(time.Second)
+		}
+	}
+
+	if n == o.focus {
+		runEtcd(o, c, r, capa, models)
+	}
+	if o.child && n == o.sizes[len(o.sizes)-1] {
+		progress("one agent in its own process, joined to the %d", n)
+		ch, err := startChild(c, fmt.Sprintf("gpu%03d", 900+n%100), "dgx-h100")
+		if err != nil {
+			r.childErr = err
+		} else {
+			time.Sleep(3 * time.Second)
+			pid := ch.cmd.Process.Pid
+			c0, w := procCPU(pid), time.Now()
+			time.Sleep(o.idle)
+			r.childCPU, r.childWin = procCPU(pid)-c0, time.Since(w)
+			r.childRSS = rssBytes(pid)
+			ch.stop()
+		}
+	}
+	return r, nil
+}
+
+func runEtcd(o options, c *cluster, r *sizeResult, capa capacity, models []string) {
+	ctx := context.Background()
+	progress("etcd baseline: %s", o.etcdBin)
+	e, err := startEtcd(o.etcdBin, c.dir)
+	if err != nil {
+		r.etcdErr = err
+		progress("  %v", err)
+		return
+	}
+	defer e.stop()
+	cli, err := e.client()
+	if err != nil {
+		r.etcdErr = err
+		return
+	}
+	defer cli.Close()
+	ea, err := newEtcdAlloc(cli, capa)
+	if err != nil {
+		r.etcdErr = err
+		return
+	}
+	rnd := rand.New(rand.NewPCG(o.seed, 99))
+	for i := range o.seq {
+		id := fmt.Sprintf("eseq-%d", i)
+		t := time.Now()
+		srv, err := ea.claim(ctx, rnd, id, models[i%len(models)], 1)
+		if err != nil {
+			r.etcdErr = err
+			return
+		}
+		r.etcdSeq = append(r.etcdSeq, time.Since(t))
+		_ = ea.release(ctx, id, srv)
+	}
+	progress("etcd throughput: %d clients for %v", o.workers, o.tput)
+	var tpErr error
+	r.etcdTputLat, r.etcdTput, r.etcdTputErrs, tpErr = closedLoop(ctx, ea, models, o.workers, o.tput, o.seed, "etp")
+	if tpErr != nil {
+		progress("  %d errors, first: %v", r.etcdTputErrs, tpErr)
+	}
+	tr := newTrace(o.seed, capa, 0.9, o.hold, o.traceDur, "etr")
+	progress("etcd replay at load 90%%")
+	res := replay(ctx, tr, ea, nil, o.seed)
+	r.etcdReplay = &res
+}
+
+// warm opens the connections a running platform keeps open: each agent's
+// to every other (a lookup of an unknown claim fans out to all), and the
+// bench coordinator's to every owner. Without it the first claims through
+// each agent pay up to N−1 TLS handshakes.
+func warm(c *cluster, va *viewAlloc, agents bool) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, nd := range c.nodes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if agents {
+				_, _ = nd.a.Get(ctx, "warm-up")
+			}
+			if pc, err := va.client(nd.name); err == nil {
+				_, _ = pc.Lookup(ctx, "warm-up")
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// meshFits reports whether n in-process agents that all talk to each other
+// fit the open-file limit: each pair holds a client and a server socket per
+// direction here, where a real server holds only its own ends.
+func meshFits(n int) bool {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return true
+	}
+	return uint64(2*n*(n-1)+3000) < l.Cur
+}
+
+func isNotFound(err error) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Code == api.CodeNotFound
+}
+
+// modelsByShare lists models weighted by their share of GPUs (a model with
+// twice the GPUs appears twice as often).
+func modelsByShare(capa capacity) []string {
+	tot := map[string]int{}
+	for _, ms := range capa {
+		for m, k := range ms {
+			tot[m] += k
+		}
+	}
+	var out []string
+	for m, k := range tot {
+		for range (k + 9) / 10 {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"time"
+)
+
+func pctOf(a, b int) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(b))
+}
+
+func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mockResult, took time.Duration) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	floor := fl.floor()
+	p("# gpuherd-bench results\n\n")
+	p("Machine: %d CPUs, %s/%s, %s. Seed %d. Run took %v.\n\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), o.seed, took.Round(time.Second))
+
+	p("## Floor (measured in this run)\n\n")
+	t := table{head: []string{"what", "p50 ms", "p99 ms"}}
+	t.add("loopback HTTPS round trip, mutual TLS, warm connection", ms(fl.rtt.pct(50)), ms(fl.rtt.pct(99)))
+	t.add("one bbolt Update (fsync) on the data disk", ms(fl.fsync.pct(50)), ms(fl.fsync.pct(99)))
+	t.add("**floor = 2 round trips + 1 fsync**", ms(floor), "")
+	p("%s\n", t.String())
+
+	var focus *sizeResult
+	for _, r := range rs {
+		if r.n == o.focus {
+			focus = r
+		}
+	}
+
+	p("## Claim latency, unloaded (one claim of 1 GPU at a time; ratio to the floor)\n\n")
+	t = table{head: []string{"agents", "GPUs", "system", "p50 ms", "p95 ms", "p99 ms", "p50 / floor", "p99 / floor"}}
+	for _, r := range rs {
+		if r.meshSkipped {
+			t.add(fmt.Sprint(r.n), fmt.Sprint(r.gpus), "gpuherd (Agent.Claim): not run, see the open-file limit note", "", "", "", "", "")
+			t.add(fmt.Sprint(r.n), "", "same protocol without the lookup (bench coordinator)", ms(r.seqView.pct(50)), ms(r.seqView.pct(95)), ms(r.seqView.pct(99)), ratioD(r.seqView.pct(50), floor), ratioD(r.seqView.pct(99), floor))
+			continue
+		}
+		t.add(fmt.Sprint(r.n), fmt.Sprint(r.gpus), "gpuherd (Agent.Claim)", ms(r.seqAgent.pct(50)), ms(r.seqAgent.pct(95)), ms(r.seqAgent.pct(99)), ratioD(r.seqAgent.pct(50), floor), ratioD(r.seqAgent.pct(99), floor))
+		t.add(fmt.Sprint(r.n), "", "of which: claim-ID lookup on every server (Agent.Get, unknown ID)", ms(r.lookup.pct(50)), ms(r.lookup.pct(95)), ms(r.lookup.pct(99)), ratioD(r.lookup.pct(50), floor), ratioD(r.lookup.pct(99), floor))
+		t.add(fmt.Sprint(r.n), "", "same protocol without the lookup (bench coordinator)", ms(r.seqView.pct(50)), ms(r.seqView.pct(95)), ms(r.seqView.pct(99)), ratioD(r.seqView.pct(50), floor), ratioD(r.seqView.pct(99), floor))
+		if r == focus && len(r.etcdSeq) > 0 {
+			t.add(fmt.Sprint(r.n), "", "etcd central allocator (range read + txn)", ms(r.etcdSeq.pct(50)), ms(r.etcdSeq.pct(95)), ms(r.etcdSeq.pct(99)), ratioD(r.etcdSeq.pct(50), floor), ratioD(r.etcdSeq.pct(99), floor))
+		}
+	}
+	p("%s\n", t.String())
+
+	p("## Throughput (%d concurrent clients, claim 1 GPU then release, for %v)\n\n", o.workers, o.tput)
+	t = table{head: []string{"agents", "system", "claims/s", "vs etcd", "p50 ms", "p99 ms", "errors"}}
+	etcdT := 0.0
+	if focus != nil {
+		etcdT = focus.etcdTput
+	}
+	for _, r := range rs {
+		sys := "gpuherd"
+		if r.meshSkipped {
+			sys = "bench coordinator (no ID lookup)"
+		}
+		t.add(fmt.Sprint(r.n), sys, fmt.Sprintf("%.1f", r.tput), ratio(r.tput, etcdT), ms(r.tputLat.pct(50)), ms(r.tputLat.pct(99)), fmt.Sprint(r.tputErr))
+		if r == focus {
+			if r.etcdErr != nil {
+				t.add(fmt.Sprint(r.n), "etcd central", "error: "+r.etcdErr.Error(), "", "", "", "")
+			} else {
+				t.add(fmt.Sprint(r.n), "etcd central", fmt.Sprintf("%.1f", r.etcdTput), "×1.00", ms(r.etcdTputLat.pct(50)), ms(r.etcdTputLat.pct(99)), fmt.Sprint(r.etcdTputErrs))
+			}
+		}
+	}
+	p("%s\n", t.String())
+
+	p("## Placement under a trace (hold %v mean, %v measured after a warm-up fill)\n\n", o.hold, o.traceDur)
+	p("Accepted = claims granted among those offered after the warm-up; the oracle replays the same trace on exact, instantaneous state. \"Refused while fit\" = refused although, by the owners' ledgers read right after the refusal, some server could hold it. Retries = not_available answers from owners (stale views) per offered claim.\n\n")
+	t = table{head: []string{"agents", "load", "system", "offered", "accepted", "vs oracle", "refused while fit", "retries/claim", "p50 ms", "p99 ms", "errors"}}
+	for _, r := range rs {
+		for _, load := range o.loads {
+			or, ok := r.oracle[load]
+			if !ok {
+				continue
+			}
+			off := r.oracleOffer[load]
+			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "oracle: omniscient best fit", fmt.Sprint(off), fmt.Sprint(or[0]), "×1.000", "-", "-", "-", "-", "-")
+			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "omniscient first fit", fmt.Sprint(off), fmt.Sprint(or[1]), ratio3(or[1], or[0]), "-", "-", "-", "-", "-")
+			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "omniscient random", fmt.Sprint(off), fmt.Sprint(or[2]), ratio3(or[2], or[0]), "-", "-", "-", "-", "-")
+			for _, x := range r.replays {
+				if x.load != load {
+					continue
+				}
+				t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), x.alloc, fmt.Sprint(x.offered), fmt.Sprint(x.accepted), ratio3(x.accepted, or[0]),
+					pctOf(x.refusedWhileFit, x.offered), fmt.Sprintf("%.3f", float64(x.retries)/math.Max(1, float64(x.offered))), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
+			}
+			if r == focus && load == 0.9 && r.etcdReplay != nil {
+				x := r.etcdReplay
+				t.add(fmt.Sprint(r.n), "90%", "etcd central (best fit)", fmt.Sprint(x.offered), fmt.Sprint(x.accepted), ratio3(x.accepted, or[0]),
+					"-", fmt.Sprintf("%.3f", float64(x.retries)/math.Max(1, float64(x.offered))), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
+			}
+		}
+	}
+	p("%s\n", t.String())
+
+	p("## Gossip convergence: a capacity change seen by 50%% / 99%% / 100%% of the other agents\n\n")
+	p("Real agents: memberlist LAN timings over UDP/TCP loopback, polled through Agent.Members every ~2 ms. Median of %d changes (a claim and its release, %d trials).\n\n", 2*o.trials, o.trials)
+	t = table{head: []string{"members", "transport", "join (all see all)", "50% ms", "99% ms", "100% ms", "never seen"}}
+	for _, r := range rs {
+		s := mergeSpreads(r.spreads)
+		t.add(fmt.Sprint(r.n), "real agents, loopback", ms(r.converge), ms(s.p50), ms(s.p99), ms(s.all), fmt.Sprint(s.missed))
+	}
+	for _, m := range mocks {
+		s := mergeSpreads(m.changes)
+		join := ms(m.join)
+		if m.join < 0 {
+			join = fmt.Sprintf("not within %v (fewest alive seen: %d)", 60*time.Second, m.minAlive)
+		}
+		t.add(fmt.Sprint(m.n), "gossip.Cluster, in-memory transport", join, ms(s.p50), ms(s.p99), ms(s.all), fmt.Sprint(s.missed))
+	}
+	p("%s\n", t.String())
+	if len(mocks) > 0 {
+		p("Encoded capacity summary of a three-model server: %d bytes.\n\n", mocks[0].metaSize)
+	}
+
+	p("## Resources\n\n")
+	t = table{head: []string{"agents", "start (all)", "process RSS MiB", "RSS per agent MiB", "idle CPU, whole process", "idle CPU per agent"}}
+	for _, r := range rs {
+		cpu := float64(r.cpuIdle) / float64(r.idleWin)
+		t.add(fmt.Sprint(r.n), r.startup.Round(time.Millisecond).String(), mib(r.rssTotal), mib(r.rssTotal/int64(r.n)),
+			fmt.Sprintf("%.2f%% of one core", 100*cpu), fmt.Sprintf("%.3f%% of one core", 100*cpu/float64(r.n)))
+	}
+	p("%s\n", t.String())
+	last := rs[len(rs)-1]
+	switch {
+	case last.childErr != nil:
+		p("One agent in its own process: %v\n\n", last.childErr)
+	case last.childWin > 0:
+		p("One agent in a process of its own (dgx-h100 profile) joined to the %d: RSS %s MiB, idle CPU %.2f%% of one core over %v.\n\n",
+			last.n, mib(last.childRSS), 100*float64(last.childCPU)/float64(last.childWin), last.childWin.Round(time.Second))
+	}
+}
+
+func ratio3(a, b int) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("×%.3f", float64(a)/float64(b))
+}
