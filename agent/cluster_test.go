@@ -52,6 +52,12 @@ func newTestCluster(t *testing.T) *testCluster {
 // start runs an agent named name on a simulated profile, joined to the
 // first agent started.
 func (tc *testCluster) start(name, profile string) *Agent {
+	tc.t.Helper()
+	return tc.startWith(name, profile, nil)
+}
+
+// startWith is start with the configuration adjusted by adjust.
+func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Agent {
 	t := tc.t
 	t.Helper()
 	caDir, certDir := filepath.Join(tc.dir, "ca"), filepath.Join(tc.dir, "certs")
@@ -73,6 +79,9 @@ func (tc *testCluster) start(name, profile string) *Agent {
 	cfg.TLSKey = filepath.Join(certDir, name+".key")
 	if tc.seed != "" {
 		cfg.Join = []string{tc.seed}
+	}
+	if adjust != nil {
+		adjust(&cfg)
 	}
 	a, err := New(context.Background(), cfg, quietLog(), WithGossipTune(fastGossip))
 	if err != nil {

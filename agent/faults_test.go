@@ -33,43 +33,8 @@ const faultLease = 2 * time.Second
 // startShortLease is tc.start with the fault tests' short lease (and so
 // a sweep every half second).
 func (tc *testCluster) startShortLease(name, profile string) *Agent {
-	t := tc.t
-	t.Helper()
-	caDir, certDir := filepath.Join(tc.dir, "ca"), filepath.Join(tc.dir, "certs")
-	if err := pki.IssueCert(caDir, certDir, name, []string{"127.0.0.1"}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.NodeName = name
-	cfg.DataDir = filepath.Join(tc.dir, name)
-	cfg.Socket = filepath.Join(tc.dir, name+".sock")
-	cfg.Simulate = profile
-	cfg.IdleDriver = "nvidia"
-	cfg.ReservationLease = Duration(faultLease)
-	cfg.GossipAddr = "127.0.0.1:0"
-	cfg.AdvertiseAddr = "127.0.0.1"
-	cfg.PeerAddr = "127.0.0.1:0"
-	cfg.InsecureGossip = true
-	cfg.TLSCA = filepath.Join(caDir, "ca.crt")
-	cfg.TLSCert = filepath.Join(certDir, name+".crt")
-	cfg.TLSKey = filepath.Join(certDir, name+".key")
-	if tc.seed != "" {
-		cfg.Join = []string{tc.seed}
-	}
-	a, err := New(context.Background(), cfg, quietLog(), WithGossipTune(fastGossip))
-	if err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	if tc.seed == "" {
-		tc.seed = a.cluster.g.LocalAddr()
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, func() { close(ready) }) }()
-	<-ready
-	tc.agents[name], tc.cancel[name], tc.done[name] = a, cancel, done
-	return a
+	tc.t.Helper()
+	return tc.startWith(name, profile, func(c *Config) { c.ReservationLease = Duration(faultLease) })
 }
 
 // waitFor polls cond under a deadline: for what gossip or a lease makes
