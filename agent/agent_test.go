@@ -455,3 +455,32 @@ func TestRestartDropsEveryReservation(t *testing.T) {
 		t.Errorf("its GPU is on %q after the restart, want the idle driver", d)
 	}
 }
+
+// TestCommitLeavesEveryGPUOnVFIO: a commit never makes a claim whose GPUs are
+// not ready for its VM, even when the reservation's own bind did not finish
+// (a retry through another coordinator adopting it mid-bind).
+func TestCommitLeavesEveryGPUOnVFIO(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	a := startAgent(t, testConfig(t, dir), m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	r, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA A100 80GB", Count: 2}}, Coordinator: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Play an unfinished bind: one of its GPUs is back on the host driver.
+	addr := r.GPUs[1].PCIAddress
+	if _, err := vfio.NewBinder(vfio.New(m.Kernel)).Release(ctx, addr, vfio.IdleNVIDIA); err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.Commit(ctx, "vm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range c.GPUs {
+		if d := driverOf(t, m.Kernel, g.PCIAddress); d != vfio.DriverVFIO {
+			t.Errorf("committed claim's GPU %s is on %q", g.PCIAddress, d)
+		}
+	}
+}

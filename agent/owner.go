@@ -92,7 +92,27 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 }
 
 // Commit makes a reservation a claim that survives crashes of this agent.
-func (a *Agent) Commit(_ context.Context, id string) (api.Claim, error) {
+// It waits for a bind of the claim's GPUs still in progress (a retry through
+// another coordinator can commit a reservation whose first coordinator is
+// still binding) and makes sure every GPU is on vfio-pci before committing:
+// a committed claim's GPUs are always ready for its VM.
+func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	pending, err := a.ledger.Get(id)
+	if err != nil {
+		return api.Claim{}, a.apiError(err)
+	}
+	unlock := a.locks.lock(pending.GPUs...)
+	defer unlock()
+	if pending.State == ledger.StateReserved && pending.Live(a.now()) {
+		for _, addr := range pending.GPUs {
+			if err := a.bind(ctx, "commit "+id, addr); err != nil {
+				return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
+			}
+		}
+	}
 	c, err := a.ledger.Commit(id, a.now())
 	if err != nil {
 		if errors.Is(err, ledger.ErrLeaseExpired) {
