@@ -297,7 +297,10 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 		for i, t := range targets {
 			names[i] = t.name
 		}
-		a.log.Debug("claim not found", "claim", id, "asked", names, "members", a.memberStates())
+		if strict {
+			// Rare, and worth seeing: a caller is about to believe the GPUs free.
+			a.log.Info("claim not found on any server", "claim", id, "asked", names, "members", a.memberStates())
+		}
 		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
 	}
@@ -325,17 +328,36 @@ func (a *Agent) memberStates() string {
 
 // settle runs after a commit on t: when the same claim ID was placed at the
 // same time through another agent (a client that retried elsewhere before
-// the first try answered), both may have committed. Every coordinator then
-// keeps the same copy (see before) and the others release theirs, so one
-// copy survives. Copies seen only as reservations are left to expire or to
-// their coordinator's own settle.
+// the first try answered), both may commit. Every coordinator must then keep
+// the same copy, which needs them to decide on the same facts: while another
+// copy is still only reserved, settle waits for it to be committed or to go
+// (at most a lease), so that both see every committed copy. It keeps the
+// first by (commit time, server name) and releases its own if that is not
+// it, answering with the kept one.
 func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target) (api.Claim, error) {
+	deadline := time.Now().Add(time.Duration(a.cfg.ReservationLease) + time.Second)
+	wait := 20 * time.Millisecond
 	var committed []copyOf
-	hits, _ := a.findAll(ctx, a.targets(), id)
-	for _, h := range hits {
-		if h.c.State == api.StateClaimed {
-			committed = append(committed, h)
+	for {
+		hits, _ := a.findAll(ctx, a.targets(), id)
+		committed = committed[:0]
+		pending := false
+		for _, h := range hits {
+			switch {
+			case h.c.State == api.StateClaimed:
+				committed = append(committed, h)
+			case h.t.name != t.name:
+				pending = true
+			}
 		}
+		if !pending || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
 	if len(committed) < 2 || committed[0].t.name == t.name {
 		return mine, nil
