@@ -127,7 +127,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 		if err != nil {
 			return api.Claim{}, err
 		}
-		return a.settle(ctx, id, c, t)
+		return a.settle(ctx, id, c, t, nil)
 	} else if !isCode(err, api.CodeNotFound) {
 		return api.Claim{}, err
 	}
@@ -151,7 +151,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 			if i > 0 {
 				a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", i+1)
 			}
-			return a.settle(ctx, id, c, byName[name])
+			return a.settle(ctx, id, c, byName[name], ranked[:i])
 		}
 		if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
 			return api.Claim{}, err
@@ -334,7 +334,10 @@ func (a *Agent) memberStates() string {
 // (at most a lease), so that both see every committed copy. It keeps the
 // first by (commit time, server name) and releases its own if that is not
 // it, answering with the kept one.
-func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target) (api.Claim, error) {
+//
+// Reservations on servers this coordinator tried before (tried) are its own
+// leftovers, aborted or expiring: they are not another coordinator's copy.
+func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target, tried []string) (api.Claim, error) {
 	deadline := time.Now().Add(time.Duration(a.cfg.ReservationLease) + time.Second)
 	wait := 20 * time.Millisecond
 	var committed []copyOf
@@ -346,7 +349,7 @@ func (a *Agent) settle(ctx context.Context, id string, mine api.Claim, t target)
 			switch {
 			case h.c.State == api.StateClaimed:
 				committed = append(committed, h)
-			case h.t.name != t.name:
+			case h.t.name != t.name && !slices.Contains(tried, h.t.name):
 				pending = true
 			}
 		}
