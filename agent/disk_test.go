@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/internal/testdisk"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -107,49 +108,9 @@ func TestAgentRefusesLedgerItCannotRead(t *testing.T) {
 	}
 }
 
-// mountTmpfs mounts a file system of size bytes (root only).
-func mountTmpfs(t *testing.T, size int) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	dir := filepath.Join(t.TempDir(), "disk")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "gpuherd-test", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
-func fillDisk(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return path
-		}
-	}
-}
-
 func TestAgentRefusesReadOnlyLedger(t *testing.T) {
 	dir := t.TempDir()
-	disk := mountTmpfs(t, 4<<20)
+	disk := testdisk.Mount(t, 4<<20)
 	cfg, am := claimedLedger(t, dir, filepath.Join(disk, "data"))
 	if out, err := exec.Command("mount", "-o", "remount,ro", disk).CombinedOutput(); err != nil {
 		t.Fatalf("remount ro: %v: %s", err, out)
@@ -166,9 +127,9 @@ func TestAgentRefusesReadOnlyLedger(t *testing.T) {
 
 func TestAgentStartsOnFullDiskWithItsClaims(t *testing.T) {
 	dir := t.TempDir()
-	disk := mountTmpfs(t, 4<<20)
+	disk := testdisk.Mount(t, 4<<20)
 	cfg, am := claimedLedger(t, dir, filepath.Join(disk, "data"))
-	fillDisk(t, disk)
+	testdisk.Fill(t, disk)
 	// Reading needs no space: the claims are all there.
 	a, err := New(context.Background(), cfg, quietLog(), WithSysfs(am.Kernel, nil))
 	if err != nil {
@@ -188,7 +149,7 @@ func TestAgentStartsOnFullDiskWithItsClaims(t *testing.T) {
 // driver as soon as the disk has room again.
 func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 	dir := t.TempDir()
-	disk := mountTmpfs(t, 1<<20)
+	disk := testdisk.Mount(t, 1<<20)
 	cfg := testConfig(t, dir)
 	cfg.DataDir = filepath.Join(disk, "data")
 	m := machine(t, "dgx-h100", dir) // the simulated machine's own state stays off the full disk
@@ -196,7 +157,7 @@ func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 	a := startAgent(t, cfg, m, clock)
 	defer a.Close()
 	ctx := context.Background()
-	filler := fillDisk(t, disk)
+	filler := testdisk.Fill(t, disk)
 
 	labels := map[string]string{}
 	for i := range ledger.MaxLabels {
@@ -269,7 +230,7 @@ func checkBound(t *testing.T, a *Agent, k *vfio.Kernel, strict bool) {
 // go back to the idle driver when it is aborted or its lease runs out.
 func TestCommitOnFullDiskLeavesNoClaim(t *testing.T) {
 	dir := t.TempDir()
-	disk := mountTmpfs(t, 1<<20)
+	disk := testdisk.Mount(t, 1<<20)
 	cfg := testConfig(t, dir)
 	cfg.DataDir = filepath.Join(disk, "data")
 	m := machine(t, "dgx-h100", dir)
@@ -285,7 +246,7 @@ func TestCommitOnFullDiskLeavesNoClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	filler := fillDisk(t, disk)
+	filler := testdisk.Fill(t, disk)
 	rev := a.ledger.Revision()
 	// The committed record is larger than the reserved one and bbolt
 	// writes it to new pages: this commit needs space the disk lacks.

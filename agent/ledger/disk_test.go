@@ -15,6 +15,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/gpuherd/gpuherd/agent/internal/testdisk"
 )
 
 // The ledger on a disk that lies, fills up or was tampered with: Open
@@ -234,49 +236,8 @@ func TestBackupAndRestore(t *testing.T) {
 	}
 }
 
-// tmpfs mounts a file system of size bytes for the test (root only).
-func tmpfs(t *testing.T, size int) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	dir := filepath.Join(t.TempDir(), "disk")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "gpuherd-test", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
-// fill writes to a file in dir until the file system is full and returns it.
-func fill(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return path
-		}
-	}
-}
-
 func TestOpenOnReadOnlyFileSystem(t *testing.T) {
-	dir := tmpfs(t, 1<<20)
+	dir := testdisk.Mount(t, 1<<20)
 	path := filepath.Join(dir, "ledger.db")
 	l := openAt(t, path)
 	if err := l.SetInventory(server()); err != nil {
@@ -299,8 +260,8 @@ func TestOpenOnReadOnlyFileSystem(t *testing.T) {
 }
 
 func TestCreateOnFullDisk(t *testing.T) {
-	dir := tmpfs(t, 256<<10)
-	fill(t, dir)
+	dir := testdisk.Mount(t, 256<<10)
+	testdisk.Fill(t, dir)
 	path := filepath.Join(dir, "ledger.db")
 	_, err := Open(path)
 	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "full") {
@@ -318,13 +279,13 @@ func TestCreateOnFullDisk(t *testing.T) {
 // until a write fails. The failed write changes nothing, in memory or on
 // disk; once space is freed the ledger carries on.
 func TestWriteOnFullDisk(t *testing.T) {
-	dir := tmpfs(t, 512<<10)
+	dir := testdisk.Mount(t, 512<<10)
 	path := filepath.Join(dir, "ledger.db")
 	l := openAt(t, path)
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	filler := fill(t, dir)
+	filler := testdisk.Fill(t, dir)
 	labels := map[string]string{}
 	for i := range MaxLabels {
 		labels[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", MaxLabelValueLen)

@@ -93,34 +93,41 @@ func withTimeout(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(cmd.Context(), requestTimeout)
 }
 
+// call runs one request against the agent and shows the answer: JSON for
+// programs, table for people; an error from the agent goes through fail.
+func call[T any](g *globals, cmd *cobra.Command, req func(context.Context, *api.Client) (T, error), table func(*tabwriter.Writer, T)) error {
+	ctx, cancel := withTimeout(cmd)
+	defer cancel()
+	c := g.client()
+	defer c.Close()
+	v, err := req(ctx, c)
+	if err != nil {
+		return g.fail(err)
+	}
+	return g.show(v, func(w *tabwriter.Writer) { table(w, v) })
+}
+
 func newStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
 		Short: "This server's GPUs and their state",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			st, err := c.Status(ctx)
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(st, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "NODE %s: %d GPUs\n", st.Node, len(st.GPUs))
-				fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
-				for _, gp := range st.GPUs {
-					state := gp.State
-					if gp.Health != "" {
-						state += " (" + gp.Health + ")"
-					} else if gp.DrainReason != "" {
-						state += " (" + gp.DrainReason + ")"
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Status, error) { return c.Status(ctx) },
+				func(w *tabwriter.Writer, st api.Status) {
+					fmt.Fprintf(w, "NODE %s: %d GPUs\n", st.Node, len(st.GPUs))
+					fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
+					for _, gp := range st.GPUs {
+						state := gp.State
+						if gp.Health != "" {
+							state += " (" + gp.Health + ")"
+						} else if gp.DrainReason != "" {
+							state += " (" + gp.DrainReason + ")"
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
+							intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
-						intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
-				}
-			})
+				})
 		},
 	}
 }
@@ -145,15 +152,8 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 				return err
 			}
 			req.PreferNode = prefer
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			cl, err := c.Claim(ctx, args[0], req)
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Claim(ctx, args[0], req) },
+				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
 		},
 	}
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
@@ -226,17 +226,10 @@ func newReleaseCmd(g *globals) *cobra.Command {
 		Short: "Release a claim; its GPUs go back to the idle driver",
 		Args:  exactArgs(1, "one claim ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			cl, err := c.Release(ctx, args[0])
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(cl, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", cl.ID, cl.Node, len(cl.GPUs))
-			})
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Release(ctx, args[0]) },
+				func(w *tabwriter.Writer, cl api.Claim) {
+					fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", cl.ID, cl.Node, len(cl.GPUs))
+				})
 		},
 	}
 }
@@ -247,15 +240,8 @@ func newGetCmd(g *globals) *cobra.Command {
 		Short: "Show one claim",
 		Args:  exactArgs(1, "one claim ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			cl, err := c.Get(ctx, args[0])
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Get(ctx, args[0]) },
+				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
 		},
 	}
 }
@@ -263,7 +249,7 @@ func newGetCmd(g *globals) *cobra.Command {
 func newClaimsCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "claims",
-		Short: "List the claims on this server",
+		Short: "List every claim of the platform, from any agent",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := withTimeout(cmd)
@@ -293,25 +279,18 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 		Short: "Every GPU model of the catalog and how many are free",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			av, err := c.Availability(ctx)
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(av, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "As seen by %s (%d server(s))\n", av.Node, av.Servers)
-				fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER")
-				for _, m := range av.Models {
-					avail := "Unavailable"
-					if m.Available {
-						avail = "Available"
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Availability, error) { return c.Availability(ctx) },
+				func(w *tabwriter.Writer, av api.Availability) {
+					fmt.Fprintf(w, "As seen by %s (%d server(s))\n", av.Node, av.Servers)
+					fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER")
+					for _, m := range av.Models {
+						avail := "Unavailable"
+						if m.Available {
+							avail = "Available"
+						}
+						fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", m.Model, avail, m.Free, m.Total, m.MaxFreeOnOneServer)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", m.Model, avail, m.Free, m.Total, m.MaxFreeOnOneServer)
-				}
-			})
+				})
 		},
 	}
 }

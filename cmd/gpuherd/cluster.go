@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -17,32 +18,25 @@ func newMembersCmd(g *globals) *cobra.Command {
 		Short: "The servers of the platform, their state and free capacity",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			ms, err := c.Members(ctx)
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(ms, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION")
-				for _, m := range ms {
-					var caps []string
-					for _, mc := range m.Models {
-						caps = append(caps, fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total))
+			return call(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
+				func(w *tabwriter.Writer, ms []api.Member) {
+					fmt.Fprintln(w, "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION")
+					for _, m := range ms {
+						var caps []string
+						for _, mc := range m.Models {
+							caps = append(caps, fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total))
+						}
+						name := m.Name
+						if m.Self {
+							name += " (this)"
+						}
+						drained := "no"
+						if m.Drained {
+							drained = "yes"
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", name, m.State, drained, dash(strings.Join(caps, ", ")), dash(m.AgentVersion))
 					}
-					name := m.Name
-					if m.Self {
-						name += " (this)"
-					}
-					drained := "no"
-					if m.Drained {
-						drained = "yes"
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", name, m.State, drained, dash(strings.Join(caps, ", ")), dash(m.AgentVersion))
-				}
-			})
+				})
 		},
 	}
 }
@@ -62,15 +56,10 @@ then unchanged.`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := withTimeout(cmd)
-			defer cancel()
-			c := g.client()
-			defer c.Close()
-			cl, err := c.Resize(ctx, args[0], api.ResizeRequest{GPUs: req.GPUs})
-			if err != nil {
-				return g.fail(err)
-			}
-			return g.show(cl, func(w *tabwriter.Writer) { printClaim(w, cl) })
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) {
+				return c.Resize(ctx, args[0], api.ResizeRequest{GPUs: req.GPUs})
+			},
+				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
 		},
 	}
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] the claim should hold (repeatable)")

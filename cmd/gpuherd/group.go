@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 
@@ -38,8 +39,8 @@ without --gpu can never get GPUs later.`,
 			if nodes < 1 {
 				return usagef("--nodes: a group needs at least one node")
 			}
-			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) {
-				return c.CreateGroup(cmd.Context(), args[0], req)
+			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) {
+				return c.CreateGroup(ctx, args[0], req)
 			})
 		},
 	}
@@ -59,8 +60,8 @@ without --gpu can never get GPUs later.`,
 			if err != nil {
 				return err
 			}
-			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) {
-				return c.ResizeGroup(cmd.Context(), args[0], api.ResizeRequest{GPUs: cr.GPUs})
+			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) {
+				return c.ResizeGroup(ctx, args[0], api.ResizeRequest{GPUs: cr.GPUs})
 			})
 		},
 	}
@@ -71,7 +72,7 @@ without --gpu can never get GPUs later.`,
 		Short: "Show a group and its nodes' GPUs",
 		Args:  exactArgs(1, "one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) { return c.GetGroup(cmd.Context(), args[0]) })
+			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.GetGroup(ctx, args[0]) })
 		},
 	}
 	del := &cobra.Command{
@@ -79,24 +80,15 @@ without --gpu can never get GPUs later.`,
 		Short: "Release every node's GPUs and forget the group",
 		Args:  exactArgs(1, "one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return groupCall(g, cmd, func(c *api.Client) (api.Group, error) { return c.DeleteGroup(cmd.Context(), args[0]) })
+			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.DeleteGroup(ctx, args[0]) })
 		},
 	}
 	cmd.AddCommand(create, resize, get, del)
 	return cmd
 }
 
-func groupCall(g *globals, cmd *cobra.Command, call func(*api.Client) (api.Group, error)) error {
-	ctx, cancel := withTimeout(cmd)
-	defer cancel()
-	cmd.SetContext(ctx)
-	c := g.client()
-	defer c.Close()
-	gr, err := call(c)
-	if err != nil {
-		return g.fail(err)
-	}
-	return g.show(gr, func(w *tabwriter.Writer) {
+func groupCall(g *globals, cmd *cobra.Command, req func(context.Context, *api.Client) (api.Group, error)) error {
+	return call(g, cmd, req, func(w *tabwriter.Writer, gr api.Group) {
 		per := "no GPUs (can never get any)"
 		if gr.WithGPUs {
 			per = api.DescribeItems(gr.GPUs) + " per node"
