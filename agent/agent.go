@@ -45,6 +45,8 @@ type Agent struct {
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune func(*memberlist.Config)
 	onChange   func()
+	dir        *directory
+	boot       uint64 // this run's identity in gossip
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims
@@ -123,7 +125,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
-		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange}
+		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, boot: newBoot()}
+	a.dir = newDirectory(a.now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics

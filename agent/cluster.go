@@ -116,6 +116,7 @@ func (c *clusterState) summary() gossip.Summary {
 		PeerAddr:     c.peerAddr,
 		Drained:      a.serverDrained(),
 		Revision:     a.ledger.Revision(),
+		Boot:         a.boot,
 	}
 	for m, t := range a.ledger.Totals(a.now()) {
 		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy)})
@@ -238,3 +239,10 @@ func (b brokenOwner) LookupGroup(context.Context, string) (api.GroupRecord, erro
 func (b brokenOwner) DeleteGroup(context.Context, string) (api.GroupRecord, error) {
 	return api.GroupRecord{}, b.err
 }
+func (b brokenOwner) BeginClaim(context.Context, string, api.DirBegin) (api.DirAnswer, error) {
+	return api.DirAnswer{}, b.err
+}
+func (b brokenOwner) LookupDirectory(context.Context, string) (api.DirAnswer, error) {
+	return api.DirAnswer{}, b.err
+}
+func (b brokenOwner) UpdateDirectory(context.Context, api.DirUpdate) error { return b.err }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,6 +34,8 @@ type testCluster struct {
 	cancel map[string]context.CancelFunc
 	done   map[string]chan error
 	seed   string
+	// adjust, when set, changes every agent's configuration.
+	adjust func(*Config)
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -61,8 +64,10 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	t := tc.t
 	t.Helper()
 	caDir, certDir := filepath.Join(tc.dir, "ca"), filepath.Join(tc.dir, "certs")
-	if err := pki.IssueCert(caDir, certDir, name, []string{"127.0.0.1"}, time.Hour); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(certDir, name+".crt")); err != nil { // not a restart
+		if err := pki.IssueCert(caDir, certDir, name, []string{"127.0.0.1"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := DefaultConfig()
 	cfg.NodeName = name
@@ -79,6 +84,9 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	cfg.TLSKey = filepath.Join(certDir, name+".key")
 	if tc.seed != "" {
 		cfg.Join = []string{tc.seed}
+	}
+	if tc.adjust != nil {
+		tc.adjust(&cfg)
 	}
 	if adjust != nil {
 		adjust(&cfg)
@@ -131,6 +139,22 @@ func (tc *testCluster) converge(what string, cond func(a *Agent) bool) time.Dura
 			tc.t.Fatalf("cluster did not converge on %s within 10s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// bothLookups runs a cluster test twice: with the claim directory vouching
+// at once (directory_settle 0, the fast path), and with homes that never
+// vouch within the test (every lookup asks every server, the slow path).
+func bothLookups(t *testing.T, test func(t *testing.T, tc *testCluster)) {
+	for _, mode := range []struct {
+		name   string
+		settle time.Duration
+	}{{"directory", 0}, {"every-server", time.Hour}} {
+		t.Run(mode.name, func(t *testing.T) {
+			tc := newTestCluster(t)
+			tc.adjust = func(c *Config) { c.DirectorySettle = Duration(min(mode.settle, 10*time.Minute)) }
+			test(t, tc)
+		})
 	}
 }
 

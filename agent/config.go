@@ -47,6 +47,10 @@ type Config struct {
 	ReservationLease Duration `yaml:"reservation_lease"`
 	// HealthInterval is how often GPUs are checked for vanishing from the bus.
 	HealthInterval Duration `yaml:"health_interval"`
+	// DirectorySettle is how long the membership must stay unchanged (and
+	// this agent up) before it vouches, as the home of a claim ID, that the
+	// ID is held nowhere; until then coordinators ask every server.
+	DirectorySettle Duration `yaml:"directory_settle"`
 	// MaxGPUsPerClaim caps the GPUs of one request.
 	MaxGPUsPerClaim int `yaml:"max_gpus_per_claim"`
 	// NVML is "auto" (use it when libnvidia-ml answers) or "off".
@@ -131,6 +135,7 @@ func DefaultConfig() Config {
 		BindTimeout:      Duration(10 * time.Second),
 		ReservationLease: Duration(30 * time.Second),
 		HealthInterval:   Duration(15 * time.Second),
+		DirectorySettle:  Duration(10 * time.Second),
 		MaxGPUsPerClaim:  16,
 		NVML:             "auto",
 		LogLevel:         "info",
@@ -244,6 +249,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReservationLease < Duration(time.Second) || c.ReservationLease > Duration(time.Hour) {
 		return bad("reservation_lease", "%s must be between 1s and 1h", time.Duration(c.ReservationLease))
+	}
+	if c.DirectorySettle < 0 || c.DirectorySettle > Duration(10*time.Minute) {
+		return bad("directory_settle", "%s must be between 0s and 10m", time.Duration(c.DirectorySettle))
 	}
 	if c.HealthInterval < Duration(time.Second) {
 		return bad("health_interval", "%s must be at least 1s", time.Duration(c.HealthInterval))

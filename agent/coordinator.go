@@ -14,6 +14,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
+	"github.com/gpuherd/gpuherd/metrics"
 )
 
 // The coordinator side of the protocol: any agent places a claim by ranking
@@ -111,35 +112,64 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	}
 	rr := api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: a.cfg.NodeName}
 	targets := a.targets()
+	want := wants(lreq.Items)
 
-	// Idempotency across the platform: the claim may already be held, by
-	// this call's earlier try through any agent.
+	// The fast way: the claim ID's home vouches that it is new, or says
+	// where it is.
+	if a.cluster != nil {
+		if c, done, err := a.throughHome(ctx, id, rr, want, req.PreferNode, targets); done {
+			a.rec.ClaimLookup(metrics.LookupDirectory)
+			return c, err
+		}
+		a.rec.ClaimLookup(metrics.LookupEveryServer)
+	}
+
+	// Idempotency across the platform, the slow way: the claim may already
+	// be held, by this call's earlier try through any agent.
 	if c, t, err := a.find(ctx, targets, id, false); err == nil {
-		if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
-			return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
-				Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, api.DescribeItems(c.Items))}
-		}
-		if c.State == api.StateClaimed {
-			return c, nil
-		}
-		// A reservation whose coordinator is gone: finish its work.
-		c, err := a.commitOn(ctx, t, id)
-		if err != nil {
-			return api.Claim{}, err
-		}
-		return a.settle(ctx, id, c, t, nil)
+		return a.resume(ctx, id, c, t, rr)
 	} else if !isCode(err, api.CodeNotFound) {
 		return api.Claim{}, err
 	}
+	c, err := a.place(ctx, id, rr, want, req.PreferNode, targets, true)
+	if err != nil && a.cluster != nil && !errors.Is(err, errCommitUnknown) {
+		// Nothing placed: drop the intent the home recorded for us.
+		a.dirAbandon(ctx, homeOf(id, targets), id)
+	}
+	return c, err
+}
 
-	want := wants(lreq.Items)
+// resume answers a claim request whose ID is already held on t: the claim
+// itself when the request is the same, after finishing its placement when
+// it is only reserved (its coordinator may be gone).
+func (a *Agent) resume(ctx context.Context, id string, c api.Claim, t target, rr api.ReserveRequest) (api.Claim, error) {
+	if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
+		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, api.DescribeItems(c.Items))}
+	}
+	if c.State == api.StateClaimed {
+		return c, nil
+	}
+	c, err := a.commitOn(ctx, t, id)
+	if err != nil {
+		return api.Claim{}, err
+	}
+	return a.settle(ctx, id, c, t, nil)
+}
+
+// place ranks the servers that, by this agent's view, can hold the whole
+// request, and asks their owners in turn until one takes it. With settle,
+// the copies that concurrent coordinators may have placed are settled
+// after the commit; without, the claim ID's home has vouched that nobody
+// else is placing it.
+func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target, settle bool) (api.Claim, error) {
 	servers := make([]placement.Server, len(targets))
 	byName := make(map[string]target, len(targets))
 	for i, t := range targets {
 		servers[i] = t.server
 		byName[t.name] = t
 	}
-	ranked := placement.Rank(servers, want, req.PreferNode, a.rnd())
+	ranked := placement.Rank(servers, want, prefer, a.rnd())
 	if len(ranked) > maxOwnerRetries {
 		ranked = ranked[:maxOwnerRetries]
 	}
@@ -150,6 +180,9 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 		if err == nil {
 			if i > 0 {
 				a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", i+1)
+			}
+			if !settle {
+				return c, nil
 			}
 			return a.settle(ctx, id, c, byName[name], ranked[:i])
 		}
@@ -170,6 +203,138 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", id, lastErr)}
 	}
 	return api.Claim{}, a.notAvailable(rr.Items, servers)
+}
+
+// throughHome places a claim through its ID's home (see directory.go). It
+// reports done=false when the home cannot vouch for the ID (or does not
+// answer, or its record is stale): the caller then asks every server.
+func (a *Agent) throughHome(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target) (c api.Claim, done bool, err error) {
+	home := homeOf(id, targets)
+	dir, ok := home.owner.(api.Directory)
+	if !ok {
+		return api.Claim{}, false, nil
+	}
+	deadline := time.Now().Add(a.pendingTTL())
+	wait := 10 * time.Millisecond
+	for {
+		bctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		ans, err := dir.BeginClaim(bctx, id, api.DirBegin{Coordinator: a.cfg.NodeName})
+		cancel()
+		if err != nil {
+			a.log.Debug("claim directory: home did not answer; asking every server", "claim", id, "home", home.name, "err", err)
+			return api.Claim{}, false, nil
+		}
+		switch ans.State {
+		case api.DirNew:
+			c, err := a.place(ctx, id, rr, want, prefer, targets, false)
+			if err != nil && !errors.Is(err, errCommitUnknown) {
+				a.dirAbandon(ctx, home, id)
+			}
+			return c, true, err
+		case api.DirHeld:
+			if len(ans.Owners) != 1 {
+				return api.Claim{}, false, nil // several copies: the slow way settles them
+			}
+			t, ok := targetNamed(targets, ans.Owners[0])
+			if !ok {
+				return api.Claim{}, false, nil
+			}
+			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			c, err := t.owner.Lookup(lctx, id)
+			cancel()
+			if err != nil {
+				return api.Claim{}, false, nil // stale, or the owner does not answer
+			}
+			c, err = a.resume(ctx, id, c, t, rr)
+			return c, true, err
+		case api.DirPending:
+			// Another coordinator is placing it (a client retried
+			// elsewhere): wait for its outcome rather than place a copy.
+			if ans.Coordinator == a.cfg.NodeName || time.Now().After(deadline) {
+				return api.Claim{}, false, nil
+			}
+			if _, alive := targetNamed(a.targets(), ans.Coordinator); !alive {
+				return api.Claim{}, false, nil
+			}
+			select {
+			case <-ctx.Done():
+				return api.Claim{}, true, ctx.Err()
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 200*time.Millisecond)
+		default:
+			return api.Claim{}, false, nil
+		}
+	}
+}
+
+// dirAbandon tells the home that this coordinator placed nothing for id.
+func (a *Agent) dirAbandon(ctx context.Context, home target, id string) {
+	dir, ok := home.owner.(api.Directory)
+	if !ok {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	defer cancel()
+	u := api.DirUpdate{From: a.cfg.NodeName, Ops: []api.DirOp{{ID: id, Op: api.DirOpAbandon}}}
+	if err := dir.UpdateDirectory(actx, u); err != nil {
+		a.log.Debug("claim directory: abandon not delivered; the intent goes stale", "claim", id, "home", home.name, "err", err)
+	}
+}
+
+func targetNamed(targets []target, name string) (target, bool) {
+	for _, t := range targets {
+		if t.name == name {
+			return t, true
+		}
+	}
+	return target{}, false
+}
+
+// locate finds the claim for get and resize: through its ID's home when
+// the home knows, otherwise by asking every server.
+func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
+	lookup := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Lookup(ctx, id) }
+	if c, t, done, err := a.viaHome(ctx, targets, id, lookup); done {
+		return c, t, err
+	}
+	return a.find(ctx, targets, id, true)
+}
+
+// viaHome asks the home of claim id where it is and runs op on the owner it
+// names; a home that vouches the ID is held nowhere makes it a 404 at once.
+// done is false when the home cannot say, or the owner it names does not
+// hold the claim: the caller then asks every server.
+func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, done bool, err error) {
+	if a.cluster == nil {
+		return api.Claim{}, target{}, false, nil
+	}
+	home := homeOf(id, targets)
+	dir, ok := home.owner.(api.Directory)
+	if ok {
+		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		ans, err := dir.LookupDirectory(lctx, id)
+		cancel()
+		switch {
+		case err != nil:
+		case ans.State == api.DirAbsent:
+			a.rec.ClaimLookup(metrics.LookupDirectory)
+			return api.Claim{}, target{}, true, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+				Message: fmt.Sprintf("claim %s not found on any server", id)}
+		case ans.State == api.DirHeld && len(ans.Owners) == 1:
+			if t, ok := targetNamed(targets, ans.Owners[0]); ok {
+				octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+				c, err := op(octx, t)
+				cancel()
+				if err == nil || !isCode(err, api.CodeNotFound) {
+					a.rec.ClaimLookup(metrics.LookupDirectory)
+					return c, t, true, err
+				}
+			}
+		}
+	}
+	a.rec.ClaimLookup(metrics.LookupEveryServer)
+	return api.Claim{}, target{}, false, nil
 }
 
 // errCommitUnknown: the commit was sent but its answer never came. The
@@ -381,7 +546,7 @@ func (a *Agent) Get(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	c, _, err := a.find(ctx, a.targets(), id, true)
+	c, _, err := a.locate(ctx, a.targets(), id)
 	return c, err
 }
 
@@ -390,13 +555,18 @@ func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	_, t, err := a.find(ctx, a.targets(), id, true)
+	targets := a.targets()
+	abort := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Abort(ctx, id) }
+	if c, _, done, err := a.viaHome(ctx, targets, id, abort); done {
+		return c, err
+	}
+	_, t, err := a.find(ctx, targets, id, true)
 	if err != nil {
 		return api.Claim{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
 	defer cancel()
-	return t.owner.Abort(rctx, id)
+	return abort(rctx, t)
 }
 
 // Claims lists the claims of every reachable server.
@@ -451,7 +621,7 @@ func (a *Agent) Resize(ctx context.Context, id string, req api.ResizeRequest) (a
 		return api.Claim{}, err
 	}
 	targets := a.targets()
-	cur, owner, err := a.find(ctx, targets, id, true)
+	cur, owner, err := a.locate(ctx, targets, id)
 	if err != nil {
 		return api.Claim{}, err
 	}

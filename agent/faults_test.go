@@ -251,111 +251,113 @@ func isCommit(r *http.Request) bool {
 // every GPU goes to at most one claim, and every client-observed history
 // is linearizable on each server.
 func TestFaultRacingClaimers(t *testing.T) {
-	tc := newTestCluster(t)
-	agents := []*Agent{tc.startShortLease("a", "l40s-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "rtx6000pro-2")}
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
-	const (
-		clients = 6
-		rounds  = 4
-		seed    = 20240601
-	)
-	t.Logf("seed %d: %d clients × %d claims of 1-3 L40S (8 on the platform) through 3 coordinators", seed, clients, rounds)
-	h := newHistory()
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(seed, uint64(c)))
-			for k := range rounds {
-				id := fmt.Sprintf("vm-%d-%d", c, k)
-				_, err := h.claim(ctx, c, agents[rnd.IntN(len(agents))], id, "NVIDIA L40S", 1+rnd.IntN(3))
-				if err != nil && !isCode(err, api.CodeNotAvailable) {
-					t.Errorf("claim %s: %v", id, err)
-				}
-				if err == nil && rnd.IntN(3) != 0 {
-					if err := h.release(ctx, c, agents[rnd.IntN(len(agents))], id); err != nil {
-						t.Errorf("release %s: %v", id, err)
+	bothLookups(t, func(t *testing.T, tc *testCluster) {
+		agents := []*Agent{tc.startShortLease("a", "l40s-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "rtx6000pro-2")}
+		tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+		const (
+			clients = 6
+			rounds  = 4
+			seed    = 20240601
+		)
+		t.Logf("seed %d: %d clients × %d claims of 1-3 L40S (8 on the platform) through 3 coordinators", seed, clients, rounds)
+		h := newHistory()
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rnd := rand.New(rand.NewPCG(seed, uint64(c)))
+				for k := range rounds {
+					id := fmt.Sprintf("vm-%d-%d", c, k)
+					_, err := h.claim(ctx, c, agents[rnd.IntN(len(agents))], id, "NVIDIA L40S", 1+rnd.IntN(3))
+					if err != nil && !isCode(err, api.CodeNotAvailable) {
+						t.Errorf("claim %s: %v", id, err)
+					}
+					if err == nil && rnd.IntN(3) != 0 {
+						if err := h.release(ctx, c, agents[rnd.IntN(len(agents))], id); err != nil {
+							t.Errorf("release %s: %v", id, err)
+						}
 					}
 				}
-			}
-		}()
-	}
-	wg.Wait()
-	checkInvariants(t, agents...)
-	h.resolve(agents...)
-	h.checkLinearizable(t)
-
-	// Release what is left through yet other coordinators: all free again.
-	all, _ := agents[0].Claims(ctx)
-	for i, c := range all {
-		if err := h.release(ctx, 99, agents[(i+1)%3], c.ID); err != nil {
-			t.Errorf("release %s: %v", c.ID, err)
+			}()
 		}
-	}
-	tc.converge("every L40S free", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
-	checkInvariants(t, agents...)
-	h.checkLinearizable(t)
+		wg.Wait()
+		checkInvariants(t, agents...)
+		h.resolve(agents...)
+		h.checkLinearizable(t)
+
+		// Release what is left through yet other coordinators: all free again.
+		all, _ := agents[0].Claims(ctx)
+		for i, c := range all {
+			if err := h.release(ctx, 99, agents[(i+1)%3], c.ID); err != nil {
+				t.Errorf("release %s: %v", c.ID, err)
+			}
+		}
+		tc.converge("every L40S free", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+		checkInvariants(t, agents...)
+		h.checkLinearizable(t)
+	})
 }
 
 // (b) A coordinator dies between reserve and commit. A retry of the claim
 // through another coordinator within the lease adopts and commits the
 // reservation; a reservation nobody retries expires, its GPUs free again.
 func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
-	tc := newTestCluster(t)
-	a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "a100-pcie-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
-	ctx := context.Background()
-	rr := api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA L40S", Count: 2}}, Coordinator: "a"}
+	bothLookups(t, func(t *testing.T, tc *testCluster) {
+		a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "a100-pcie-4")
+		tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+		ctx := context.Background()
+		rr := api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA L40S", Count: 2}}, Coordinator: "a"}
 
-	// a reserves on b over the mutual-TLS peer API, then "dies".
-	peer := a.cluster.client("b", b.cluster.peerAddr)
-	res, err := peer.Reserve(ctx, "vm-adopt", rr)
-	if err != nil || res.State != api.StateReserved || res.Node != "b" {
-		t.Fatalf("reserve on b through the peer API: %+v, %v", res, err)
-	}
-	for _, g := range res.GPUs {
-		if d := driverOf(t, b.sim.Kernel, g.PCIAddress); d != vfio.DriverVFIO {
-			t.Errorf("reserved %s on %q, want vfio-pci", g.PCIAddress, d)
+		// a reserves on b over the mutual-TLS peer API, then "dies".
+		peer := a.cluster.client("b", b.cluster.peerAddr)
+		res, err := peer.Reserve(ctx, "vm-adopt", rr)
+		if err != nil || res.State != api.StateReserved || res.Node != "b" {
+			t.Fatalf("reserve on b through the peer API: %+v, %v", res, err)
 		}
-	}
-	// The client retries through c within the lease: c finds the
-	// reservation and commits it, same GPUs.
-	h := newHistory()
-	got, err := h.claim(ctx, 1, c, "vm-adopt", "NVIDIA L40S", 2)
-	if err != nil || got.Node != "b" || got.State != api.StateClaimed || !sameGPUs(got, res) {
-		t.Fatalf("retry through c: %+v, %v; want the reservation %+v committed", got, err, res)
-	}
-	t.Logf("a reservation left by a dead coordinator was adopted and committed by c: %v on b", gpuList(got))
+		for _, g := range res.GPUs {
+			if d := driverOf(t, b.sim.Kernel, g.PCIAddress); d != vfio.DriverVFIO {
+				t.Errorf("reserved %s on %q, want vfio-pci", g.PCIAddress, d)
+			}
+		}
+		// The client retries through c within the lease: c finds the
+		// reservation and commits it, same GPUs.
+		h := newHistory()
+		got, err := h.claim(ctx, 1, c, "vm-adopt", "NVIDIA L40S", 2)
+		if err != nil || got.Node != "b" || got.State != api.StateClaimed || !sameGPUs(got, res) {
+			t.Fatalf("retry through c: %+v, %v; want the reservation %+v committed", got, err, res)
+		}
+		t.Logf("a reservation left by a dead coordinator was adopted and committed by c: %v on b", gpuList(got))
 
-	// A second dead coordinator's reservation nobody retries: it expires.
-	if _, err := b.Reserve(ctx, "vm-orphan", rr); err != nil {
-		t.Fatal(err)
-	}
-	if n := localFree(b, "NVIDIA L40S"); n != 0 {
-		t.Fatalf("b has %d L40S free with 2 claimed and 2 reserved", n)
-	}
-	took := waitFor(t, "the orphan reservation expires and is swept", faultLease+3*time.Second, func() bool {
-		_, err := b.Lookup(ctx, "vm-orphan")
-		return isCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
+		// A second dead coordinator's reservation nobody retries: it expires.
+		if _, err := b.Reserve(ctx, "vm-orphan", rr); err != nil {
+			t.Fatal(err)
+		}
+		if n := localFree(b, "NVIDIA L40S"); n != 0 {
+			t.Fatalf("b has %d L40S free with 2 claimed and 2 reserved", n)
+		}
+		took := waitFor(t, "the orphan reservation expires and is swept", faultLease+3*time.Second, func() bool {
+			_, err := b.Lookup(ctx, "vm-orphan")
+			return isCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
+		})
+		t.Logf("orphan reservation gone after %v (lease %v), its GPUs free on the idle driver", took.Round(time.Millisecond), faultLease)
+		checkInvariants(t, a, b, c)
+
+		// After the expiry a retry of the orphan's ID is a fresh claim.
+		again, err := h.claim(ctx, 1, a, "vm-orphan", "NVIDIA L40S", 2)
+		if err != nil || again.State != api.StateClaimed {
+			t.Fatalf("claim vm-orphan after its reservation expired: %+v, %v", again, err)
+		}
+		// Committing the expired reservation now is refused (it is a new claim
+		// that is already committed: idempotent), and the dead one is gone.
+		if _, err := b.Commit(ctx, "vm-none"); !isCode(err, api.CodeNotFound) {
+			t.Errorf("commit of an unknown reservation: %v, want not_found", err)
+		}
+		checkInvariants(t, a, b, c)
+		h.resolve(a, b, c)
+		h.checkLinearizable(t)
 	})
-	t.Logf("orphan reservation gone after %v (lease %v), its GPUs free on the idle driver", took.Round(time.Millisecond), faultLease)
-	checkInvariants(t, a, b, c)
-
-	// After the expiry a retry of the orphan's ID is a fresh claim.
-	again, err := h.claim(ctx, 1, a, "vm-orphan", "NVIDIA L40S", 2)
-	if err != nil || again.State != api.StateClaimed {
-		t.Fatalf("claim vm-orphan after its reservation expired: %+v, %v", again, err)
-	}
-	// Committing the expired reservation now is refused (it is a new claim
-	// that is already committed: idempotent), and the dead one is gone.
-	if _, err := b.Commit(ctx, "vm-none"); !isCode(err, api.CodeNotFound) {
-		t.Errorf("commit of an unknown reservation: %v, want not_found", err)
-	}
-	checkInvariants(t, a, b, c)
-	h.resolve(a, b, c)
-	h.checkLinearizable(t)
 }
 
 // (c) An owner that answers too slowly: the coordinator gives up on it,
@@ -486,88 +488,90 @@ func TestFaultStaleView(t *testing.T) {
 // cannot know. It must not place the claim on another server
 // (docs/protocol.md: "never moves on after a commit it cannot confirm").
 func TestFaultCommitAnswerLost(t *testing.T) {
-	tc := newTestCluster(t)
-	a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "l40s-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
-	ctx := context.Background()
-	proxy := newFaultProxy(t, tc, a, b, 0, func(r *http.Request) fault {
-		if isCommit(r) {
-			return dropReply
+	bothLookups(t, func(t *testing.T, tc *testCluster) {
+		a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "l40s-4")
+		tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+		ctx := context.Background()
+		proxy := newFaultProxy(t, tc, a, b, 0, func(r *http.Request) fault {
+			if isCommit(r) {
+				return dropReply
+			}
+			return passThrough
+		})
+		h := newHistory()
+		in := claimInput{ID: "vm-lost", Model: "NVIDIA L40S", N: 2}
+		call := h.since()
+		got, err := a.Claim(ctx, in.ID, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "b"})
+		h.record(1, in, call, h.since(), got, err)
+		proxy.close()
+		var on []string
+		for _, x := range []*Agent{a, b, c} {
+			if cl, err := x.ledger.Get(in.ID); err == nil && cl.State == ledger.StateCommitted {
+				on = append(on, x.cfg.NodeName)
+			}
 		}
-		return passThrough
+		t.Logf("commit answers lost: %d; claim returned %+v, %v; committed on %v", proxy.count(dropReply), got.Node, err, on)
+		if len(on) != 1 || on[0] != "b" {
+			t.Errorf("BUG: after a lost commit answer from b the claim is committed on %v, want only b: "+
+				"coordinate moved on to the next server because commitOn's error is not errCommitUnknown", on)
+		}
+		if err == nil && got.Node != "b" {
+			t.Errorf("claim answered ok on %s while it is committed on b", got.Node)
+		}
+		// A retry through another coordinator learns the claim's state.
+		if cl, err := c.Claim(ctx, in.ID, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}}); err != nil || cl.Node != "b" {
+			t.Errorf("retry through c: %+v, %v; want the claim committed on b", cl, err)
+		}
+		checkInvariants(t, a, b, c)
+		h.resolve(a, b, c)
+		h.checkLinearizable(t)
 	})
-	h := newHistory()
-	in := claimInput{ID: "vm-lost", Model: "NVIDIA L40S", N: 2}
-	call := h.since()
-	got, err := a.Claim(ctx, in.ID, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "b"})
-	h.record(1, in, call, h.since(), got, err)
-	proxy.close()
-	var on []string
-	for _, x := range []*Agent{a, b, c} {
-		if cl, err := x.ledger.Get(in.ID); err == nil && cl.State == ledger.StateCommitted {
-			on = append(on, x.cfg.NodeName)
-		}
-	}
-	t.Logf("commit answers lost: %d; claim returned %+v, %v; committed on %v", proxy.count(dropReply), got.Node, err, on)
-	if len(on) != 1 || on[0] != "b" {
-		t.Errorf("BUG: after a lost commit answer from b the claim is committed on %v, want only b: "+
-			"coordinate moved on to the next server because commitOn's error is not errCommitUnknown", on)
-	}
-	if err == nil && got.Node != "b" {
-		t.Errorf("claim answered ok on %s while it is committed on b", got.Node)
-	}
-	// A retry through another coordinator learns the claim's state.
-	if cl, err := c.Claim(ctx, in.ID, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}}); err != nil || cl.Node != "b" {
-		t.Errorf("retry through c: %+v, %v; want the claim committed on b", cl, err)
-	}
-	checkInvariants(t, a, b, c)
-	h.resolve(a, b, c)
-	h.checkLinearizable(t)
 }
 
 // (f) The same claim asked twice at once through two coordinators (a client
 // that timed out and retried elsewhere): the claim must still end on one
 // server.
 func TestFaultConcurrentRetriesOfOneClaim(t *testing.T) {
-	tc := newTestCluster(t)
-	a, b, c := tc.startShortLease("a", "l40s-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "a100-pcie-4")
-	agents := []*Agent{a, b, c}
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
-	ctx := context.Background()
-	const tries = 6
-	h := newHistory()
-	dups := 0
-	for i := range tries {
-		id := fmt.Sprintf("vm-dup-%d", i)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for k, coord := range []*Agent{a, c} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				if _, err := h.claim(ctx, k, coord, id, "NVIDIA L40S", 1); err != nil {
-					t.Logf("claim %s through %s: %v", id, coord.cfg.NodeName, err)
+	bothLookups(t, func(t *testing.T, tc *testCluster) {
+		a, b, c := tc.startShortLease("a", "l40s-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "a100-pcie-4")
+		agents := []*Agent{a, b, c}
+		tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+		ctx := context.Background()
+		const tries = 6
+		h := newHistory()
+		dups := 0
+		for i := range tries {
+			id := fmt.Sprintf("vm-dup-%d", i)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for k, coord := range []*Agent{a, c} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					if _, err := h.claim(ctx, k, coord, id, "NVIDIA L40S", 1); err != nil {
+						t.Logf("claim %s through %s: %v", id, coord.cfg.NodeName, err)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			var on []string
+			for _, x := range agents {
+				if cl, err := x.ledger.Get(id); err == nil && cl.State == ledger.StateCommitted {
+					on = append(on, x.cfg.NodeName)
 				}
-			}()
-		}
-		close(start)
-		wg.Wait()
-		var on []string
-		for _, x := range agents {
-			if cl, err := x.ledger.Get(id); err == nil && cl.State == ledger.StateCommitted {
-				on = append(on, x.cfg.NodeName)
+			}
+			if len(on) > 1 {
+				dups++
+				t.Errorf("BUG: claim %s asked at once through a and c is committed on %v", id, on)
 			}
 		}
-		if len(on) > 1 {
-			dups++
-			t.Errorf("BUG: claim %s asked at once through a and c is committed on %v", id, on)
-		}
-	}
-	t.Logf("%d concurrent duplicate claims, %d committed on more than one server", tries, dups)
-	checkInvariants(t, agents...)
-	h.resolve(agents...)
-	h.checkLinearizable(t)
+		t.Logf("%d concurrent duplicate claims, %d committed on more than one server", tries, dups)
+		checkInvariants(t, agents...)
+		h.resolve(agents...)
+		h.checkLinearizable(t)
+	})
 }
 
 func sameGPUs(x, y api.Claim) bool {

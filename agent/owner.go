@@ -123,6 +123,7 @@ func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
 	}
 	a.rec.Reservation("committed")
 	a.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
+	a.dirNote(id, api.DirOpHeld)
 	a.changed()
 	return a.claimView(c), nil
 }
@@ -141,6 +142,7 @@ func (a *Agent) Abort(ctx context.Context, id string) (api.Claim, error) {
 		a.rec.Reservation("aborted")
 	} else {
 		a.rec.Reservation("released")
+		a.dirNote(id, api.DirOpGone)
 	}
 	a.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock := a.locks.lock(c.GPUs...)

@@ -9,6 +9,7 @@ type Recorder interface {
 	Reservation(outcome string)
 	VFIOOperation(op string, d time.Duration, err error)
 	XID(pciAddress, model string, xid uint64)
+	ClaimLookup(path string)
 }
 
 type nopRecorder struct{}
@@ -17,3 +18,4 @@ func (nopRecorder) ClaimDone(string, time.Duration)            {}
 func (nopRecorder) Reservation(string)                         {}
 func (nopRecorder) VFIOOperation(string, time.Duration, error) {}
 func (nopRecorder) XID(string, string, uint64)                 {}
+func (nopRecorder) ClaimLookup(string)                         {}

@@ -62,6 +62,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			}
 			c.joined.Store(true)
 		}()
+		go a.dirWorker(ctx)
 		c.publish()
 	}
 	a.ready.Store(true)

@@ -18,6 +18,7 @@ type Summary struct {
 	Drained      bool            // whole server cordoned: no new claims there
 	Leaving      bool            // a graceful leave is under way (set by Cluster.Leave)
 	Revision     uint64          // owner's ledger revision: a newer one wins
+	Boot         uint64          // random per agent run: a restart behind the same name shows as a new boot
 	Models       []ModelCapacity // per model, sorted by name when encoded
 }
 
@@ -52,6 +53,7 @@ const (
 	fieldRevision     byte = 4 // uvarint
 	fieldModel        byte = 5 // model, name stored verbatim
 	fieldModelNVIDIA  byte = 6 // model, name stored without modelPrefix
+	fieldBoot         byte = 7 // uvarint
 
 	flagDrained uint64 = 1 << 0
 	flagLeaving uint64 = 1 << 1
@@ -103,6 +105,9 @@ func (s Summary) Encode() ([]byte, error) {
 	}
 	if s.Revision != 0 {
 		b = appendTLV(b, fieldRevision, binary.AppendUvarint(nil, s.Revision))
+	}
+	if s.Boot != 0 {
+		b = appendTLV(b, fieldBoot, binary.AppendUvarint(nil, s.Boot))
 	}
 	var v []byte
 	for _, m := range models {
@@ -232,6 +237,12 @@ func (s *Summary) decodeField(typ byte, v []byte) error {
 			return fmt.Errorf("gossip: capacity summary revision: %w", err)
 		}
 		s.Revision = rev
+	case fieldBoot:
+		boot, err := fullUvarint(v)
+		if err != nil {
+			return fmt.Errorf("gossip: capacity summary boot: %w", err)
+		}
+		s.Boot = boot
 	case fieldModel, fieldModelNVIDIA:
 		m, err := decodeModel(v, typ == fieldModelNVIDIA)
 		if err != nil {

@@ -20,6 +20,7 @@ func largeSummary() Summary {
 		PeerAddr:     "gpu-server-0423.rack17.fra1.example.net:7443",
 		Drained:      true,
 		Revision:     1<<40 + 12345,
+		Boot:         0xfedcba9876543210,
 		Models: []ModelCapacity{
 			{Model: "NVIDIA RTX 6000 Pro", Total: 8, Free: 3, Healthy: 8},
 			{Model: "NVIDIA H100 80GB", Total: 8, Free: 8, Healthy: 7},
@@ -91,6 +92,7 @@ func genSummary(t *rapid.T) Summary {
 		Drained:      rapid.Bool().Draw(t, "drained"),
 		Leaving:      rapid.Bool().Draw(t, "leaving"),
 		Revision:     rapid.Uint64().Draw(t, "revision"),
+		Boot:         rapid.Uint64().Draw(t, "boot"),
 	}
 	for _, n := range names {
 		total := rapid.Uint16().Draw(t, "total")
@@ -229,6 +231,7 @@ func TestDecodeSummaryMalformed(t *testing.T) {
 		{"revision not a varint", []byte{v, fieldRevision, 1, 0x80}},
 		{"revision with trailing byte", []byte{v, fieldRevision, 2, 1, 1}},
 		{"revision twice", []byte{v, fieldRevision, 1, 1, fieldRevision, 1, 2}},
+		{"boot not a varint", []byte{v, fieldBoot, 1, 0x80}},
 		{"model name past end", []byte{v, fieldModel, 2, 9, 'a'}},
 		{"model without counts", []byte{v, fieldModel, 2, 1, 'a'}},
 		{"model count over uint16", []byte{v, fieldModel, 6, 1, 'a', 0x80, 0x80, 0x04, 0}},

@@ -21,6 +21,9 @@ type Recorder interface {
 	VFIOOperation(op string, d time.Duration, err error)
 	// XID records one XID error NVML reported on a GPU.
 	XID(pciAddress, model string, xid uint64)
+	// ClaimLookup records how a claim ID was looked up by this agent as
+	// coordinator (Lookup… constants).
+	ClaimLookup(path string)
 }
 
 // Claim outcomes, the values of gpuherd_claims_total's outcome label.
@@ -43,6 +46,12 @@ const (
 	ReservationAborted   = "aborted"   // taking it failed half-way and was undone
 )
 
+// Claim-ID lookups, the values of gpuherd_claim_lookups_total's path label.
+const (
+	LookupDirectory   = "directory"    // the ID's home answered for it
+	LookupEveryServer = "every_server" // the home could not vouch: every server was asked
+)
+
 // VFIO operations, the values of the op label.
 const (
 	VFIOBind    = "bind"
@@ -53,6 +62,7 @@ var (
 	claimOutcomes       = []string{ClaimGranted, ClaimNotAvailable, ClaimInvalid, ClaimConflict, ClaimBindFailed, ClaimError}
 	reservationOutcomes = []string{ReservationReserved, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted}
 	vfioOps             = []string{VFIOBind, VFIORelease}
+	lookupPaths         = []string{LookupDirectory, LookupEveryServer}
 )
 
 // events holds the metrics fed by Recorder calls.
@@ -63,6 +73,7 @@ type events struct {
 	vfioDuration  *prometheus.HistogramVec
 	vfioErrors    *prometheus.CounterVec
 	xids          *prometheus.CounterVec
+	lookups       *prometheus.CounterVec
 }
 
 func newEvents() *events {
@@ -97,6 +108,10 @@ func newEvents() *events {
 			Namespace: namespace, Name: "gpu_xid_errors_total",
 			Help: "Critical XID errors NVML reported on the GPU, by XID number.",
 		}, []string{"pci_address", "model", "xid"}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "claim_lookups_total",
+			Help: "Claim-ID lookups of claims, gets and releases coordinated by this agent: answered by the ID's home (directory) or by asking every server (every_server).",
+		}, []string{"path"}),
 	}
 	// Every known label value exists from the start at 0, so that rate()
 	// and increase() see the first event instead of a series appearing
@@ -107,6 +122,9 @@ func newEvents() *events {
 	for _, o := range reservationOutcomes {
 		e.reservations.WithLabelValues(o)
 	}
+	for _, p := range lookupPaths {
+		e.lookups.WithLabelValues(p)
+	}
 	for _, op := range vfioOps {
 		e.vfioDuration.WithLabelValues(op)
 		e.vfioErrors.WithLabelValues(op)
@@ -115,7 +133,7 @@ func newEvents() *events {
 }
 
 func (e *events) collectors() []prometheus.Collector {
-	return []prometheus.Collector{e.claims, e.claimDuration, e.reservations, e.vfioDuration, e.vfioErrors, e.xids}
+	return []prometheus.Collector{e.claims, e.claimDuration, e.reservations, e.vfioDuration, e.vfioErrors, e.xids, e.lookups}
 }
 
 // ClaimDone implements Recorder.
@@ -135,6 +153,11 @@ func (m *Metrics) VFIOOperation(op string, d time.Duration, err error) {
 	if err != nil {
 		m.events.vfioErrors.WithLabelValues(op).Inc()
 	}
+}
+
+// ClaimLookup implements Recorder.
+func (m *Metrics) ClaimLookup(path string) {
+	m.events.lookups.WithLabelValues(path).Inc()
 }
 
 // XID implements Recorder.
@@ -158,4 +181,5 @@ type nop struct{}
 func (nop) ClaimDone(string, time.Duration)            {}
 func (nop) Reservation(string)                         {}
 func (nop) VFIOOperation(string, time.Duration, error) {}
+func (nop) ClaimLookup(string)                         {}
 func (nop) XID(string, string, uint64)                 {}

@@ -30,6 +30,7 @@ var metricLabels = map[string][]string{
 	"gpuherd_claims_total":                      {"outcome"},
 	"gpuherd_claim_duration_seconds":            {},
 	"gpuherd_reservations_total":                {"outcome"},
+	"gpuherd_claim_lookups_total":               {"path"},
 	"gpuherd_vfio_operation_duration_seconds":   {"op"},
 	"gpuherd_vfio_operation_errors_total":       {"op"},
 	"gpuherd_gossip_members":                    {"state"},

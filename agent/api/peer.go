@@ -78,6 +78,9 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 		v, err := o.DeleteGroup(r.Context(), r.PathValue("name"))
 		h.reply(w, r, v, err)
 	})
+	if d, ok := o.(Directory); ok {
+		directoryRoutes(d, mux, h)
+	}
 }
 
 // PeerClient is a coordinator's connection to one owner, over HTTPS with

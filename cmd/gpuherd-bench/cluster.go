@@ -29,12 +29,21 @@ type counters struct {
 	reserved      atomic.Int64
 	committed     atomic.Int64
 	claimsDone    atomic.Int64
+	// how coordinators looked claim IDs up
+	viaDirectory, viaEveryServer atomic.Int64
 }
 
 // recorder implements agent.Recorder for every in-process agent.
 type recorder struct{ c *counters }
 
 func (r recorder) ClaimDone(string, time.Duration) { r.c.claimsDone.Add(1) }
+func (r recorder) ClaimLookup(path string) {
+	if path == "directory" {
+		r.c.viaDirectory.Add(1)
+	} else {
+		r.c.viaEveryServer.Add(1)
+	}
+}
 func (r recorder) Reservation(outcome string) {
 	switch outcome {
 	case "failed":

@@ -1,0 +1,224 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+func names(n int) []target {
+	out := make([]target, n)
+	for i := range out {
+		out[i] = target{name: fmt.Sprintf("gpu-%03d", i)}
+	}
+	return out
+}
+
+// Homes spread evenly over the servers, and a server leaving moves only
+// the IDs it was home for.
+func TestDirectoryHomesSpreadAndStay(t *testing.T) {
+	const servers, ids = 50, 20000
+	all := names(servers)
+	count := map[string]int{}
+	home := map[string]string{}
+	for i := range ids {
+		id := fmt.Sprintf("vm-%d", i)
+		h := homeOf(id, all).name
+		count[h]++
+		home[id] = h
+	}
+	mean := ids / servers
+	for _, tg := range all {
+		if n := count[tg.name]; n < mean*7/10 || n > mean*13/10 {
+			t.Errorf("%s is home for %d IDs; the mean is %d", tg.name, n, mean)
+		}
+	}
+	gone := all[7].name
+	rest := append(append([]target{}, all[:7]...), all[8:]...)
+	moved := 0
+	for id, h := range home {
+		nh := homeOf(id, rest).name
+		switch {
+		case h != gone && nh != h:
+			t.Fatalf("%s moved from %s to %s although only %s left", id, h, nh, gone)
+		case h == gone:
+			moved++
+		}
+	}
+	if moved != count[gone] {
+		t.Errorf("%d IDs moved, %d were homed on %s", moved, count[gone], gone)
+	}
+}
+
+// The home's record of one ID through its life: an intent, the owner's
+// report, a release; a second coordinator sees the first one's intent; a
+// stale intent is unsure, never "absent".
+func TestDirectoryEntries(t *testing.T) {
+	d := newDirectory(time.Unix(0, 0))
+	now := time.Unix(100, 0)
+	const ttl = time.Minute
+	if _, ok := d.answer("vm-1", now, ttl); ok {
+		t.Fatal("an empty directory answered")
+	}
+	d.entries["vm-1"] = &dirEntry{coordinator: "a", since: now}
+	if ans, _ := d.answer("vm-1", now.Add(time.Second), ttl); ans.State != api.DirPending || ans.Coordinator != "a" {
+		t.Errorf("during a's placement: %+v", ans)
+	}
+	if ans, _ := d.answer("vm-1", now.Add(2*ttl), ttl); ans.State != api.DirUnsure {
+		t.Errorf("an intent older than its TTL: %+v, want unsure", ans)
+	}
+	// Another coordinator's abandon does not drop a's intent.
+	d.apply("b", api.DirOp{ID: "vm-1", Op: api.DirOpAbandon}, now)
+	if d.entries["vm-1"] == nil {
+		t.Fatal("b's abandon dropped a's intent")
+	}
+	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
+	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now) // a resync
+	if ans, _ := d.answer("vm-1", now.Add(2*ttl), ttl); ans.State != api.DirHeld || len(ans.Owners) != 1 || ans.Owners[0] != "owner-1" {
+		t.Errorf("after the commit: %+v", ans)
+	}
+	// A move: the new owner reports before the old one's release arrives.
+	d.apply("owner-2", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
+	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
+	if ans, _ := d.answer("vm-1", now, ttl); ans.State != api.DirHeld || len(ans.Owners) != 1 || ans.Owners[0] != "owner-2" {
+		t.Errorf("after a move: %+v", ans)
+	}
+	d.apply("owner-2", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
+	if _, ok := d.answer("vm-1", now, ttl); ok {
+		t.Errorf("released claim still has an entry: %+v", d.entries["vm-1"])
+	}
+	// A coordinator that placed nothing drops its own intent.
+	d.entries["vm-2"] = &dirEntry{coordinator: "a", since: now}
+	d.apply("a", api.DirOp{ID: "vm-2", Op: api.DirOpAbandon}, now)
+	if _, ok := d.answer("vm-2", now, ttl); ok {
+		t.Error("an abandoned intent stayed")
+	}
+}
+
+// Bad notifications are refused whole, naming what is wrong.
+func TestDirectoryRejectsBadUpdates(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "l40s-4")
+	ctx := context.Background()
+	for _, u := range []api.DirUpdate{
+		{From: "", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}}},
+		{From: "b c", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}}},
+		{From: "b", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}, {ID: "../x", Op: api.DirOpHeld}}},
+		{From: "b", Ops: []api.DirOp{{ID: "vm-1", Op: "steal"}}},
+		{From: "b", Ops: make([]api.DirOp, api.MaxDirUpdateIDs+1)},
+	} {
+		if err := a.UpdateDirectory(ctx, u); !isCode(err, api.CodeInvalid) {
+			t.Errorf("update %+v: %v, want invalid", u.From, err)
+		}
+	}
+	if len(a.dir.entries) != 0 {
+		t.Errorf("a refused update changed the directory: %v", a.dir.entries)
+	}
+}
+
+// With the directory vouching, a claim, a get and a release need only the
+// ID's home and the owner: they work while another server's peer API does
+// not answer (asking every server would give "retry later"), and a claim
+// that does not exist is "not found" at once, not "retry later".
+func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	a := tc.start("a", "dgx-h100")
+	b := tc.start("b", "l40s-4")
+	c := tc.start("c", "dgx-h100")
+	d := tc.start("d", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool {
+		return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 && freeOf(x, "NVIDIA H100 80GB") == 16
+	})
+	ctx := context.Background()
+	// An ID whose home is neither d (about to go quiet) nor b (the owner).
+	var id string
+	var home *Agent
+	for i := 0; ; i++ {
+		id = fmt.Sprintf("vm-%d", i)
+		if h := homeOf(id, a.targets()).name; h == "a" || h == "c" {
+			home = tc.agents[h]
+			break
+		}
+	}
+	d.cluster.server.Close() // d stays in gossip, its peer API is gone
+
+	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if err != nil || cl.Node != "b" {
+		t.Fatalf("claim %s: %+v, %v", id, cl, err)
+	}
+	waitFor(t, "the home to learn where "+id+" is", 5*time.Second, func() bool {
+		ans, err := home.LookupDirectory(ctx, id)
+		return err == nil && ans.State == api.DirHeld && len(ans.Owners) == 1 && ans.Owners[0] == "b"
+	})
+	if got, err := c.Get(ctx, id); err != nil || got.Node != "b" {
+		t.Fatalf("get through c with d silent: %+v, %v", got, err)
+	}
+	// A retry through another coordinator returns the same claim.
+	if again, err := c.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}}); err != nil || !sameGPUs(again, cl) {
+		t.Fatalf("retry through c: %+v, %v; want %v", again, err, gpuList(cl))
+	}
+	if _, err := c.Release(ctx, id); err != nil {
+		t.Fatalf("release through c with d silent: %v", err)
+	}
+	waitFor(t, "the home to forget "+id, 5*time.Second, func() bool {
+		ans, err := home.LookupDirectory(ctx, id)
+		return err == nil && ans.State == api.DirAbsent
+	})
+	if _, err := a.Get(ctx, id); !isCode(err, api.CodeNotFound) {
+		t.Fatalf("get of the released claim with d silent: %v, want not_found", err)
+	}
+	if free := localFree(b, "NVIDIA L40S"); free != 4 {
+		t.Errorf("b has %d L40S free after the release, want 4", free)
+	}
+}
+
+// A home that restarts has forgotten everything: it must not vouch that a
+// held claim is absent. It stays unsure until directory_settle has passed,
+// by which time the owners have sent it their claims again.
+func TestClusterDirectoryHomeRestarts(t *testing.T) {
+	tc := newTestCluster(t)
+	const settle = 3 * time.Second
+	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
+	a := tc.start("a", "a100-pcie-4")
+	b := tc.start("b", "l40s-4")
+	tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	ctx := context.Background()
+	var id string
+	for i := 0; ; i++ {
+		id = fmt.Sprintf("vm-%d", i)
+		if homeOf(id, a.targets()).name == "c" {
+			break
+		}
+	}
+	if _, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	tc.stop("c")
+	c := tc.start("c", "a100-pcie-4")
+	var answers []string
+	waitFor(t, "the restarted home to learn about "+id, 4*settle, func() bool {
+		ans, err := c.LookupDirectory(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(answers) == 0 || answers[len(answers)-1] != ans.State {
+			answers = append(answers, ans.State)
+		}
+		return ans.State == api.DirHeld
+	})
+	t.Logf("the restarted home answered, in turn: %v", answers)
+	for _, s := range answers {
+		if s == api.DirAbsent {
+			t.Fatalf("the restarted home said %s is absent while b holds it (answers %v)", id, answers)
+		}
+	}
+	if got, err := a.Get(ctx, id); err != nil || got.Node != "b" {
+		t.Fatalf("get after the home restarted: %+v, %v", got, err)
+	}
+	_ = b
+}
