@@ -246,3 +246,4 @@ func (b brokenOwner) LookupDirectory(context.Context, string) (api.DirAnswer, er
 	return api.DirAnswer{}, b.err
 }
 func (b brokenOwner) UpdateDirectory(context.Context, api.DirUpdate) error { return b.err }
+func (b brokenOwner) Capacity(context.Context) (api.Capacity, error)       { return api.Capacity{}, b.err }

@@ -375,3 +375,34 @@ func TestClusterReleaseWhileOwnerUnreachable(t *testing.T) {
 		t.Fatalf("release once b answers again: %v", err)
 	}
 }
+
+// A view that says "full" where the owner has room: before answering "not
+// available" the coordinator reads the capacity of the servers that could
+// hold the request, and places the claim.
+func TestClusterStaleFullViewIsRechecked(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "a100-pcie-4")
+	b := tc.start("b", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-all", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("b full", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 0 })
+	// b frees its GPUs in its ledger without telling gossip.
+	if _, err := b.ledger.Release("vm-all", b.now()); err != nil {
+		t.Fatal(err)
+	}
+	if free := freeOf(a, "NVIDIA L40S"); free != 0 {
+		t.Fatalf("a's view: %d L40S free, want the stale 0", free)
+	}
+	got, err := a.Claim(ctx, "vm-2", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	if err != nil || got.Node != "b" {
+		t.Fatalf("claim with a stale full view: %+v, %v; want it on b", got, err)
+	}
+	// Really full: still "not available", naming what is missing.
+	_, err = a.Claim(ctx, "vm-3", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 3}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || e.Message != "The following GPUs are not available: 3x NVIDIA L40S" {
+		t.Fatalf("3 L40S with 2 free: %+v", e)
+	}
+}

@@ -173,36 +173,88 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 	if len(ranked) > maxOwnerRetries {
 		ranked = ranked[:maxOwnerRetries]
 	}
-	var lastErr error // the last failure that was not a plain "no"
-	refused := 0
-	for i, name := range ranked {
-		c, err := a.tryOwner(ctx, byName[name], id, rr)
-		if err == nil {
-			if i > 0 {
-				a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", i+1)
+	var (
+		lastErr error // the last failure that was not a plain "no"
+		refused int
+		tried   []string
+	)
+	for round := 0; round < 2; round++ {
+		if round == 1 {
+			// The view says nothing (more) fits; it may be stale. Before
+			// answering "not available", read the capacity of every server
+			// that could hold the request, and try again on the fresh figures.
+			servers = a.freshen(ctx, targets, servers, want)
+			ranked = slices.DeleteFunc(placement.Rank(servers, want, prefer, a.rnd()), func(n string) bool { return slices.Contains(tried, n) })
+			if len(ranked) > maxOwnerRetries {
+				ranked = ranked[:maxOwnerRetries]
 			}
-			if !settle {
-				return c, nil
+		}
+		for _, name := range ranked {
+			c, err := a.tryOwner(ctx, byName[name], id, rr)
+			if err == nil {
+				if len(tried) > 0 {
+					a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", len(tried)+1)
+				}
+				if !settle {
+					return c, nil
+				}
+				return a.settle(ctx, id, c, byName[name], tried)
 			}
-			return a.settle(ctx, id, c, byName[name], ranked[:i])
+			tried = append(tried, name)
+			if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+				return api.Claim{}, err
+			}
+			if isCode(err, api.CodeNotAvailable) {
+				refused++
+			} else {
+				lastErr = fmt.Errorf("%s: %w", name, err)
+			}
+			a.log.Debug("owner could not take the claim; next candidate", "claim", id, "node", name, "err", err)
 		}
-		if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
-			return api.Claim{}, err
+		if lastErr != nil && refused == 0 {
+			break
 		}
-		if isCode(err, api.CodeNotAvailable) {
-			refused++
-		} else {
-			lastErr = fmt.Errorf("%s: %w", name, err)
-		}
-		a.log.Debug("owner could not take the claim; next candidate", "claim", id, "node", name, "err", err)
 	}
-	if len(ranked) > 0 && refused == 0 {
+	if len(tried) > 0 && refused == 0 {
 		// Every server that should fit failed rather than said no (a full
 		// disk, a broken owner): "not available" would hide why.
 		return api.Claim{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", id, lastErr)}
 	}
 	return api.Claim{}, a.notAvailable(rr.Items, servers)
+}
+
+// freshen returns servers with the free counts read now from every server
+// that, by its gossiped totals, could hold want; the others keep their view.
+// A server that does not answer keeps its view too.
+func (a *Agent) freshen(ctx context.Context, targets []target, servers []placement.Server, want []placement.Want) []placement.Server {
+	out := slices.Clone(servers)
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		fits := true
+		for _, w := range want {
+			if t.caps[w.Model].Healthy < w.Count {
+				fits = false
+			}
+		}
+		cr, ok := t.owner.(api.CapacityReader)
+		if !fits || !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			capa, err := cr.Capacity(cctx)
+			if err != nil {
+				return
+			}
+			out[i] = placement.Server{Name: t.name, Free: capa.Free, Drained: capa.Drained}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // throughHome places a claim through its ID's home (see directory.go). It

@@ -63,6 +63,19 @@ const (
 // MaxDirUpdateIDs bounds the IDs of one DirUpdate.
 const MaxDirUpdateIDs = 4096
 
+// Capacity is one server's free GPUs per model, read from its ledger at the
+// moment of the call: fresher than gossip.
+type Capacity struct {
+	Free    map[string]int `json:"free"`
+	Drained bool           `json:"drained,omitempty"`
+}
+
+// CapacityReader reads a server's capacity. A coordinator about to answer
+// "not available" from its gossip view asks the servers directly first.
+type CapacityReader interface {
+	Capacity(ctx context.Context) (Capacity, error)
+}
+
 // Directory is the claim-ID directory a server keeps for the IDs homed on it.
 type Directory interface {
 	BeginClaim(ctx context.Context, id string, req DirBegin) (DirAnswer, error)
@@ -85,6 +98,12 @@ func directoryRoutes(d Directory, mux *http.ServeMux, h *handler) {
 		v, err := d.LookupDirectory(r.Context(), r.PathValue("id"))
 		h.reply(w, r, v, err)
 	})
+	if c, ok := d.(CapacityReader); ok {
+		mux.HandleFunc("GET /"+Version+"/peer/capacity", func(w http.ResponseWriter, r *http.Request) {
+			v, err := c.Capacity(r.Context())
+			h.reply(w, r, v, err)
+		})
+	}
 	mux.HandleFunc("POST "+p, func(w http.ResponseWriter, r *http.Request) {
 		var u DirUpdate
 		if err := decode(w, r, &u); err != nil {
@@ -108,6 +127,14 @@ func (p *PeerClient) BeginClaim(ctx context.Context, id string, req DirBegin) (D
 func (p *PeerClient) LookupDirectory(ctx context.Context, id string) (DirAnswer, error) {
 	var v DirAnswer
 	return v, p.c.do(ctx, http.MethodGet, "/peer/directory/"+segment(id), nil, &v)
+}
+
+var _ CapacityReader = (*PeerClient)(nil)
+
+// Capacity reads the server's free GPUs now.
+func (p *PeerClient) Capacity(ctx context.Context) (Capacity, error) {
+	var v Capacity
+	return v, p.c.do(ctx, http.MethodGet, "/peer/capacity", nil, &v)
 }
 
 // UpdateDirectory tells a home where claims are.

@@ -165,7 +165,9 @@ type sizeResult struct {
 	converge     time.Duration
 	seqAgent     durations // Agent.Claim, unloaded
 	seqView      durations // bench coordinator, no ID lookup, unloaded
-	lookup       durations // Agent.Get of an unknown ID: the lookup fan-out alone
+	lookup       durations // Agent.Get of an unknown ID: the claim-ID lookup alone
+	viaDirectory int64     // claim-ID lookups the IDs' homes answered, over the Agent.Claim phases
+	viaEvery     int64     // claim-ID lookups that asked every server
 	tput         float64
 	tputLat      durations
 	tputErr      int
@@ -305,6 +307,13 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	}
 	progress("warming the connections: every agent looks a claim up on every other")
 	warm(c, va, mesh)
+	if mesh {
+		progress("waiting for the claim directory to vouch (directory_settle after the last join)")
+		if err := waitDirectory(c, 60*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	dir0, every0 := c.ctr.viaDirectory.Load(), c.ctr.viaEveryServer.Load()
 	progress("unloaded latency: %d claims through the agents, then the bench coordinator", o.seq)
 	for i := range o.seq {
 		if !mesh {
@@ -390,6 +399,7 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 		}
 	}
 
+	r.viaDirectory, r.viaEvery = c.ctr.viaDirectory.Load()-dir0, c.ctr.viaEveryServer.Load()-every0
 	if n == o.focus {
 		runEtcd(o, c, r, capa, models)
 	}
@@ -457,9 +467,9 @@ func runEtcd(o options, c *cluster, r *sizeResult, capa capacity, models []strin
 }
 
 // warm opens the connections a running platform keeps open: each agent's
-// to every other (a lookup of an unknown claim fans out to all), and the
-// bench coordinator's to every owner. Without it the first claims through
-// each agent pay up to N−1 TLS handshakes.
+// to every other (listing the claims asks every server), and the bench
+// coordinator's to every owner. Without it the first claims through each
+// agent pay up to N−1 TLS handshakes.
 func warm(c *cluster, va *viewAlloc, agents bool) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -471,7 +481,7 @@ func warm(c *cluster, va *viewAlloc, agents bool) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			if agents {
-				_, _ = nd.a.Get(ctx, "warm-up")
+				_, _ = nd.a.Claims(ctx)
 			}
 			if pc, err := va.client(nd.name); err == nil {
 				_, _ = pc.Lookup(ctx, "warm-up")
@@ -479,6 +489,30 @@ func warm(c *cluster, va *viewAlloc, agents bool) {
 		}()
 	}
 	wg.Wait()
+}
+
+// waitDirectory waits until the claim directory answers lookups: the
+// agents' homes vouch once the membership has been steady for
+// directory_settle. A get of an unknown ID through each agent in turn
+// counts as a directory lookup once its home vouches.
+func waitDirectory(c *cluster, limit time.Duration) error {
+	ctx := context.Background()
+	start := time.Now()
+	for i := 0; ; i++ {
+		before := c.ctr.viaDirectory.Load()
+		nd := c.nodes[i%len(c.nodes)]
+		if _, err := nd.a.Get(ctx, fmt.Sprintf("settle-%d", i)); err != nil && !isNotFound(err) {
+			return fmt.Errorf("waiting for the claim directory: %w", err)
+		}
+		if c.ctr.viaDirectory.Load() > before {
+			progress("  the directory answered after %v", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if time.Since(start) > limit {
+			return fmt.Errorf("the claim directory did not vouch within %v", limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // meshFits reports whether n in-process agents that all talk to each other
