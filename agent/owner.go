@@ -57,7 +57,7 @@ func (a *Agent) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		// Binding can take seconds per card: before each card, renew the
 		// lease once a quarter of it has gone, so every bind starts with at
 		// least three quarters left. Fast binds (cards already on vfio-pci)
-		// cost no extra fsync.
+		// renew nothing.
 		if fresh && a.now().Sub(extended) > lease/4 {
 			if _, err := a.ledger.Extend(id, a.now(), lease); err != nil {
 				return ledger.Claim{}, err

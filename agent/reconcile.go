@@ -1,32 +1,22 @@
 package agent
 
-import (
-	"context"
-	"errors"
-	"fmt"
-
-	"github.com/gpuherd/gpuherd/agent/ledger"
-)
+import "context"
 
 // reconcile makes the machine agree with the ledger, as after a crash or a
-// reboot: reservations are dropped, every GPU of a committed claim is on
-// vfio-pci, and free GPUs follow the idle policy. Every change is logged.
+// reboot: every GPU of a committed claim is on vfio-pci, and free GPUs
+// follow the idle policy. Every change is logged.
 //
-// No reservation survives a restart, expired or not: its lease was written
-// on the clock of the previous run (a clock stepped back since would stretch
-// it), and its coordinator has already seen this agent fail — a commit now
-// finds nothing and the coordinator moves on, so nothing is lost.
+// No reservation survives a restart, expired or not, and the ledger sees to
+// it: reservations live in its memory only, and Open removes any that a
+// file written by an older gpuherd still holds. That is by design: a lease
+// was given on the clock of the previous run (a clock stepped back since
+// would stretch it), and its coordinator has already seen this agent fail —
+// a commit now finds nothing and the coordinator moves on, so nothing is
+// lost. The GPUs such a reservation held are free here and go to the idle
+// driver like any other free GPU.
 func (a *Agent) reconcile(ctx context.Context) error {
-	dropped := 0
-	for _, c := range a.ledger.List() {
-		if c.State != ledger.StateReserved {
-			continue
-		}
-		if _, err := a.ledger.Release(c.ID, a.now()); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-			return fmt.Errorf("reconcile: dropping reservation %s: %w", c.ID, err)
-		}
-		dropped++
-		a.log.Warn("reconcile: dropped a reservation left by the previous run", "claim", c.ID, "coordinator", c.Coordinator,
+	for _, c := range a.ledger.DroppedAtOpen() {
+		a.log.Warn("reconcile: dropped a reservation an older gpuherd left in the ledger file", "claim", c.ID, "coordinator", c.Coordinator,
 			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.now()))
 	}
 	claims := a.ledger.List()
@@ -55,6 +45,6 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	unlock := a.locks.lock(free...)
 	a.toIdleLocked(ctx, "reconcile: idle driver", free, "")
 	unlock()
-	a.log.Info("reconciled", "claims", len(claims), "reservations_dropped", dropped, "free", len(free), "idle_driver", string(a.policy))
+	a.log.Info("reconciled", "claims", len(claims), "free", len(free), "idle_driver", string(a.policy))
 	return nil
 }

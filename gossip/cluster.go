@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +47,11 @@ type Cluster struct {
 	view    *view
 	ml      *memberlist.Memberlist
 	pub     *publisher
+	// selfIP and selfPort are the advertised gossip address, read once at
+	// start: memberlist's LocalNode returns its live record, which it
+	// rewrites on every UpdateNode without a lock the caller could take.
+	selfIP   net.IP
+	selfPort uint16
 
 	metaMu sync.Mutex
 	meta   []byte // encoded summary NodeMeta hands to memberlist
@@ -139,6 +147,8 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 		return nil, fmt.Errorf("gossip: start memberlist on %s:%d: %w", mc.BindAddr, cfg.BindPort, err)
 	}
 	c.ml = ml
+	self := ml.LocalNode()
+	c.selfIP, c.selfPort = slices.Clone(self.Addr), self.Port
 	c.pub = startPublisher(c, mc.GossipInterval, log)
 	log.Info("gossip started", "node", mc.Name, "addr", c.LocalAddr(), "encrypted", c.keyring != nil)
 	return c, nil
@@ -172,7 +182,7 @@ func (c *Cluster) HealthScore() int {
 
 // LocalAddr returns the ip:port this agent advertises for gossip.
 func (c *Cluster) LocalAddr() string {
-	return c.ml.LocalNode().Address()
+	return net.JoinHostPort(c.selfIP.String(), strconv.Itoa(int(c.selfPort)))
 }
 
 // Leave announces a graceful departure and waits up to timeout for it to go

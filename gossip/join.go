@@ -65,15 +65,14 @@ func jitter(d time.Duration) time.Duration {
 
 // otherSeeds drops seeds that are this agent's own gossip address.
 func (c *Cluster) otherSeeds() []string {
-	self := c.ml.LocalNode()
-	selfPort := strconv.Itoa(int(self.Port))
+	selfPort := strconv.Itoa(int(c.selfPort))
 	var out []string
 	for _, s := range c.seeds {
 		host, port, err := net.SplitHostPort(s)
 		if err != nil {
 			host, port = s, selfPort // memberlist's default port is our own
 		}
-		if ip := net.ParseIP(host); ip != nil && ip.Equal(self.Addr) && port == selfPort {
+		if ip := net.ParseIP(host); ip != nil && ip.Equal(c.selfIP) && port == selfPort {
 			continue
 		}
 		out = append(out, s)

@@ -20,7 +20,7 @@ type Report struct {
 	Size     int64            `json:"size_bytes"`
 	Schema   int              `json:"schema"`
 	Revision uint64           `json:"revision"`
-	Claims   []Claim          `json:"claims"`
+	Claims   []Claim          `json:"claims"` // as the file holds them: an older gpuherd's file may hold reservations, which Open removes
 	Drains   map[string]Drain `json:"drains"`
 	Facts    int              `json:"facts"` // GPUs with cached NVML facts
 }
@@ -34,10 +34,11 @@ type Drain struct {
 
 // Inspect opens the ledger file at path read-only, runs bbolt's page check
 // and reads every record exactly as Open would, and reports what it holds.
-// It never writes to the file. It fails with the same errors as Open (a
-// *CorruptError naming the record, ErrSchemaTooNew), and with ErrLocked
-// while an agent holds the file: stop it first, or back the ledger up
-// through the agent.
+// It never writes to the file, so unlike Open it reports, rather than
+// removes, the reservations a file written by an older gpuherd may hold.
+// It fails with the same errors as Open (a *CorruptError naming the record,
+// ErrSchemaTooNew), and with ErrLocked while an agent holds the file: stop
+// it first, or back the ledger up through the agent.
 func Inspect(path string, lockTimeout time.Duration) (Report, error) {
 	if lockTimeout <= 0 {
 		lockTimeout = DefaultLockTimeout

@@ -13,8 +13,11 @@ import (
 )
 
 // Reserve takes GPUs for claim id for lease, on behalf of coordinator ("" when
-// local), in one transaction: it checks what is free and writes the
-// reservation, fsynced, or writes nothing.
+// local), in one step under the ledger's write lock: it checks what is free
+// (GPUs in committed claims and in live reservations are not) and records
+// the reservation, or records nothing. The reservation lives in memory only:
+// Reserve writes no file and costs no fsync, and a reservation does not
+// survive Close (see Open); only Commit makes the claim durable.
 //
 // A GPU is free when it is in the inventory, healthy, not drained and in no
 // live claim; a reservation whose ExpiresAt is at or before now is not live.
@@ -97,10 +100,13 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 }
 
 // Commit turns the live reservation id into a committed claim, which holds
-// its GPUs until Release. Committing a committed claim returns it unchanged,
-// so a coordinator may retry. A reservation whose lease has passed is
-// dropped and fails with ErrLeaseExpired: its GPUs may already be promised
-// elsewhere, so it must never be committed. Unknown id: ErrNotFound.
+// its GPUs until Release: the claim is written to the file and fsynced
+// before Commit returns, and survives a restart. Committing a committed
+// claim returns it unchanged, writing nothing, so a coordinator may retry.
+// A reservation whose lease has passed is dropped (in memory, no write) and
+// fails with ErrLeaseExpired: its GPUs may already be promised elsewhere, so
+// it must never be committed. Unknown id: ErrNotFound; after a restart that
+// includes every reservation the previous run held.
 func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 	now = now.UTC()
 	var out Claim
@@ -138,7 +144,8 @@ func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 // It never shortens a lease, so a delayed retry of an older Extend is
 // harmless. A committed claim has no lease and is returned unchanged. An
 // expired reservation is dropped and fails with ErrLeaseExpired; unknown id:
-// ErrNotFound.
+// ErrNotFound. Like the reservation itself, the new lease is kept in memory
+// only: Extend writes no file.
 func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, error) {
 	if err := validateLease(lease); err != nil {
 		return Claim{}, err
@@ -178,10 +185,11 @@ func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, e
 }
 
 // Release removes claim id, reserved or committed, and returns what it was;
-// its GPUs are free once the call returns. Unknown id: ErrNotFound, which
-// callers treat as success (the claim is gone either way). A reservation
-// whose lease has already passed held nothing anymore: it is removed and
-// reported as ErrNotFound too.
+// its GPUs are free once the call returns. Releasing a committed claim
+// deletes it from the file (fsynced); releasing a reservation writes
+// nothing. Unknown id: ErrNotFound, which callers treat as success (the
+// claim is gone either way). A reservation whose lease has already passed
+// held nothing anymore: it is removed and reported as ErrNotFound too.
 func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
 	now = now.UTC()
 	var out Claim
@@ -207,12 +215,14 @@ func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
 
 // Expire removes every reservation whose lease has passed at now and
 // returns them sorted by ID. The agent calls it periodically so that the
-// file, the revision and the published capacity catch up with time; the
-// claims it removes were already not live.
+// claim list, the revision and the published capacity catch up with time;
+// the claims it removes were already not live. Reservations are in memory
+// only, so Expire writes no file.
 func (l *Ledger) Expire(now time.Time) ([]Claim, error) {
 	now = now.UTC()
 	var out []Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		out = nil
 		for _, id := range slices.Sorted(maps.Keys(st.claims)) {
 			rec := st.claims[id]
 			if rec.Live(now) {

@@ -275,9 +275,12 @@ func TestCreateOnFullDisk(t *testing.T) {
 	}
 }
 
-// TestWriteOnFullDisk fills the disk under an open ledger, then writes
-// until a write fails. The failed write changes nothing, in memory or on
-// disk; once space is freed the ledger carries on.
+// TestWriteOnFullDisk fills the disk under an open ledger, then claims
+// until a write fails. Reserving writes no file, so it is a Commit or a
+// Release of a committed claim that fails. The failed write changes
+// nothing, in memory (reservations included) or on disk; once space is freed
+// the ledger carries on, and the reservation whose Commit failed can still
+// be committed.
 func TestWriteOnFullDisk(t *testing.T) {
 	dir := testdisk.Mount(t, 512<<10)
 	path := filepath.Join(dir, "ledger.db")
@@ -290,45 +293,63 @@ func TestWriteOnFullDisk(t *testing.T) {
 	for i := range MaxLabels {
 		labels[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", MaxLabelValueLen)
 	}
-	var failed error
+	var (
+		failed   error
+		failedOn string
+		id       string
+	)
 	for i := 0; failed == nil && i < 1000; i++ {
-		id := fmt.Sprintf("vm-%d", i)
-		rev, before := l.Revision(), l.List()
-		_, failed = l.Reserve(id, Request{Items: []Item{{h100, 1}}, Labels: labels}, "c", t0, lease)
-		if failed == nil {
-			rev, before = l.Revision(), l.List()
-			_, failed = l.Commit(id, t0)
+		id = fmt.Sprintf("vm-%d", i)
+		if _, err := l.Reserve(id, Request{Items: []Item{{h100, 1}}, Labels: labels}, "c", t0, lease); err != nil {
+			t.Fatalf("Reserve %d on a full disk: %v; a reservation writes no file", i, err)
 		}
+		// Another live reservation, that the failed write must keep.
+		if _, err := l.Reserve("bystander", req(Item{l40s, 1}), "c", t0, lease); err != nil {
+			t.Fatal(err)
+		}
+		rev, before, free := l.Revision(), l.List(), l.Free(t0)
+		failedOn = "Commit"
+		_, failed = l.Commit(id, t0)
 		if failed == nil && i%2 == 0 {
-			rev, before = l.Revision(), l.List()
+			rev, before, free = l.Revision(), l.List(), l.Free(t0)
+			failedOn = "Release"
 			_, failed = l.Release(id, t0)
 		}
 		if failed != nil {
 			if !errors.Is(failed, syscall.ENOSPC) || !strings.Contains(failed.Error(), path) || !strings.Contains(failed.Error(), "not acknowledged") {
-				t.Fatalf("write %d on a full disk: %v, want ENOSPC naming the ledger", i, failed)
+				t.Fatalf("%s %d on a full disk: %v, want ENOSPC naming the ledger", failedOn, i, failed)
 			}
-			if l.Revision() != rev || !reflect.DeepEqual(l.List(), before) {
-				t.Fatalf("a failed write changed the ledger: revision %d → %d", rev, l.Revision())
+			if l.Revision() != rev || !reflect.DeepEqual(l.List(), before) || !reflect.DeepEqual(l.Free(t0), free) {
+				t.Fatalf("a failed %s changed the ledger: revision %d → %d", failedOn, rev, l.Revision())
 			}
 		}
 	}
 	if failed == nil {
 		t.Fatal("no write failed on a full disk")
 	}
-	want := l.List()
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
+	}
+	if failedOn == "Commit" {
+		if c, err := l.Commit(id, t0); err != nil || c.State != StateCommitted {
+			t.Fatalf("Commit of %s once space is back = %+v, %v", id, c, err)
+		}
+	} else if _, err := l.Release(id, t0); err != nil {
+		t.Fatalf("Release of %s once space is back: %v", id, err)
+	}
+	var want []Claim
+	for _, c := range l.List() {
+		if c.State == StateCommitted {
+			want = append(want, c)
+		}
 	}
 	if _, err := l.Reserve("after", req(Item{l40s, 1}), "c", t0, lease); err != nil {
 		t.Fatalf("Reserve once space is back: %v", err)
 	}
-	if _, err := l.Release("after", t0); err != nil {
-		t.Fatal(err)
-	}
 	l.Close()
 	r := openAt(t, path)
 	if got := r.List(); !reflect.DeepEqual(got, want) {
-		t.Fatalf("after reopen: %d claims, want %d as before the failed write", len(got), len(want))
+		t.Fatalf("after reopen: %d claims, want the %d committed before", len(got), len(want))
 	}
 }
 

@@ -199,7 +199,9 @@ func checkPages(tx *bolt.Tx, path string) error {
 }
 
 // Backup writes a consistent copy of the whole ledger file to w, as of the
-// last committed write, and returns its size. Writers are not blocked.
+// last committed write, and returns its size. Writers are not blocked. The
+// copy holds the committed claims and drains; reservations, which live in
+// memory only, are not in it.
 func (l *Ledger) Backup(w io.Writer) (int64, error) {
 	var n int64
 	err := l.db.View(func(tx *bolt.Tx) error {

@@ -67,7 +67,8 @@ func ValidateAddress(addr string) error {
 // inventory calls it at start and on every change (a card appears or
 // vanishes, health changes). It is not the truth about claims: a claim on a
 // GPU that is no longer listed keeps it (see Orphans). An unchanged list is
-// a no-op; a changed one bumps the revision.
+// a no-op; a changed one bumps the revision. The inventory lives in memory
+// only: SetInventory writes no file.
 func (l *Ledger) SetInventory(gpus []GPU) error {
 	inv := make(map[string]GPU, len(gpus))
 	for i, g := range gpus {

@@ -1,10 +1,18 @@
 // Package ledger is the owner's record of who holds which GPU of this server.
 //
-// Each server is the only authority over its own GPUs: a claim exists when,
-// and only when, this ledger has written it durably. Every state-changing
-// call is one bbolt read-write transaction that reads the current records,
-// decides, writes, and is fsynced before the call returns; so a check and the
-// take that follows it are atomic, and an acknowledged claim survives kill -9.
+// Each server is the only authority over its own GPUs: a claim is committed
+// when, and only when, this ledger has written it durably. Every
+// state-changing call runs under one writer lock, so a check and the take
+// that follows it are atomic.
+//
+// Only committed claims and drains are written to the file: each call that
+// changes them is one bbolt read-write transaction that reads the current
+// records, decides, writes, and is fsynced before the call returns, so an
+// acknowledged commit survives kill -9. Reservations live in memory only:
+// the agent would drop every one at a restart anyway (its lease ran on the
+// previous run's clock, and its coordinator has seen the agent fail), so
+// writing them would buy nothing. Reserve, Extend, Expire and releasing a
+// reservation touch no file; a claim costs one fsync, its Commit.
 //
 // The ledger holds no clock: every call whose answer depends on time takes
 // now, and a reservation is live strictly before its ExpiresAt.
@@ -59,23 +67,33 @@ func WithLockTimeout(d time.Duration) Option {
 	}
 }
 
-// Ledger is the durable claims ledger of one server. It is safe for
-// concurrent use; it must not be used after Close.
+// Ledger is the claims ledger of one server: committed claims and drains
+// in its file, reservations in memory. It is safe for concurrent use; it
+// must not be used after Close.
 type Ledger struct {
 	path    string
 	db      *bolt.DB
 	maxGPUs int
+	// dropped is what Open removed from a file written by an older
+	// gpuherd, which wrote reservations to it; never modified.
+	dropped []Claim
 
-	// writeMu serialises writers: bbolt would too, but the cached state must
-	// change in the same order as the file. It is held across the fsync.
+	// writeMu serialises writers, those that change only memory and those
+	// that write the file alike: bbolt would serialise the latter, but the
+	// published state must change in the same order as the file, and a
+	// check-and-take must see every reservation. It is held across the fsync.
 	writeMu sync.Mutex
 	// mu guards the state pointer only, so that readers (metrics, gossip)
 	// never wait for a writer's fsync, just for the pointer swap.
 	mu    sync.RWMutex
-	state *state // the file after the last committed write, plus the inventory; never modified once published
+	state *state // the file after the last committed write, plus the reservations and the inventory; never modified once published
 }
 
 // Open opens (creating it with mode 0600 if needed) the ledger file at path.
+// The ledger starts with the committed claims and drains of the file and no
+// reservation: those of a previous run are gone with its memory. A file
+// written by an older gpuherd may still hold reservations; Open removes them
+// from it, in one write, and DroppedAtOpen lists them.
 //
 // It fails with ErrLocked when another process holds the file, with
 // ErrSchemaTooNew when a newer gpuherd wrote it, and with a *CorruptError
@@ -98,7 +116,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		}
 		return nil, unusable(path, err)
 	}
-	db, st, err := openFile(path, o)
+	db, st, dropped, err := openFile(path, o)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +124,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		path:    path,
 		db:      db,
 		maxGPUs: o.maxGPUs,
+		dropped: dropped,
 		state:   st,
 	}, nil
 }
@@ -113,37 +132,39 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 // openFile opens and reads the file. bbolt panics on some damaged pages
 // (a freelist or branch that points nowhere); that is a corrupt file, not a
 // reason to crash the agent.
-func openFile(path string, o options) (db *bolt.DB, st *state, err error) {
+func openFile(path string, o options) (db *bolt.DB, st *state, dropped []Claim, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if db != nil {
 				_ = db.Close()
 			}
-			db, st, err = nil, nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt failed reading it: %v", r)}
+			db, st, dropped, err = nil, nil, nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt failed reading it: %v", r)}
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: o.lockTimeout, NoSync: false})
 	switch {
 	case errors.Is(err, bolterrors.ErrTimeout):
-		return nil, nil, fmt.Errorf("ledger %s is %w (waited %s): is another gpuherd agent running with the same data directory?",
+		return nil, nil, nil, fmt.Errorf("ledger %s is %w (waited %s): is another gpuherd agent running with the same data directory?",
 			path, ErrLocked, o.lockTimeout)
 	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
-		return nil, nil, &CorruptError{Path: path, Err: err}
+		return nil, nil, nil, &CorruptError{Path: path, Err: err}
 	case err != nil:
-		return nil, nil, unusable(path, err)
+		return nil, nil, nil, unusable(path, err)
 	}
-	st, err = initFile(db, path)
+	st, dropped, err = initFile(db, path)
 	if err != nil {
 		_ = db.Close() // the open error is the one worth reporting
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return db, st, nil
+	return db, st, dropped, nil
 }
 
 // initFile creates the buckets of a new file, or checks the schema of an
 // existing one, and reads every record once so that a damaged file is
-// refused at start rather than half-way through serving claims.
-func initFile(db *bolt.DB, path string) (*state, error) {
+// refused at start rather than half-way through serving claims. It then
+// removes the reservations an older gpuherd left in the file, and returns
+// them.
+func initFile(db *bolt.DB, path string) (*state, []Claim, error) {
 	var fresh bool
 	err := db.View(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketMeta) != nil {
@@ -158,13 +179,13 @@ func initFile(db *bolt.DB, path string) (*state, error) {
 		})
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if fresh {
 		// A bbolt file without buckets: an older gpuherd that stopped
 		// between creating the file and writing its schema.
 		if err := db.Update(initBuckets); err != nil {
-			return nil, fmt.Errorf("initialise ledger %s: %w", path, err)
+			return nil, nil, fmt.Errorf("initialise ledger %s: %w", path, err)
 		}
 	}
 
@@ -177,11 +198,70 @@ func initFile(db *bolt.DB, path string) (*state, error) {
 		st, err = load(tx, path)
 		return err
 	})
-	return st, err
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(st.reservations()) == 0 {
+		return st, nil, nil // the usual case: Open writes nothing
+	}
+	return dropFileReservations(db, path)
 }
 
-// Close releases the file. Every acknowledged write is already on disk, so
-// Close has nothing to flush; it only frees the lock for the next agent.
+// dropFileReservations removes from the file, in one write transaction, the
+// reservations an older gpuherd wrote to it (this one keeps them in memory
+// only), so that they can never come back, and returns the state without
+// them and what it removed, sorted by ID. The revision moves: the claims did.
+func dropFileReservations(db *bolt.DB, path string) (*state, []Claim, error) {
+	var (
+		st      *state
+		dropped []Claim
+	)
+	err := db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if st, err = load(tx, path); err != nil {
+			return err
+		}
+		dropped = nil
+		for _, rec := range st.reservations() {
+			if err := tx.Bucket(bucketClaims).Delete([]byte(rec.ID)); err != nil {
+				return fmt.Errorf("delete reservation %q: %w", rec.ID, err)
+			}
+			delete(st.claims, rec.ID)
+			dropped = append(dropped, copyClaim(rec.Claim))
+		}
+		st.rev++
+		return tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev))
+	})
+	if err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			return nil, nil, err
+		}
+		return nil, nil, unusable(path, fmt.Errorf("removing the reservations an older gpuherd left in it: %w", err))
+	}
+	return st, dropped, nil
+}
+
+// DroppedAtOpen returns the reservations that Open removed from a file
+// written by an older gpuherd (which wrote reservations to the file), sorted
+// by ID; nil for a file this gpuherd wrote, which never holds any. The
+// reservations of this gpuherd's previous run are not listed: they were never
+// in the file.
+func (l *Ledger) DroppedAtOpen() []Claim {
+	out := make([]Claim, 0, len(l.dropped))
+	for _, c := range l.dropped {
+		out = append(out, copyClaim(c))
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// Close releases the file. Every acknowledged write of a committed claim or
+// drain is already on disk, so Close has nothing to flush; it frees the
+// lock for the next agent. The reservations, which live in memory only, are
+// gone: a ledger opened on the file again has none.
 func (l *Ledger) Close() error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
@@ -197,10 +277,16 @@ func (l *Ledger) Path() string { return l.path }
 // MaxGPUs is the most GPUs one claim may hold on this ledger.
 func (l *Ledger) MaxGPUs() int { return l.maxGPUs }
 
-// Revision is a counter bumped by every change to claims, drains or the
-// inventory, persisted with them. The gossip layer re-publishes this
-// server's capacity when it moves. Time passing alone (a lease running out)
-// does not move it until Expire removes the reservation.
+// Revision is a counter bumped by every change to claims (reservations
+// included), drains or the inventory; it never goes back while the ledger is
+// open. The gossip layer re-publishes this server's capacity when it moves.
+// Time passing alone (a lease running out) does not move it until Expire
+// removes the reservation.
+//
+// It is informational. Every write of the file stores its current value,
+// but changes to reservations or the inventory alone write nothing, so a
+// ledger opened again starts from the value of the last file write, which
+// may be lower than the last value the previous run reported.
 func (l *Ledger) Revision() uint64 {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
@@ -211,16 +297,53 @@ func (l *Ledger) Revision() uint64 {
 // nothing, so that an idempotent retry costs no fsync.
 var errUnchanged = errors.New("unchanged")
 
-// write runs fn in one read-write transaction over freshly read state,
-// under the write lock. fn changes the file through st's methods and returns
-// whether it changed anything. If it did, the revision is bumped in the same
-// transaction, the transaction commits (fsync), the cache is replaced, and
-// fn's error, if any, is returned after the commit: that is how an operation
-// both drops an expired reservation and reports ErrLeaseExpired. If nothing
-// changed, the transaction is rolled back and fn's error returned.
+// errNeedsFile is what a change made in memory (tx == nil) returns when it
+// would touch a record of the file: a committed claim or a drain. write
+// then runs it again in a file transaction. It never leaves the package.
+var errNeedsFile = errors.New("ledger: the change needs a file transaction")
+
+// write runs fn under the write lock and publishes the state it leaves if
+// it changed anything. fn changes the state through st's methods and
+// returns whether it changed anything, and an error that is returned to
+// the caller even when it did: that is how an operation both drops an
+// expired reservation and reports ErrLeaseExpired. If nothing changed,
+// nothing is published and fn's error is returned.
+//
+// fn first runs in memory, on a copy of the published state with tx nil:
+// a change to reservations or the inventory alone is published from there
+// without opening a file transaction, so it costs no fsync. When fn would
+// touch a record of the file, st's method fails with errNeedsFile; the copy
+// is dropped and fn runs again, from the start, in writeFile. fn must
+// therefore depend only on st and its arguments, and set its results anew
+// on every run.
 func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
+	// Only writers replace l.state, and writeMu is held: no lock needed to
+	// read it here.
+	cur := l.state
+	st := cur.clone()
+	changed, err := fn(nil, st)
+	if errors.Is(err, errNeedsFile) {
+		return l.writeFile(cur, fn)
+	}
+	if !changed {
+		return err
+	}
+	st.rev = cur.rev + 1
+	l.publish(st)
+	return err
+}
+
+// writeFile runs fn in one read-write transaction over state freshly read
+// from the file, plus cur's reservations and inventory, which are not in
+// it. If fn changed anything, the revision is bumped and stored in the same
+// transaction, the transaction commits (fsync) and its state is published;
+// fn's error, if any, is returned after the commit. If nothing changed, the
+// transaction is rolled back and fn's error returned. If the commit fails,
+// nothing is published: the ledger, its reservations included, stays as it
+// was, and the error says the write was not acknowledged.
+func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
 	var (
 		next  *state
 		fnErr error
@@ -230,17 +353,25 @@ func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)
 		if err != nil {
 			return err
 		}
-		// The inventory is not in the file; carry it over. Its map is
-		// never modified in place, only replaced, so sharing it is safe.
-		// Only writers replace l.state, and writeMu is held: no lock needed
-		// to read it here.
-		st.inventory = l.state.inventory
+		// Reservations live in memory only: Open removed any the file held,
+		// and none is written since, so the file's can only be stale.
+		for _, rec := range st.reservations() {
+			delete(st.claims, rec.ID)
+		}
+		for _, rec := range cur.reservations() {
+			if _, ok := st.claims[rec.ID]; !ok {
+				st.claims[rec.ID] = rec
+			}
+		}
+		// The inventory is not in the file either. Its map is never
+		// modified in place, only replaced, so sharing it is safe.
+		st.inventory = cur.inventory
 		changed, err := fn(tx, st)
 		if !changed {
 			fnErr = err
 			return errUnchanged
 		}
-		st.rev++
+		st.rev = max(st.rev, cur.rev) + 1
 		if err := tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev)); err != nil {
 			return fmt.Errorf("write revision: %w", err)
 		}
@@ -253,8 +384,13 @@ func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)
 	case err != nil:
 		return fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
 	}
+	l.publish(next)
+	return fnErr
+}
+
+// publish makes next the state readers see. Call with writeMu held.
+func (l *Ledger) publish(next *state) {
 	l.mu.Lock()
 	l.state = next
 	l.mu.Unlock()
-	return fnErr
 }

@@ -56,10 +56,13 @@ func TestPersistence(t *testing.T) {
 	}
 
 	l = openAt(t, path)
+	// The drain was the last change, and it wrote the file: the revision
+	// carries on from there.
 	if l.Revision() != rev {
 		t.Fatalf("revision after reopen = %d, want %d", l.Revision(), rev)
 	}
-	want := []Claim{committed, reserved}
+	// The committed claim survives; the reservation does not.
+	want := []Claim{committed}
 	if got := l.List(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("after reopen List = %+v\nwant %+v", got, want)
 	}
@@ -74,13 +77,21 @@ func TestPersistence(t *testing.T) {
 	if st.Status != GPUDrained || st.DrainReason != "ECC errors" || !st.DrainedAt.Equal(t0) {
 		t.Fatalf("drain after reopen: %+v", st)
 	}
-	// The reservation kept its deadline: committable before, not after.
-	if _, err := l.Commit("vm-2", reserved.ExpiresAt); !errors.Is(err, ErrLeaseExpired) {
-		t.Fatalf("Commit at the persisted deadline = %v, want ErrLeaseExpired", err)
+	// Well within its lease, the reservation is gone: its coordinator
+	// cannot commit it, and its GPU is free.
+	if _, err := l.Commit("vm-2", t0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Commit of a reservation made before the reopen = %v, want ErrNotFound", err)
+	}
+	if st := stateOf(t, l, reserved.GPUs[0]); st.Status != GPUFree {
+		t.Fatalf("GPU of the reservation after reopen: %+v, want free", st)
 	}
 }
 
-func TestReservationCommittableAfterReopen(t *testing.T) {
+// TestReservationsDoNotSurviveReopen: a reservation lives in memory only, a
+// committed claim in the file. After Close and Open the committed claim is
+// there with its GPUs, the reservation is not (not even within its lease),
+// its GPUs can be reserved again, and committing it finds nothing.
+func TestReservationsDoNotSurviveReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	l, err := Open(path)
 	if err != nil {
@@ -90,14 +101,40 @@ func TestReservationCommittableAfterReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	committed := mustCommit(t, l, "vm-1", t0)
+	reserved := mustReserve(t, l, "vm-2", req(Item{l40s, 2}), t0)
+	extended, err := l.Extend("vm-2", t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
+
 	l = openAt(t, path)
-	// No inventory yet after a restart: commit does not need it.
-	c := mustCommit(t, l, "vm-1", t0.Add(lease-time.Nanosecond))
-	if c.State != StateCommitted {
-		t.Fatalf("state %s", c.State)
+	if got := l.List(); !reflect.DeepEqual(got, []Claim{committed}) {
+		t.Fatalf("after reopen List = %+v\nwant only the committed claim %+v", got, committed)
+	}
+	if _, err := l.Get("vm-2"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a reservation after reopen = %v, want ErrNotFound", err)
+	}
+	// Within the lease it had (extended to an hour): still nothing to commit.
+	if _, err := l.Commit("vm-2", extended.ExpiresAt.Add(-time.Minute)); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Commit after reopen = %v, want ErrNotFound", err)
+	}
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	// Its GPUs are free again; the committed claim's are not.
+	again := mustReserve(t, l, "vm-3", req(Item{l40s, 2}), t0)
+	if !reflect.DeepEqual(again.GPUs, reserved.GPUs) {
+		t.Fatalf("vm-3 got %v, want the GPUs the dropped reservation held, %v", again.GPUs, reserved.GPUs)
+	}
+	if st := stateOf(t, l, committed.GPUs[0]); st.Status != GPUClaimed || st.ClaimID != "vm-1" {
+		t.Fatalf("GPU of the committed claim after reopen: %+v", st)
+	}
+	if _, err := l.Reserve("vm-4", req(Item{h100, 8}), "c", t0, lease); !errors.Is(err, ErrNotAvailable) {
+		t.Fatalf("Reserve of all 8 H100 while one is committed = %v, want ErrNotAvailable", err)
 	}
 }
 

@@ -24,7 +24,10 @@ import (
 //   - a claim's GPUs are of the requested models and counts, and were in the
 //     inventory, healthy, undrained and unheld when it was reserved;
 //   - the ledger holds exactly the claims the model expects, also after a
-//     reopen (a committed claim survives; a reservation keeps its deadline);
+//     reopen (a committed claim survives; a reservation does not);
+//   - an operation writes the file (one transaction) exactly when it changes
+//     a committed claim or a drain: never for a reservation, and a reopen
+//     starts from the revision of the last write;
 //   - an expired reservation is never committed or extended;
 //   - a reservation succeeds exactly when every item fits, and a refusal
 //     lists exactly the items that do not;
@@ -85,6 +88,12 @@ type machine struct {
 	drains  map[string]bool
 	lastReq map[string]Request // per ID, to retry
 	rev     uint64
+
+	// The file: the last transaction committed to it, whether the
+	// operation under test must write it, and the revision it holds.
+	txid       int
+	wantWrite  bool
+	durableRev uint64
 }
 
 var (
@@ -98,6 +107,19 @@ func (m *machine) open(rt *rapid.T) {
 		rt.Fatalf("Open: %v", err)
 	}
 	m.l = l
+	// The file holds the revision of its last write, and Open writes
+	// nothing to a file this gpuherd wrote.
+	if r := l.Revision(); r != m.durableRev {
+		rt.Fatalf("revision %d after Open, want %d, the revision of the last write", r, m.durableRev)
+	}
+	id, err := fileTxID(l)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	if m.txid != 0 && id != m.txid {
+		rt.Fatalf("Open wrote the file: transaction %d → %d", m.txid, id)
+	}
+	m.txid = id
 	m.setInventory(rt)
 }
 
@@ -237,6 +259,7 @@ func (m *machine) commit(rt *rapid.T) {
 		}
 		c.claim = got
 		m.claims[id] = c
+		m.wantWrite = true
 	}
 }
 
@@ -281,6 +304,7 @@ func (m *machine) release(rt *rapid.T) {
 		if err != nil || !reflect.DeepEqual(got, c.claim) {
 			rt.Fatalf("Release(%s) = %+v, %v; want %+v", id, got, err, c.claim)
 		}
+		m.wantWrite = c.claim.State == StateCommitted
 	}
 	delete(m.claims, id)
 }
@@ -323,6 +347,7 @@ func (m *machine) drain(rt *rapid.T) {
 	if err != nil {
 		rt.Fatalf("Drain(%s): %v", addr, err)
 	}
+	m.wantWrite = !m.drains[addr] // a redrain with the same reason is a no-op
 	m.drains[addr] = true
 }
 
@@ -339,6 +364,7 @@ func (m *machine) undrain(rt *rapid.T) {
 	if err != nil {
 		rt.Fatalf("Undrain(%s): %v", addr, err)
 	}
+	m.wantWrite = m.drains[addr]
 	delete(m.drains, addr)
 }
 
@@ -379,11 +405,19 @@ func (m *machine) reappear(rt *rapid.T) {
 }
 
 // reopen is a restart of the agent: the file is all that survives, and the
-// inventory is found again.
+// inventory is found again. Reservations live in memory only: gone. The
+// revision starts again from the file's, which may be below the last one
+// seen.
 func (m *machine) reopen(rt *rapid.T) {
 	if err := m.l.Close(); err != nil {
 		rt.Fatalf("Close: %v", err)
 	}
+	for id, c := range m.claims {
+		if c.claim.State == StateReserved {
+			delete(m.claims, id)
+		}
+	}
+	m.rev = m.durableRev
 	m.open(rt)
 }
 
@@ -444,11 +478,28 @@ func (m *machine) verify() error {
 		}
 	}
 
-	// The revision never goes back, not even across a restart.
+	// The revision never goes back while the ledger is open (reopen resets
+	// m.rev to the revision of the last write).
 	if r := m.l.Revision(); r < m.rev {
 		return fmt.Errorf("revision went back from %d to %d", m.rev, r)
 	}
 	m.rev = m.l.Revision()
+
+	// The file was written, in one transaction, exactly when the model
+	// says it must be, and then holds the current revision.
+	id, err := fileTxID(m.l)
+	if err != nil {
+		return err
+	}
+	switch wrote := id != m.txid; {
+	case wrote != m.wantWrite:
+		return fmt.Errorf("file written: %v (transaction %d → %d), want %v", wrote, m.txid, id, m.wantWrite)
+	case wrote && id != m.txid+1:
+		return fmt.Errorf("%d write transactions for one operation, want 1", id-m.txid)
+	case wrote:
+		m.durableRev = m.rev
+	}
+	m.txid, m.wantWrite = id, false
 	return nil
 }
 
@@ -463,6 +514,10 @@ func TestPropertiesCatchABrokenLedger(t *testing.T) {
 	for _, g := range server() {
 		m.inv[g.Address] = g
 	}
+	var err error
+	if m.txid, err = fileTxID(l); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.verify(); err != nil {
 		t.Fatalf("verify on a sound ledger: %v", err)
 	}
@@ -473,6 +528,16 @@ func TestPropertiesCatchABrokenLedger(t *testing.T) {
 		t.Fatal("verify accepted a ledger that lost a claim")
 	}
 	delete(m.claims, "vm-b")
+	if err := m.verify(); err != nil {
+		t.Fatalf("verify on a sound ledger: %v", err)
+	}
+	// A write of the file that no operation of the model asked for.
+	if err := l.PutFacts("0000:18:00.0", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.verify(); err == nil {
+		t.Fatal("verify accepted a write of the file that the model did not expect")
+	}
 	m.drains = map[string]bool{c.GPUs[0]: false}
 	m.inv["0000:2a:00.0"] = GPU{Address: "0000:2a:00.0", Model: h100, Healthy: false}
 	if err := m.verify(); err == nil {

@@ -1,9 +1,12 @@
 package ledger
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -17,7 +20,9 @@ import (
 const SchemaVersion = 1
 
 // The file layout (schema 1). Values are JSON so that `bbolt get` shows an
-// operator something readable in an emergency.
+// operator something readable in an emergency. The claims bucket holds
+// committed claims only; an older gpuherd also wrote reservations there,
+// which Open removes (see dropFileReservations).
 var (
 	bucketMeta   = []byte("meta")   // schema: decimal; revision: uint64 big-endian
 	bucketClaims = []byte("claims") // claim ID -> claimRecord
@@ -44,13 +49,43 @@ type drainRecord struct {
 }
 
 // state is the whole ledger in memory: what the file holds, plus the
-// inventory. Writers build a fresh one from the file inside their
-// transaction; readers use the last committed one.
+// reservations and the inventory, which are not in it. A writer changes a
+// copy (clone) or, when it must write the file, a fresh one built from the
+// file inside its transaction; readers use the last published one.
+//
+// Its methods that change claims and drains take the write transaction, or
+// nil for a change in memory only: a reservation is only ever in memory,
+// while a committed claim or a drain is written through tx, and with tx nil
+// the method fails with errNeedsFile before changing anything.
 type state struct {
-	claims    map[string]claimRecord
+	claims    map[string]claimRecord // committed claims (in the file) and reservations (memory only), by ID
 	drains    map[string]drainRecord
 	rev       uint64
 	inventory map[string]GPU // by address; replaced, never modified in place
+}
+
+// clone copies st's maps so that the copy can be changed while st stays
+// published. Records are values whose slices and maps are never modified in
+// place, and the inventory is only ever replaced, so they are shared.
+func (st *state) clone() *state {
+	return &state{
+		claims:    maps.Clone(st.claims),
+		drains:    maps.Clone(st.drains),
+		rev:       st.rev,
+		inventory: st.inventory,
+	}
+}
+
+// reservations returns the reservations of st, live or not, sorted by ID.
+func (st *state) reservations() []claimRecord {
+	var out []claimRecord
+	for _, rec := range st.claims {
+		if rec.State == StateReserved {
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b claimRecord) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 // load reads and checks every record; the first one that fails is reported
@@ -132,7 +167,24 @@ func encodeRevision(rev uint64) []byte {
 	return binary.BigEndian.AppendUint64(nil, rev)
 }
 
+// putClaim stores rec: a reservation in memory only, a committed claim in
+// the file through tx (errNeedsFile when tx is nil).
 func (st *state) putClaim(tx *bolt.Tx, rec claimRecord) error {
+	if old, ok := st.claims[rec.ID]; ok && old.State == StateCommitted && rec.State != StateCommitted {
+		// A committed claim is live until released, so no operation
+		// replaces it with a reservation; if one did, the file's record
+		// must go too.
+		if err := st.deleteClaim(tx, rec.ID); err != nil {
+			return err
+		}
+	}
+	if rec.State == StateReserved {
+		st.claims[rec.ID] = rec
+		return nil
+	}
+	if tx == nil {
+		return errNeedsFile
+	}
 	v, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode claim %q: %w", rec.ID, err)
@@ -144,7 +196,16 @@ func (st *state) putClaim(tx *bolt.Tx, rec claimRecord) error {
 	return nil
 }
 
+// deleteClaim removes claim id: a reservation from memory, a committed
+// claim from the file through tx (errNeedsFile when tx is nil).
 func (st *state) deleteClaim(tx *bolt.Tx, id string) error {
+	if rec, ok := st.claims[id]; !ok || rec.State == StateReserved {
+		delete(st.claims, id)
+		return nil
+	}
+	if tx == nil {
+		return errNeedsFile
+	}
 	if err := tx.Bucket(bucketClaims).Delete([]byte(id)); err != nil {
 		return fmt.Errorf("delete claim %q: %w", id, err)
 	}
@@ -152,7 +213,11 @@ func (st *state) deleteClaim(tx *bolt.Tx, id string) error {
 	return nil
 }
 
+// putDrain stores a drain in the file through tx (errNeedsFile when tx is nil).
 func (st *state) putDrain(tx *bolt.Tx, addr string, d drainRecord) error {
+	if tx == nil {
+		return errNeedsFile
+	}
 	v, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("encode drain of GPU %s: %w", addr, err)
@@ -164,7 +229,12 @@ func (st *state) putDrain(tx *bolt.Tx, addr string, d drainRecord) error {
 	return nil
 }
 
+// deleteDrain removes a drain from the file through tx (errNeedsFile when tx
+// is nil).
 func (st *state) deleteDrain(tx *bolt.Tx, addr string) error {
+	if tx == nil {
+		return errNeedsFile
+	}
 	if err := tx.Bucket(bucketDrains).Delete([]byte(addr)); err != nil {
 		return fmt.Errorf("delete drain of GPU %s: %w", addr, err)
 	}
