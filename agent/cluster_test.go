@@ -28,7 +28,7 @@ func fastGossip(c *memberlist.Config) {
 }
 
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	agents map[string]*Agent
 	cancel map[string]context.CancelFunc
@@ -38,7 +38,7 @@ type testCluster struct {
 	adjust func(*Config)
 }
 
-func newTestCluster(t *testing.T) *testCluster {
+func newTestCluster(t testing.TB) *testCluster {
 	dir := t.TempDir()
 	if err := pki.CreateCA(filepath.Join(dir, "ca"), "test CA", 24*time.Hour); err != nil {
 		t.Fatal(err)

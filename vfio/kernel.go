@@ -254,7 +254,7 @@ func (k *Kernel) ReadDir(name string) ([]string, error) {
 	if n.kind != kindDir {
 		return nil, pathErr("readdir", name, syscall.ENOTDIR)
 	}
-	names := slices.Clone(n.children)
+	names := slices.Clone(n.entries())
 	slices.Sort(names)
 	return names, nil
 }

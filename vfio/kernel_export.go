@@ -36,7 +36,7 @@ func (k *Kernel) WriteDevTree(dir string) error {
 	if err := os.MkdirAll(vfio, 0o755); err != nil {
 		return fmt.Errorf("vfio: write simulated /dev tree: %w", err)
 	}
-	for _, c := range n.children {
+	for _, c := range n.entries() {
 		if err := os.WriteFile(filepath.Join(vfio, c), nil, 0o600); err != nil {
 			return fmt.Errorf("vfio: write simulated /dev tree: %w", err)
 		}
@@ -57,7 +57,7 @@ func (k *Kernel) writeNode(root string, parts []string) error {
 				return err
 			}
 		}
-		for _, c := range n.children {
+		for _, c := range n.entries() {
 			if err := k.writeNode(root, append(parts[:len(parts):len(parts)], c)); err != nil {
 				return err
 			}

@@ -27,7 +27,8 @@ const (
 
 type node struct {
 	kind     nodeKind
-	children []string // kindDir
+	children []string        // kindDir
+	list     func() []string // kindDir, when listing it costs: called only by entries
 	link     string   // kindLink: the link text
 	content  []byte   // kindFile, when readable
 	readable bool
@@ -35,6 +36,18 @@ type node struct {
 }
 
 func dirNode(children ...string) node { return node{kind: kindDir, children: children} }
+
+// listedDir is a directory whose entries are computed only when listed:
+// resolve walks every prefix of every path and needs only their kinds.
+func listedDir(list func() []string) node { return node{kind: kindDir, list: list} }
+
+// entries lists a directory node.
+func (n node) entries() []string {
+	if n.list != nil {
+		return n.list()
+	}
+	return n.children
+}
 func linkNode(target string) node     { return node{kind: kindLink, link: target} }
 func roFile(content []byte) node      { return node{kind: kindFile, content: content, readable: true} }
 func woFile() node                    { return node{kind: kindFile, writable: true} }
@@ -107,6 +120,16 @@ func (k *Kernel) node(p []string) (node, bool) {
 	return node{}, false
 }
 
+// anyDev reports whether some device satisfies keep.
+func (k *Kernel) anyDev(keep func(*kdev) bool) bool {
+	for _, d := range k.devs {
+		if keep(d) {
+			return true
+		}
+	}
+	return false
+}
+
 func (k *Kernel) addrs(keep func(*kdev) bool) []string {
 	var out []string
 	for a, d := range k.devs {
@@ -120,19 +143,22 @@ func (k *Kernel) addrs(keep func(*kdev) bool) []string {
 
 func (k *Kernel) devicesNode(p []string) (node, bool) {
 	if len(p) == 0 {
-		var buses []string
-		for _, a := range k.addrs(nil) {
-			buses = append(buses, rootBus(a))
-		}
-		return dirNode(slices.Compact(buses)...), true
+		return listedDir(func() []string {
+			var buses []string
+			for _, a := range k.addrs(nil) {
+				buses = append(buses, rootBus(a))
+			}
+			return slices.Compact(buses)
+		}), true
 	}
 	inBus := func(d *kdev) bool { return rootBus(d.Address) == p[0] }
-	members := k.addrs(inBus)
-	if len(members) == 0 {
-		return node{}, false
-	}
 	if len(p) == 1 {
-		return dirNode(members...), true
+		// Listing the bus costs a sort; a path through it only needs the
+		// device (resolve walks every prefix of every path).
+		if !k.anyDev(inBus) {
+			return node{}, false
+		}
+		return listedDir(func() []string { return k.addrs(inBus) }), true
 	}
 	d, ok := k.devs[p[1]]
 	if !ok || !inBus(d) {
@@ -236,7 +262,7 @@ func (k *Kernel) busNode(p []string) (node, bool) {
 	case "devices":
 		switch len(p) {
 		case 2:
-			return dirNode(k.addrs(nil)...), true
+			return listedDir(func() []string { return k.addrs(nil) }), true
 		case 3:
 			if _, ok := k.devs[p[2]]; ok {
 				return linkNode("../../../" + deviceDir(p[2])), true
@@ -250,15 +276,16 @@ func (k *Kernel) busNode(p []string) (node, bool) {
 		if !k.loaded(drv) {
 			return node{}, false
 		}
-		bound := k.addrs(func(d *kdev) bool { return d.Driver == drv })
 		switch len(p) {
 		case 3:
-			return dirNode(append([]string{"bind", "unbind"}, bound...)...), true
+			return listedDir(func() []string {
+				return append([]string{"bind", "unbind"}, k.addrs(func(d *kdev) bool { return d.Driver == drv })...)
+			}), true
 		case 4:
 			if p[3] == "bind" || p[3] == "unbind" {
 				return woFile(), true
 			}
-			if _, ok := slices.BinarySearch(bound, p[3]); ok {
+			if d, ok := k.devs[p[3]]; ok && d.Driver == drv {
 				return linkNode("../../../../" + deviceDir(p[3])), true
 			}
 		}
@@ -274,14 +301,14 @@ func (k *Kernel) kernelNode(p []string) (node, bool) {
 		return node{}, false
 	}
 	if len(p) == 1 {
-		return dirNode(k.groups(nil)...), true
+		return listedDir(func() []string { return k.groups(nil) }), true
 	}
 	g, err := parseGroupName(p[1])
 	if err != nil {
 		return node{}, false
 	}
-	members := k.addrs(func(d *kdev) bool { return d.IOMMUGroup == g })
-	if len(members) == 0 {
+	inGroup := func(d *kdev) bool { return d.IOMMUGroup == g }
+	if !k.anyDev(inGroup) {
 		return node{}, false
 	}
 	switch {
@@ -290,9 +317,9 @@ func (k *Kernel) kernelNode(p []string) (node, bool) {
 	case p[2] != "devices":
 		return node{}, false
 	case len(p) == 3:
-		return dirNode(members...), true
+		return listedDir(func() []string { return k.addrs(inGroup) }), true
 	case len(p) == 4:
-		if _, ok := slices.BinarySearch(members, p[3]); ok {
+		if d, ok := k.devs[p[3]]; ok && d.IOMMUGroup == g {
 			return linkNode("../../../../" + deviceDir(p[3])), true
 		}
 	}
