@@ -29,8 +29,8 @@ type node struct {
 	kind     nodeKind
 	children []string        // kindDir
 	list     func() []string // kindDir, when listing it costs: called only by entries
-	link     string   // kindLink: the link text
-	content  []byte   // kindFile, when readable
+	link     string          // kindLink: the link text
+	content  []byte          // kindFile, when readable
 	readable bool
 	writable bool
 }
@@ -48,9 +48,9 @@ func (n node) entries() []string {
 	}
 	return n.children
 }
-func linkNode(target string) node     { return node{kind: kindLink, link: target} }
-func roFile(content []byte) node      { return node{kind: kindFile, content: content, readable: true} }
-func woFile() node                    { return node{kind: kindFile, writable: true} }
+func linkNode(target string) node { return node{kind: kindLink, link: target} }
+func roFile(content []byte) node  { return node{kind: kindFile, content: content, readable: true} }
+func woFile() node                { return node{kind: kindFile, writable: true} }
 
 // rootBus names the directory under devices/ that holds a device: one root
 // bus per PCI domain is enough for a flat simulated topology.
