@@ -45,7 +45,7 @@ type directory struct {
 	mu      sync.Mutex
 	entries map[string]*dirEntry
 	changed time.Time // the membership last changed, or this agent started
-	members string    // the membership it changed to (name/boot of every usable member)
+	members uint64    // digest of the membership it changed to (name and boot of every usable member)
 
 	queue chan api.DirOp
 }
@@ -80,6 +80,22 @@ func homeOf(id string, targets []target) target {
 		}
 	}
 	return best
+}
+
+// isHome reports whether this agent is the home of id by its own view: the
+// same choice as homeOf over targets, without building them.
+func (a *Agent) isHome(id string) bool {
+	me := a.cfg.NodeName
+	best, bestW := me, rendezvous(me, id)
+	for _, m := range a.cluster.g.Members() {
+		if m.Self || !m.Usable() || m.Summary.PeerAddr == "" {
+			continue // as clusterState.peers
+		}
+		if w := rendezvous(m.Name, id); w > bestW || (w == bestW && m.Name < best) {
+			best, bestW = m.Name, w
+		}
+	}
+	return best == me
 }
 
 // dirTrusted reports whether this agent may vouch, as a home, that an ID it
@@ -145,7 +161,7 @@ func (a *Agent) BeginClaim(_ context.Context, id string, req api.DirBegin) (api.
 		return api.DirAnswer{}, err
 	}
 	now := a.now()
-	vouch := a.dirTrusted(now) && homeOf(id, a.targets()).self
+	vouch := a.dirTrusted(now) && a.isHome(id)
 	d := a.dir
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -166,7 +182,7 @@ func (a *Agent) LookupDirectory(_ context.Context, id string) (api.DirAnswer, er
 		return api.DirAnswer{}, a.apiError(err)
 	}
 	now := a.now()
-	vouch := a.dirTrusted(now) && homeOf(id, a.targets()).self
+	vouch := a.dirTrusted(now) && a.isHome(id)
 	d := a.dir
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -309,15 +325,16 @@ func jitter(d time.Duration) time.Duration {
 
 // dirMembership notes a change of the usable members (a member that came,
 // went, or restarted behind the same name) and reports whether there was one.
+//
+// It runs on every change of the view, capacity updates included, so it
+// computes an order-independent digest instead of comparing sorted names.
 func (a *Agent) dirMembership() bool {
-	var parts []string
+	var set uint64
 	for _, m := range a.cluster.g.Members() {
 		if m.Usable() {
-			parts = append(parts, m.Name+"/"+strconv.FormatUint(m.Summary.Boot, 16))
+			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
 		}
 	}
-	slices.Sort(parts)
-	set := strings.Join(parts, " ")
 	d := a.dir
 	d.mu.Lock()
 	defer d.mu.Unlock()

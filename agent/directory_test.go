@@ -134,6 +134,14 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 		return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 && freeOf(x, "NVIDIA H100 80GB") == 16
 	})
 	ctx := context.Background()
+	for _, x := range []*Agent{a, b, c, d} {
+		for i := range 200 {
+			id := fmt.Sprintf("id-%d", i)
+			if x.isHome(id) != homeOf(id, x.targets()).self {
+				t.Fatalf("%s: isHome(%s) disagrees with homeOf", x.cfg.NodeName, id)
+			}
+		}
+	}
 	// An ID whose home is neither d (about to go quiet) nor b (the owner).
 	var id string
 	var home *Agent

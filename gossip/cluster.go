@@ -134,6 +134,11 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	}
 	c.meta = meta
 
+	// The summaries that travel are a few hundred bytes on a LAN: compressing
+	// every gossip packet costs more CPU than the bandwidth it saves.
+	// memberlist still reads compressed packets from members that send them.
+	mc.EnableCompression = false
+
 	d := delegate{c: c}
 	mc.Delegate, mc.Events, mc.Ping, mc.Alive = d, d, d, d
 	mc.Logger = newMemberlistLogger(log, c.view.suspect)

@@ -44,6 +44,11 @@ type view struct {
 	members map[string]*viewEntry
 	subs    map[int]chan struct{}
 	nextSub int
+	// snap is list's last answer, until a change (notifyLocked drops it) or
+	// snapUntil, when a departed member is due to be forgotten. Coordinators
+	// read the view on every claim; it changes far less often.
+	snap      []Member
+	snapUntil time.Time
 }
 
 type viewEntry struct {
@@ -129,23 +134,37 @@ func (v *view) setState(e *viewEntry, state string) {
 
 // list returns the members sorted by name, forgetting departed ones older
 // than the remember period.
+//
+// The slice is the caller's; the Models slices of the summaries are shared
+// between callers and must not be modified.
 func (v *view) list() []Member {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := v.now()
+	if v.snap != nil && now.Before(v.snapUntil) {
+		return slices.Clone(v.snap)
+	}
 	out := make([]Member, 0, len(v.members))
+	until := now.Add(v.remember)
 	for name, e := range v.members {
 		departed := e.State == StateDead || e.State == StateLeft
-		if departed && !e.Self && now.Sub(e.changed) > v.remember {
-			delete(v.members, name)
-			continue
+		if departed && !e.Self {
+			forget := e.changed.Add(v.remember)
+			if now.After(forget) {
+				delete(v.members, name)
+				continue
+			}
+			if forget.Before(until) {
+				until = forget
+			}
 		}
 		m := e.Member
 		m.Summary.Models = slices.Clone(m.Summary.Models)
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
-	return out
+	v.snap, v.snapUntil = out, until.Add(time.Nanosecond)
+	return slices.Clone(out)
 }
 
 // subscribe returns a channel that receives a value after any change, with
@@ -168,6 +187,7 @@ func (v *view) subscribe() (<-chan struct{}, func()) {
 }
 
 func (v *view) notifyLocked() {
+	v.snap = nil
 	for _, ch := range v.subs {
 		select {
 		case ch <- struct{}{}:

@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,8 +77,19 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG plots")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
 	flag.BoolVar(&o.child, "child", true, "measure one agent in a process of its own at the largest size")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	o.seed = uint64(seed)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	raiseFileLimit()
 	var err error
 	if o.sizes, err = parseInts(sizes); err != nil {
