@@ -47,6 +47,9 @@ type Agent struct {
 	onChange   func()
 	dir        *directory
 	boot       uint64 // this run's identity in gossip
+	// lastRefusal is when an owner last refused this coordinator (a.now
+	// UnixNano; 0 never): see contended.
+	lastRefusal atomic.Int64
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims

@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -404,5 +406,53 @@ func TestClusterStaleFullViewIsRechecked(t *testing.T) {
 	_, err = a.Claim(ctx, "vm-3", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 3}}})
 	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || e.Message != "The following GPUs are not available: 3x NVIDIA L40S" {
 		t.Fatalf("3 L40S with 2 free: %+v", e)
+	}
+}
+
+// A coordinator whose view proved stale (an owner said no) reads the
+// capacity of its best candidates before asking them: the next claim skips
+// a server that gossip still shows with room.
+func TestClusterContendedCoordinatorProbes(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "a100-pcie-4")
+	tc.start("b", "l40s-4")
+	c := tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+	ctx := context.Background()
+	if _, err := c.Claim(ctx, "vm-pre", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 3}}, PreferNode: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("c's 3 L40S taken", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 5 })
+	// c's last L40S goes without gossip saying so: a still sees it free,
+	// and best fit puts c (1 free) before b (4 free).
+	if _, err := c.Reserve(ctx, "ghost", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA L40S", Count: 1}}, Coordinator: "ghost"}); err != nil {
+		t.Fatal(err)
+	}
+	var reservesOnC atomic.Int64
+	proxy := newFaultProxy(t, tc, a, c, 0, func(r *http.Request) fault {
+		if isReserve(r) {
+			reservesOnC.Add(1)
+		}
+		return passThrough
+	})
+	defer proxy.close()
+
+	if a.contended() {
+		t.Fatal("a is contended before any refusal")
+	}
+	if got, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || got.Node != "b" {
+		t.Fatalf("first claim: %+v, %v; want it on b after c's no", got, err)
+	}
+	if n := reservesOnC.Load(); n != 1 {
+		t.Fatalf("first claim asked c %d times, want once (and refused)", n)
+	}
+	if !a.contended() {
+		t.Fatal("a refusal did not make a contended")
+	}
+	if got, err := a.Claim(ctx, "vm-2", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || got.Node != "b" {
+		t.Fatalf("second claim: %+v, %v; want it on b", got, err)
+	}
+	if n := reservesOnC.Load(); n != 1 {
+		t.Errorf("the contended coordinator asked c again (%d reserves in all) although c's capacity read says full", n)
 	}
 }

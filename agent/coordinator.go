@@ -31,6 +31,10 @@ const (
 	commitAttempts  = 3
 	abortTimeout    = 2 * time.Second
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
+	// A coordinator an owner refused within contendedWindow reads the
+	// capacity of its probeTop best candidates before asking them.
+	contendedWindow = 30 * time.Second
+	probeTop        = 3
 )
 
 // target is a server a coordinator may ask: this agent or a peer.
@@ -170,6 +174,9 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 		byName[t.name] = t
 	}
 	ranked := placement.Rank(servers, want, prefer, a.rnd())
+	if a.contended() {
+		ranked = a.probe(ctx, ranked, targets, want, prefer)
+	}
 	if len(ranked) > maxOwnerRetries {
 		ranked = ranked[:maxOwnerRetries]
 	}
@@ -206,6 +213,7 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 			}
 			if isCode(err, api.CodeNotAvailable) {
 				refused++
+				a.lastRefusal.Store(a.now().UnixNano())
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
 			}
@@ -222,6 +230,37 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", id, lastErr)}
 	}
 	return api.Claim{}, a.notAvailable(rr.Items, servers)
+}
+
+// contended reports whether an owner refused this coordinator (its view was
+// stale) within contendedWindow: placements are then probed first.
+func (a *Agent) contended() bool {
+	last := a.lastRefusal.Load()
+	return last != 0 && a.now().UnixNano()-last < int64(contendedWindow)
+}
+
+// probe re-ranks the first probeTop candidates on their capacity read now
+// (one parallel round trip), dropping those that cannot hold the request
+// after all; the others follow unchanged. When views lag the claims (many
+// claims per gossip round), this replaces a "no" per stale candidate.
+func (a *Agent) probe(ctx context.Context, ranked []string, targets []target, want []placement.Want, prefer string) []string {
+	k := min(probeTop, len(ranked))
+	if k == 0 {
+		return ranked
+	}
+	var top []target
+	for _, name := range ranked[:k] {
+		if t, ok := targetNamed(targets, name); ok {
+			top = append(top, t)
+		}
+	}
+	topServers := make([]placement.Server, len(top))
+	for i, t := range top {
+		topServers[i] = t.server
+	}
+	fresh := a.freshen(ctx, top, topServers, want)
+	out := placement.Rank(fresh, want, prefer, a.rnd())
+	return append(out, ranked[k:]...)
 }
 
 // freshen returns servers with the free counts read now from every server
@@ -360,6 +399,17 @@ func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Cl
 func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, done bool, err error) {
 	if a.cluster == nil {
 		return api.Claim{}, target{}, false, nil
+	}
+	if c, err := a.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+		// This server holds it: no need to ask where.
+		self := targets[0]
+		octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		c, err := op(octx, self)
+		cancel()
+		if err == nil || !isCode(err, api.CodeNotFound) {
+			a.rec.ClaimLookup(metrics.LookupLocal)
+			return c, self, true, err
+		}
 	}
 	home := homeOf(id, targets)
 	dir, ok := home.owner.(api.Directory)

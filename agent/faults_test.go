@@ -478,7 +478,7 @@ func TestFaultStaleView(t *testing.T) {
 	if err != nil || got.Node != "b" {
 		t.Fatalf("claim of 2 L40S with c's taken unbeknown to a: %+v, %v; want it on b", got, err)
 	}
-	t.Logf("a asked c first (stale view: 2 free), c said no, the claim landed on b")
+	t.Logf("a's view of c was stale (2 free); the claim landed on b")
 	checkInvariants(t, a, b, c)
 	h.resolve(a, b, c)
 	h.checkLinearizable(t)

@@ -48,6 +48,7 @@ const (
 
 // Claim-ID lookups, the values of gpuherd_claim_lookups_total's path label.
 const (
+	LookupLocal       = "local"        // this server holds the claim
 	LookupDirectory   = "directory"    // the ID's home answered for it
 	LookupEveryServer = "every_server" // the home could not vouch: every server was asked
 )
@@ -62,7 +63,7 @@ var (
 	claimOutcomes       = []string{ClaimGranted, ClaimNotAvailable, ClaimInvalid, ClaimConflict, ClaimBindFailed, ClaimError}
 	reservationOutcomes = []string{ReservationReserved, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted}
 	vfioOps             = []string{VFIOBind, VFIORelease}
-	lookupPaths         = []string{LookupDirectory, LookupEveryServer}
+	lookupPaths         = []string{LookupLocal, LookupDirectory, LookupEveryServer}
 )
 
 // events holds the metrics fed by Recorder calls.
@@ -110,7 +111,7 @@ func newEvents() *events {
 		}, []string{"pci_address", "model", "xid"}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "claim_lookups_total",
-			Help: "Claim-ID lookups of claims, gets and releases coordinated by this agent: answered by the ID's home (directory) or by asking every server (every_server).",
+			Help: "Claim-ID lookups of claims, gets and releases coordinated by this agent: answered by this server's own ledger (local), by the ID's home (directory) or by asking every server (every_server).",
 		}, []string{"path"}),
 	}
 	// Every known label value exists from the start at 0, so that rate()

@@ -38,7 +38,7 @@ type recorder struct{ c *counters }
 
 func (r recorder) ClaimDone(string, time.Duration) { r.c.claimsDone.Add(1) }
 func (r recorder) ClaimLookup(path string) {
-	if path == "directory" {
+	if path == "directory" || path == "local" {
 		r.c.viaDirectory.Add(1)
 	} else {
 		r.c.viaEveryServer.Add(1)

@@ -53,7 +53,7 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 	p("%s\n", t.String())
 	for _, r := range rs {
 		if !r.meshSkipped {
-			p("Claim-ID lookups of the Agent.Claim phases at %d agents (claims, gets, releases): %s answered by the ID's home, %s asked every server.\n", r.n,
+			p("Claim-ID lookups of the Agent.Claim phases at %d agents (claims, gets, releases): %s answered by this server or the ID's home, %s asked every server.\n", r.n,
 				pctOf(int(r.viaDirectory), int(r.viaDirectory+r.viaEvery)), pctOf(int(r.viaEvery), int(r.viaDirectory+r.viaEvery)))
 		}
 	}
