@@ -32,9 +32,10 @@ const (
 	abortTimeout    = 2 * time.Second
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
 	// A coordinator an owner refused within contendedWindow reads the
-	// capacity of its probeTop best candidates before asking them.
+	// capacity of its best candidates, probeTop at a time, before asking.
 	contendedWindow = 30 * time.Second
 	probeTop        = 3
+	probeRounds     = 3
 )
 
 // target is a server a coordinator may ask: this agent or a peer.
@@ -239,28 +240,31 @@ func (a *Agent) contended() bool {
 	return last != 0 && a.now().UnixNano()-last < int64(contendedWindow)
 }
 
-// probe re-ranks the first probeTop candidates on their capacity read now
-// (one parallel round trip), dropping those that cannot hold the request
-// after all; the others follow unchanged. When views lag the claims (many
+// probe re-ranks the best candidates on their capacity read now, probeTop
+// at a time (one parallel round trip each), dropping those that cannot hold
+// the request after all, until one can (at most probeRounds rounds); the
+// candidates not probed follow unchanged. When views lag the claims (many
 // claims per gossip round), this replaces a "no" per stale candidate.
 func (a *Agent) probe(ctx context.Context, ranked []string, targets []target, want []placement.Want, prefer string) []string {
-	k := min(probeTop, len(ranked))
-	if k == 0 {
-		return ranked
-	}
-	var top []target
-	for _, name := range ranked[:k] {
-		if t, ok := targetNamed(targets, name); ok {
-			top = append(top, t)
+	for round := 0; round < probeRounds && len(ranked) > 0; round++ {
+		k := min(probeTop, len(ranked))
+		var top []target
+		for _, name := range ranked[:k] {
+			if t, ok := targetNamed(targets, name); ok {
+				top = append(top, t)
+			}
 		}
+		topServers := make([]placement.Server, len(top))
+		for i, t := range top {
+			topServers[i] = t.server
+		}
+		fresh := placement.Rank(a.freshen(ctx, top, topServers, want), want, prefer, a.rnd())
+		if len(fresh) > 0 {
+			return append(fresh, ranked[k:]...)
+		}
+		ranked = ranked[k:]
 	}
-	topServers := make([]placement.Server, len(top))
-	for i, t := range top {
-		topServers[i] = t.server
-	}
-	fresh := a.freshen(ctx, top, topServers, want)
-	out := placement.Rank(fresh, want, prefer, a.rnd())
-	return append(out, ranked[k:]...)
+	return ranked
 }
 
 // freshen returns servers with the free counts read now from every server
