@@ -59,7 +59,7 @@ bench:
 	$(GO) run ./cmd/gpuherd-bench
 
 bench-micro:
-	$(GO) test -run '^$$' -bench . ./agent/ledger ./agent/placement ./gossip ./metrics
+	$(GO) test -run '^$$' -bench . ./agent ./agent/ledger ./agent/placement ./gossip ./metrics
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
