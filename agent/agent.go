@@ -50,6 +50,10 @@ type Agent struct {
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
 	lastRefusal atomic.Int64
+	// bound maps a claim ID to the CreatedAt of its reservation once
+	// reserveAndBind has bound all of its GPUs: its commit then need not
+	// check them again (see Commit).
+	bound sync.Map
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -465,12 +466,14 @@ func TestCommitLeavesEveryGPUOnVFIO(t *testing.T) {
 	a := startAgent(t, testConfig(t, dir), m, nil)
 	defer a.Close()
 	ctx := context.Background()
-	r, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA A100 80GB", Count: 2}}, Coordinator: "c"})
+	// Play an unfinished bind: the reservation is in the ledger, its
+	// binding has not run to the end, and one of its GPUs is on the host
+	// driver.
+	r, err := a.ledger.Reserve("vm-1", ledger.Request{Items: []ledger.Item{{Model: "NVIDIA A100 80GB", Count: 2}}}, "c", a.now(), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Play an unfinished bind: one of its GPUs is back on the host driver.
-	addr := r.GPUs[1].PCIAddress
+	addr := r.GPUs[1]
 	if _, err := vfio.NewBinder(vfio.New(m.Kernel)).Release(ctx, addr, vfio.IdleNVIDIA); err != nil {
 		t.Fatal(err)
 	}

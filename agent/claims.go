@@ -270,6 +270,7 @@ func (a *Agent) Sweep(ctx context.Context) {
 		return
 	}
 	for _, c := range expired {
+		a.bound.Delete(c.ID)
 		a.rec.Reservation("expired")
 		a.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
 		unlock := a.locks.lock(c.GPUs...)

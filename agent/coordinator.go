@@ -31,11 +31,13 @@ const (
 	commitAttempts  = 3
 	abortTimeout    = 2 * time.Second
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
-	// A coordinator an owner refused within contendedWindow reads the
-	// capacity of its best candidates, probeTop at a time, before asking.
+	// A coordinator an owner refused within contendedWindow, or that sees
+	// busyShare of a requested model taken, reads the capacity of its best
+	// candidates, probeTop at a time, before asking them.
 	contendedWindow = 30 * time.Second
 	probeTop        = 3
 	probeRounds     = 3
+	busyShare       = 0.75
 )
 
 // target is a server a coordinator may ask: this agent or a peer.
@@ -175,7 +177,7 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 		byName[t.name] = t
 	}
 	ranked := placement.Rank(servers, want, prefer, a.rnd())
-	if a.contended() {
+	if a.contended() || busy(targets, want) {
 		ranked = a.probe(ctx, ranked, targets, want, prefer)
 	}
 	if len(ranked) > maxOwnerRetries {
@@ -238,6 +240,23 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 func (a *Agent) contended() bool {
 	last := a.lastRefusal.Load()
 	return last != 0 && a.now().UnixNano()-last < int64(contendedWindow)
+}
+
+// busy reports whether, by the view, at least busyShare of the healthy GPUs
+// of a requested model are taken: the few servers with room then change
+// hands faster than gossip reports it, so placements are probed first.
+func busy(targets []target, want []placement.Want) bool {
+	for _, w := range want {
+		free, healthy := 0, 0
+		for _, t := range targets {
+			free += t.caps[w.Model].Free
+			healthy += t.caps[w.Model].Healthy
+		}
+		if healthy > 0 && float64(healthy-free) >= busyShare*float64(healthy) {
+			return true
+		}
+	}
+	return false
 }
 
 // probe re-ranks the best candidates on their capacity read now, probeTop

@@ -74,6 +74,9 @@ func (a *Agent) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 			return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: err}
 		}
 	}
+	// Still under the device locks: a commit that takes them next knows
+	// this reservation's GPUs are on vfio-pci.
+	a.bound.Store(id, c.CreatedAt)
 	return c, nil
 }
 
@@ -95,7 +98,9 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 // It waits for a bind of the claim's GPUs still in progress (a retry through
 // another coordinator can commit a reservation whose first coordinator is
 // still binding) and makes sure every GPU is on vfio-pci before committing:
-// a committed claim's GPUs are always ready for its VM.
+// a committed claim's GPUs are always ready for its VM. When this agent's
+// own reservation bound them (all of them, under the device locks it takes
+// here too), there is nothing left to check.
 func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
@@ -106,7 +111,8 @@ func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
 	}
 	unlock := a.locks.lock(pending.GPUs...)
 	defer unlock()
-	if pending.State == ledger.StateReserved && pending.Live(a.now()) {
+	defer a.bound.Delete(id)
+	if pending.State == ledger.StateReserved && pending.Live(a.now()) && !a.boundBy(id, pending) {
 		for _, addr := range pending.GPUs {
 			if err := a.bind(ctx, "commit "+id, addr); err != nil {
 				return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
@@ -128,12 +134,21 @@ func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
 	return a.claimView(c), nil
 }
 
+// boundBy reports whether reserveAndBind finished binding the GPUs of the
+// reservation pending (this very one, not an earlier one under the same ID)
+// in this process. The caller holds the GPUs' device locks.
+func (a *Agent) boundBy(id string, pending ledger.Claim) bool {
+	v, ok := a.bound.Load(id)
+	return ok && v.(time.Time).Equal(pending.CreatedAt)
+}
+
 // Abort drops a claim of this server, committed or reserved, and returns its
 // GPUs to the idle driver.
 func (a *Agent) Abort(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
+	a.bound.Delete(id)
 	c, err := a.ledger.Release(id, a.now())
 	if err != nil {
 		return api.Claim{}, a.apiError(err)
