@@ -172,7 +172,11 @@ type replayResult struct {
 // nil, reads the owners' ledgers when a claim is refused.
 func replay(ctx context.Context, t trace, al allocator, truth func() capacity, seed uint64) replayResult {
 	res := replayResult{alloc: al.name(), load: t.Load, truthChecked: truth != nil}
+	// Retries are counted from the first claim after the warm-up, like
+	// everything else: the warm-up issues the claims alive at time 0 in one
+	// burst from an empty platform, a transient no steady state has.
 	r0 := al.retries()
+	counting := false
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -183,6 +187,9 @@ func replay(ctx context.Context, t trace, al allocator, truth func() capacity, s
 	for i, rq := range t.Requests {
 		if d := time.Until(start.Add(rq.At)); d > 0 {
 			time.Sleep(d)
+		}
+		if !rq.Warmup && !counting {
+			r0, counting = al.retries(), true
 		}
 		wg.Add(1)
 		go func() {
