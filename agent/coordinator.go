@@ -35,9 +35,9 @@ const (
 	// busyShare of a requested model taken, reads the capacity of its best
 	// candidates, probeTop at a time, before asking them.
 	contendedWindow = 30 * time.Second
-	probeTop        = 3
+	probeTop        = 6
 	probeRounds     = 3
-	busyShare       = 0.75
+	busyShare       = 0.5
 )
 
 // target is a server a coordinator may ask: this agent or a peer.
@@ -243,8 +243,8 @@ func (a *Agent) contended() bool {
 }
 
 // busy reports whether, by the view, at least busyShare of the healthy GPUs
-// of a requested model are taken: the few servers with room then change
-// hands faster than gossip reports it, so placements are probed first.
+// of a requested model are taken: the servers with room then change hands
+// faster than gossip reports it, so placements are probed first.
 func busy(targets []target, want []placement.Want) bool {
 	for _, w := range want {
 		free, healthy := 0, 0

@@ -17,8 +17,8 @@ func TestBusyWhenMostOfAModelIsTaken(t *testing.T) {
 		want    bool
 	}{
 		{[]target{server(4, 4), server(4, 4)}, false},
-		{[]target{server(1, 4), server(2, 4)}, false}, // 5 of 8 taken
-		{[]target{server(1, 4), server(1, 4)}, true},  // 6 of 8: 75%
+		{[]target{server(3, 4), server(2, 4)}, false}, // 3 of 8 taken
+		{[]target{server(2, 4), server(2, 4)}, true},  // 4 of 8: half
 		{[]target{server(0, 4), server(0, 0)}, true},
 		{[]target{server(0, 0)}, false}, // no such GPU anywhere: nothing to probe
 	} {
