@@ -79,6 +79,11 @@
 //	gpuherd_claim_duration_seconds
 //	    histogram: time from a claim request to its answer, any outcome;
 //	    buckets from 1 ms to 60 s.
+//	gpuherd_claim_lookups_total{path}
+//	    counter: claim-ID lookups of the claims, gets and releases this agent
+//	    coordinated. path: local (this server holds the claim), directory
+//	    (the ID's home answered), every_server (the home could not vouch;
+//	    every server was asked). All present from the start at 0.
 //	gpuherd_reservations_total{outcome}
 //	    counter: reservation events. outcome: reserved, committed, expired,
 //	    released, aborted (all present from the start at 0).
