@@ -416,9 +416,12 @@ func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Cl
 }
 
 // viaHome asks the home of claim id where it is and runs op on the owner it
-// names; a home that vouches the ID is held nowhere makes it a 404 at once.
-// done is false when the home cannot say, or the owner it names does not
-// hold the claim: the caller then asks every server.
+// names. done is false when the home cannot say, or says the ID is held
+// nowhere, or the owner it names does not hold the claim: the caller then
+// asks every server. A "not found" is never taken from the home alone: a
+// caller that believes a claim gone takes its GPUs for free, and a home can
+// miss an owner's notice (an owner it cannot reach while the membership
+// changes); a new claim may go ahead on the home's word, a release may not.
 func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, done bool, err error) {
 	if a.cluster == nil {
 		return api.Claim{}, target{}, false, nil
@@ -442,10 +445,6 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 		cancel()
 		switch {
 		case err != nil:
-		case ans.State == api.DirAbsent:
-			a.rec.ClaimLookup(metrics.LookupDirectory)
-			return api.Claim{}, target{}, true, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
-				Message: fmt.Sprintf("claim %s not found on any server", id)}
 		case ans.State == api.DirHeld && len(ans.Owners) == 1:
 			if t, ok := targetNamed(targets, ans.Owners[0]); ok {
 				octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)

@@ -48,10 +48,14 @@ type directory struct {
 	members uint64    // digest of the membership it changed to (name and boot of every usable member)
 
 	queue chan api.DirOp
+	// undelivered holds the claim IDs whose notification a home did not
+	// take; they are sent again, as the ledger has them then, every second.
+	undeliveredMu sync.Mutex
+	undelivered   map[string]bool
 }
 
 func newDirectory(now time.Time) *directory {
-	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen)}
+	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}}
 }
 
 // rendezvous is the weight of node for claim id; the highest weight wins.
@@ -288,10 +292,14 @@ func (a *Agent) dirWorker(ctx context.Context) {
 	a.dirMembership()
 	resync := time.NewTimer(jitter(dirResync))
 	defer resync.Stop()
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-retry.C:
+			a.dirRetry(ctx)
 		case op := <-a.dir.queue:
 			batch := []api.DirOp{op}
 		more:
@@ -361,9 +369,35 @@ func (a *Agent) dirResyncAll(ctx context.Context) {
 	}
 }
 
-// dirSend delivers ops to their homes, one batch per home, in parallel.
-// A home that stays unreachable misses them: its entries go stale, so it
-// answers "unsure" and coordinators ask every server until the resync.
+// dirRetry sends again the notifications homes did not take, as the ledger
+// has the claims now (a claim released meanwhile is sent as gone, one
+// committed again as held), to their homes now.
+func (a *Agent) dirRetry(ctx context.Context) {
+	d := a.dir
+	d.undeliveredMu.Lock()
+	ids := d.undelivered
+	d.undelivered = map[string]bool{}
+	d.undeliveredMu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	var ops []api.DirOp
+	for id := range ids {
+		op := api.DirOp{ID: id, Op: api.DirOpGone}
+		if c, err := a.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+			op.Op = api.DirOpHeld
+		}
+		ops = append(ops, op)
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), api.MaxDirUpdateIDs)
+		a.dirSend(ctx, ops[:n])
+		ops = ops[n:]
+	}
+}
+
+// dirSend delivers ops to their homes, one batch per home, in parallel. The
+// IDs of a batch a home does not take go to dirRetry.
 func (a *Agent) dirSend(ctx context.Context, ops []api.DirOp) {
 	targets := a.targets()
 	byHome := map[string][]api.DirOp{}
@@ -378,32 +412,47 @@ func (a *Agent) dirSend(ctx context.Context, ops []api.DirOp) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.dirDeliver(ctx, homes[name], api.DirUpdate{From: a.cfg.NodeName, Ops: ops})
+			if a.dirDeliver(ctx, homes[name], api.DirUpdate{From: a.cfg.NodeName, Ops: ops}) {
+				return
+			}
+			d := a.dir
+			d.undeliveredMu.Lock()
+			defer d.undeliveredMu.Unlock()
+			for _, op := range ops {
+				if len(d.undelivered) < dirQueueLen {
+					d.undelivered[op.ID] = true
+				}
+			}
 		}()
 	}
 	wg.Wait()
 }
 
-func (a *Agent) dirDeliver(ctx context.Context, home target, u api.DirUpdate) {
+// dirDeliver sends u to home, with a few quick retries; false when the home
+// did not take it.
+func (a *Agent) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bool {
 	d, ok := home.owner.(api.Directory)
 	if !ok {
-		return
+		return true
 	}
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		sctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 		err := d.UpdateDirectory(sctx, u)
 		cancel()
-		if err == nil || ctx.Err() != nil {
-			return
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
 		}
 		if attempt == dirSendAttempts {
-			a.log.Info("claim directory: a home did not take our notifications; it will answer unsure until the resync", "home", home.name, "claims", len(u.Ops), "err", err)
-			return
+			a.log.Info("claim directory: a home did not take our notifications; retrying every second", "home", home.name, "claims", len(u.Ops), "err", err)
+			return false
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(wait):
 		}
 		wait *= 4

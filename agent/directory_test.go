@@ -3,6 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,8 +124,9 @@ func TestDirectoryRejectsBadUpdates(t *testing.T) {
 
 // With the directory vouching, a claim, a get and a release need only the
 // ID's home and the owner: they work while another server's peer API does
-// not answer (asking every server would give "retry later"), and a claim
-// that does not exist is "not found" at once, not "retry later".
+// not answer. A "not found" is never taken from the home alone: once the
+// claim is released, a get asks every server, and with one silent it is a
+// retryable "did not answer", not "not found".
 func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 	tc := newTestCluster(t)
 	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
@@ -176,8 +180,8 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 		ans, err := home.LookupDirectory(ctx, id)
 		return err == nil && ans.State == api.DirAbsent
 	})
-	if _, err := a.Get(ctx, id); !isCode(err, api.CodeNotFound) {
-		t.Fatalf("get of the released claim with d silent: %v, want not_found", err)
+	if _, err := a.Get(ctx, id); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "d did not answer") {
+		t.Fatalf("get of the released claim with d silent: %v, want unavailable naming d", err)
 	}
 	if free := localFree(b, "NVIDIA L40S"); free != 4 {
 		t.Errorf("b has %d L40S free after the release, want 4", free)
@@ -229,4 +233,55 @@ func TestClusterDirectoryHomeRestarts(t *testing.T) {
 		t.Fatalf("get after the home restarted: %+v, %v", got, err)
 	}
 	_ = b
+}
+
+// An owner's notice that its home does not take is sent again until it is.
+func TestClusterDirectoryNoticeRetried(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	a := tc.start("a", "a100-pcie-4")
+	b := tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	ctx := context.Background()
+	var id string
+	for i := 0; ; i++ {
+		id = fmt.Sprintf("vm-%d", i)
+		if homeOf(id, a.targets()).name == "c" {
+			break
+		}
+	}
+	// b cannot reach c's peer API for a while.
+	_ = b.targets() // builds b's client for every peer
+	b.cluster.mu.Lock()
+	saved := map[string]*api.PeerClient{}
+	for key, pc := range b.cluster.clients {
+		saved[key] = pc
+		if strings.HasPrefix(key, "c@") {
+			b.cluster.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
+		}
+	}
+	if len(saved) == 0 || !slices.ContainsFunc(slices.Collect(maps.Keys(saved)), func(k string) bool { return strings.HasPrefix(k, "c@") }) {
+		b.cluster.mu.Unlock()
+		t.Fatal("b has no client for c yet")
+	}
+	b.cluster.mu.Unlock()
+	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || cl.Node != "b" {
+		t.Fatalf("claim: %+v, %v", cl, err)
+	}
+	waitFor(t, "b's notice to be parked for a retry", 10*time.Second, func() bool {
+		b.dir.undeliveredMu.Lock()
+		defer b.dir.undeliveredMu.Unlock()
+		return b.dir.undelivered[id]
+	})
+	if ans, _ := c.LookupDirectory(ctx, id); ans.State == api.DirHeld {
+		t.Fatalf("c learned of %s although b could not reach it: %+v", id, ans)
+	}
+	b.cluster.mu.Lock()
+	b.cluster.clients = saved
+	b.cluster.mu.Unlock()
+	waitFor(t, "c to learn where "+id+" is", 10*time.Second, func() bool {
+		ans, err := c.LookupDirectory(ctx, id)
+		return err == nil && ans.State == api.DirHeld && len(ans.Owners) == 1 && ans.Owners[0] == "b"
+	})
 }

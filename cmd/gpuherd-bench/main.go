@@ -177,7 +177,7 @@ type sizeResult struct {
 	converge     time.Duration
 	seqAgent     durations // Agent.Claim, unloaded
 	seqView      durations // bench coordinator, no ID lookup, unloaded
-	lookup       durations // Agent.Get of an unknown ID: the claim-ID lookup alone
+	lookup       durations // Agent.Get of an unknown ID: the home, then every server
 	viaDirectory int64     // claim-ID lookups the IDs' homes answered, over the Agent.Claim phases
 	viaEvery     int64     // claim-ID lookups that asked every server
 	tput         float64
@@ -321,7 +321,7 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	warm(c, va, mesh)
 	if mesh {
 		progress("waiting for the claim directory to vouch (directory_settle after the last join)")
-		if err := waitDirectory(c, 60*time.Second); err != nil {
+		if err := waitDirectory(c, models[0], 60*time.Second); err != nil {
 			return nil, err
 		}
 	}
@@ -505,18 +505,24 @@ func warm(c *cluster, va *viewAlloc, agents bool) {
 
 // waitDirectory waits until the claim directory answers lookups: the
 // agents' homes vouch once the membership has been steady for
-// directory_settle. A get of an unknown ID through each agent in turn
-// counts as a directory lookup once its home vouches.
-func waitDirectory(c *cluster, limit time.Duration) error {
+// directory_settle. A claim of a new ID through each agent in turn (then
+// released) counts as a directory lookup once its home vouches.
+func waitDirectory(c *cluster, model string, limit time.Duration) error {
 	ctx := context.Background()
 	start := time.Now()
 	for i := 0; ; i++ {
 		before := c.ctr.viaDirectory.Load()
 		nd := c.nodes[i%len(c.nodes)]
-		if _, err := nd.a.Get(ctx, fmt.Sprintf("settle-%d", i)); err != nil && !isNotFound(err) {
+		id := fmt.Sprintf("settle-%d", i)
+		cl, err := nd.a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: 1}}})
+		if err != nil {
 			return fmt.Errorf("waiting for the claim directory: %w", err)
 		}
-		if c.ctr.viaDirectory.Load() > before {
+		vouched := c.ctr.viaDirectory.Load() > before
+		if _, err := c.by[cl.Node].a.Release(ctx, id); err != nil {
+			return fmt.Errorf("waiting for the claim directory: %w", err)
+		}
+		if vouched {
 			progress("  the directory answered after %v", time.Since(start).Round(time.Millisecond))
 			return nil
 		}

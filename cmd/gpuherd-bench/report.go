@@ -44,7 +44,7 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 			continue
 		}
 		t.add(fmt.Sprint(r.n), fmt.Sprint(r.gpus), "gpuherd (Agent.Claim)", ms(r.seqAgent.pct(50)), ms(r.seqAgent.pct(95)), ms(r.seqAgent.pct(99)), ratioD(r.seqAgent.pct(50), floor), ratioD(r.seqAgent.pct(99), floor))
-		t.add(fmt.Sprint(r.n), "", "of which: claim-ID lookup through the ID's home (Agent.Get, unknown ID)", ms(r.lookup.pct(50)), ms(r.lookup.pct(95)), ms(r.lookup.pct(99)), ratioD(r.lookup.pct(50), floor), ratioD(r.lookup.pct(99), floor))
+		t.add(fmt.Sprint(r.n), "", "Agent.Get of an unknown ID (the home says absent; every server confirms)", ms(r.lookup.pct(50)), ms(r.lookup.pct(95)), ms(r.lookup.pct(99)), ratioD(r.lookup.pct(50), floor), ratioD(r.lookup.pct(99), floor))
 		t.add(fmt.Sprint(r.n), "", "same protocol without the lookup (bench coordinator)", ms(r.seqView.pct(50)), ms(r.seqView.pct(95)), ms(r.seqView.pct(99)), ratioD(r.seqView.pct(50), floor), ratioD(r.seqView.pct(99), floor))
 		if r == focus && len(r.etcdSeq) > 0 {
 			t.add(fmt.Sprint(r.n), "", "etcd central allocator (range read + txn)", ms(r.etcdSeq.pct(50)), ms(r.etcdSeq.pct(95)), ms(r.etcdSeq.pct(99)), ratioD(r.etcdSeq.pct(50), floor), ratioD(r.etcdSeq.pct(99), floor))

@@ -58,7 +58,7 @@ type agent struct {
 	clockBase time.Duration
 }
 
-func newAgent(dir, bin string, i, n int, pki, key string, lease time.Duration) *agent {
+func newAgent(dir, bin string, i, n int, pki, key string, lease, settle time.Duration) *agent {
 	a := &agent{
 		i:       i,
 		name:    fmt.Sprintf("n%d", i),
@@ -86,6 +86,7 @@ func newAgent(dir, bin string, i, n int, pki, key string, lease time.Duration) *
 		"--tls-key", filepath.Join(pki, a.name+".key"),
 		"--idle-driver", "nvidia", // so that "claimed means vfio-pci" is a real check
 		"--reservation-lease", lease.String(),
+		"--directory-settle", settle.String(),
 		"--clock-offset-file", a.clockFile,
 	}
 	// Every agent gets every other as a seed, so that any one restarting

@@ -27,6 +27,7 @@ type options struct {
 	binary   string
 	claimers int
 	lease    time.Duration
+	settle   time.Duration
 	cliShare float64
 	lanes    int
 	keep     bool
@@ -43,6 +44,7 @@ func parseFlags() options {
 	flag.StringVar(&o.binary, "binary", "bin/gpuherd", "the gpuherd binary")
 	flag.IntVar(&o.claimers, "claimers", 8, "concurrent claimers")
 	flag.DurationVar(&o.lease, "lease", 5*time.Second, "the agents' --reservation-lease (at least 3s)")
+	flag.DurationVar(&o.settle, "directory-settle", 2*time.Second, "the agents' --directory-settle: short, so that the claim directory vouches between faults")
 	flag.Float64Var(&o.cliShare, "cli-share", 0.2, "share of the claimers' operations that run the gpuherd CLI instead of the API client")
 	flag.IntVar(&o.lanes, "fault-lanes", 2, "faults injected concurrently")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) also when the run passes")
@@ -82,9 +84,9 @@ func run() int {
 	o := parseFlags()
 	ck := &clock{start: time.Now()}
 	logf := ck.logf
-	if flag.NArg() > 0 || o.agents < 2 || o.agents > 200 || o.lease < 3*time.Second || o.duration <= 0 || o.claimers < 1 || o.lanes < 0 ||
+	if flag.NArg() > 0 || o.agents < 2 || o.agents > 200 || o.lease < 3*time.Second || o.settle < 0 || o.duration <= 0 || o.claimers < 1 || o.lanes < 0 ||
 		(o.sabotage != "" && o.sabotage != "wipe-ledger") {
-		fmt.Fprintln(os.Stderr, "gpuherd-chaos: bad flags (see -h): need 2 to 200 agents, a lease of at least 3s, a positive duration, 1 claimer or more")
+		fmt.Fprintln(os.Stderr, "gpuherd-chaos: bad flags (see -h): need 2 to 200 agents, a lease of at least 3s, a directory settle of 0 or more, a positive duration, 1 claimer or more")
 		return 2
 	}
 	if os.Geteuid() != 0 {
@@ -115,8 +117,8 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "gpuherd-chaos: --binary: %v (run `make build`)\n", err)
 		return 2
 	}
-	fmt.Printf("gpuherd-chaos: seed=%d agents=%d duration=%s claimers=%d fault-lanes=%d lease=%s binary=%s\n",
-		o.seed, o.agents, o.duration, o.claimers, o.lanes, o.lease, bin)
+	fmt.Printf("gpuherd-chaos: seed=%d agents=%d duration=%s claimers=%d fault-lanes=%d lease=%s directory-settle=%s binary=%s\n",
+		o.seed, o.agents, o.duration, o.claimers, o.lanes, o.lease, o.settle, bin)
 
 	dir, err := os.MkdirTemp("", "gpuherd-chaos-")
 	if err != nil {
@@ -160,7 +162,7 @@ func run() int {
 		return 2
 	}
 	for i := 1; i <= o.agents; i++ {
-		a := newAgent(dir, bin, i, o.agents, pki, key, o.lease)
+		a := newAgent(dir, bin, i, o.agents, pki, key, o.lease, o.settle)
 		a.ns = nw.nodeNS(i)
 		agents = append(agents, a)
 	}

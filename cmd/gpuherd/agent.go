@@ -77,6 +77,8 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.Var(&f.BindTimeout, "bind-timeout", "deadline of every sysfs write")
 	f.ReservationLease = d.ReservationLease
 	fl.Var(&f.ReservationLease, "reservation-lease", "how long a reservation lives unless committed")
+	f.DirectorySettle = d.DirectorySettle
+	fl.Var(&f.DirectorySettle, "directory-settle", "steady membership a claim ID's home needs before it vouches that the ID is held nowhere")
 	fl.IntVar(&f.MaxGPUsPerClaim, "max-gpus-per-claim", d.MaxGPUsPerClaim, "most GPUs in one request")
 	fl.StringVar(&f.NVML, "nvml", d.NVML, "auto or off")
 	fl.StringVar(&f.LogLevel, "log-level", d.LogLevel, "debug, info, warn or error")
@@ -113,6 +115,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"gpu-devices":         func() { cfg.GPUDevices = f.GPUDevices },
 		"bind-timeout":        func() { cfg.BindTimeout = f.BindTimeout },
 		"reservation-lease":   func() { cfg.ReservationLease = f.ReservationLease },
+		"directory-settle":    func() { cfg.DirectorySettle = f.DirectorySettle },
 		"max-gpus-per-claim":  func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
 		"nvml":                func() { cfg.NVML = f.NVML },
 		"log-level":           func() { cfg.LogLevel = f.LogLevel },
