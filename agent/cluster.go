@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -156,15 +157,19 @@ func (c *clusterState) peers() []target {
 	return out
 }
 
-// unreachable names the other members gossip knows but cannot reach now
-// (suspect or dead, not left): they may hold claims nobody can see.
-func (c *clusterState) unreachable() []string {
+// unasked names the other members gossip knows now, other than those that
+// left, that are not in asked: suspect or dead ones, and alive ones that
+// were not in the view when the lookup began (the view read at the start of
+// a lookup can be older than this one: an agent that just woke from a
+// freeze) or whose summary cannot be used. Any of them may hold a claim
+// nobody asked about.
+func (c *clusterState) unasked(asked []string) []string {
 	var out []string
 	if !c.joined.Load() {
 		out = append(out, "the rest of the cluster (not joined yet)")
 	}
 	for _, m := range c.g.Members() {
-		if !m.Self && (m.State == gossip.StateSuspect || m.State == gossip.StateDead) {
+		if !m.Self && m.State != gossip.StateLeft && !slices.Contains(asked, m.Name) {
 			out = append(out, m.Name)
 		}
 	}

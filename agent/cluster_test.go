@@ -456,3 +456,25 @@ func TestClusterContendedCoordinatorProbes(t *testing.T) {
 		t.Errorf("the contended coordinator asked c again (%d reserves in all) although c's capacity read says full", n)
 	}
 }
+
+// A strict lookup (get, release) that did not ask a member gossip now
+// knows — its view at the start was older, as in an agent that just woke
+// from a freeze — must not answer "not found": that member may hold it.
+func TestClusterStrictLookupNamesMembersItDidNotAsk(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "a100-pcie-4")
+	tc.start("b", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	old := slices.DeleteFunc(a.targets(), func(x target) bool { return x.name == "b" })
+	_, _, err := a.find(ctx, old, "vm-1", true)
+	if e := apiErr(t, err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "b did not answer") {
+		t.Fatalf("strict lookup that did not ask b: %+v; want unavailable naming b", e)
+	}
+	if _, _, err := a.find(ctx, a.targets(), "vm-1", true); err != nil {
+		t.Fatalf("strict lookup asking everyone: %v", err)
+	}
+}

@@ -536,7 +536,7 @@ func before(x, y copyOf) int {
 // findAll looks for the claim on every server of the view, in parallel,
 // and returns every copy, the one to keep first, and the servers that did
 // not answer: those of the view whose lookup failed, and the members gossip
-// knows but sees as suspect or dead.
+// knows now (except those that left) that were not asked.
 func (a *Agent) findAll(ctx context.Context, targets []target, id string) ([]copyOf, []string) {
 	var (
 		mu         sync.Mutex
@@ -564,7 +564,11 @@ func (a *Agent) findAll(ctx context.Context, targets []target, id string) ([]cop
 	}
 	wg.Wait()
 	if a.cluster != nil {
-		unanswered = append(unanswered, a.cluster.unreachable()...)
+		asked := make([]string, len(targets))
+		for i, t := range targets {
+			asked[i] = t.name
+		}
+		unanswered = append(unanswered, a.cluster.unasked(asked)...)
 	}
 	slices.SortFunc(hits, before)
 	slices.Sort(unanswered)
@@ -610,7 +614,11 @@ func (a *Agent) memberStates() string {
 	}
 	var parts []string
 	for _, m := range a.cluster.g.Members() {
-		parts = append(parts, m.Name+"="+m.State)
+		p := m.Name + "=" + m.State
+		if m.SummaryErr != nil {
+			p += "(summary unusable: " + m.SummaryErr.Error() + ")"
+		}
+		parts = append(parts, p)
 	}
 	return strings.Join(parts, " ")
 }
