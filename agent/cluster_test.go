@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -157,6 +158,32 @@ func bothLookups(t *testing.T, test func(t *testing.T, tc *testCluster)) {
 			tc.adjust = func(c *Config) { c.DirectorySettle = Duration(min(mode.settle, 10*time.Minute)) }
 			test(t, tc)
 		})
+	}
+}
+
+// cutPeerAPI points from's client for peer at a port where nothing
+// listens (gossip still sees peer alive); the returned function restores it.
+func cutPeerAPI(t *testing.T, from *Agent, peer string) (reconnect func()) {
+	t.Helper()
+	_ = from.targets() // builds from's client for every peer
+	c := from.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	saved := maps.Clone(c.clients)
+	cut := false
+	for key := range c.clients {
+		if strings.HasPrefix(key, peer+"@") {
+			c.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
+			cut = true
+		}
+	}
+	if !cut {
+		t.Fatalf("%s has no client for %s", from.cfg.NodeName, peer)
+	}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.clients = saved
 	}
 }
 
@@ -355,24 +382,13 @@ func TestClusterReleaseWhileOwnerUnreachable(t *testing.T) {
 	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	// Point a's client for b at a port where nothing listens.
-	a.cluster.mu.Lock()
-	saved := map[string]*api.PeerClient{}
-	for key, pc := range a.cluster.clients {
-		saved[key] = pc
-		if strings.HasPrefix(key, "b@") {
-			a.cluster.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
-		}
-	}
-	a.cluster.mu.Unlock()
+	reconnect := cutPeerAPI(t, a, "b")
 
 	_, err := a.Release(ctx, "vm-1")
 	if e := apiErr(t, err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "b did not answer") {
 		t.Fatalf("release with the owner unreachable: %+v; want 503 naming b", e)
 	}
-	a.cluster.mu.Lock()
-	a.cluster.clients = saved
-	a.cluster.mu.Unlock()
+	reconnect()
 	if _, err := a.Release(ctx, "vm-1"); err != nil {
 		t.Fatalf("release once b answers again: %v", err)
 	}

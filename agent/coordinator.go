@@ -193,7 +193,7 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 			// The view says nothing (more) fits; it may be stale. Before
 			// answering "not available", read the capacity of every server
 			// that could hold the request, and try again on the fresh figures.
-			servers = a.freshen(ctx, targets, servers, want)
+			servers = a.freshen(ctx, targets, want)
 			ranked = slices.DeleteFunc(placement.Rank(servers, want, prefer, a.rnd()), func(n string) bool { return slices.Contains(tried, n) })
 			if len(ranked) > maxOwnerRetries {
 				ranked = ranked[:maxOwnerRetries]
@@ -273,11 +273,7 @@ func (a *Agent) probe(ctx context.Context, ranked []string, targets []target, wa
 				top = append(top, t)
 			}
 		}
-		topServers := make([]placement.Server, len(top))
-		for i, t := range top {
-			topServers[i] = t.server
-		}
-		fresh := placement.Rank(a.freshen(ctx, top, topServers, want), want, prefer, a.rnd())
+		fresh := placement.Rank(a.freshen(ctx, top, want), want, prefer, a.rnd())
 		if len(fresh) > 0 {
 			return append(fresh, ranked[k:]...)
 		}
@@ -286,11 +282,14 @@ func (a *Agent) probe(ctx context.Context, ranked []string, targets []target, wa
 	return ranked
 }
 
-// freshen returns servers with the free counts read now from every server
-// that, by its gossiped totals, could hold want; the others keep their view.
-// A server that does not answer keeps its view too.
-func (a *Agent) freshen(ctx context.Context, targets []target, servers []placement.Server, want []placement.Want) []placement.Server {
-	out := slices.Clone(servers)
+// freshen returns the targets' servers with the free counts read now from
+// every one that, by its gossiped totals, could hold want; the others keep
+// their view. A server that does not answer keeps its view too.
+func (a *Agent) freshen(ctx context.Context, targets []target, want []placement.Want) []placement.Server {
+	out := make([]placement.Server, len(targets))
+	for i, t := range targets {
+		out[i] = t.server
+	}
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		fits := true

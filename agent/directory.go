@@ -362,11 +362,7 @@ func (a *Agent) dirResyncAll(ctx context.Context) {
 			ops = append(ops, api.DirOp{ID: c.ID, Op: api.DirOpHeld})
 		}
 	}
-	for len(ops) > 0 {
-		n := min(len(ops), api.MaxDirUpdateIDs)
-		a.dirSend(ctx, ops[:n])
-		ops = ops[n:]
-	}
+	a.dirSend(ctx, ops)
 }
 
 // dirRetry sends again the notifications homes did not take, as the ledger
@@ -389,15 +385,12 @@ func (a *Agent) dirRetry(ctx context.Context) {
 		}
 		ops = append(ops, op)
 	}
-	for len(ops) > 0 {
-		n := min(len(ops), api.MaxDirUpdateIDs)
-		a.dirSend(ctx, ops[:n])
-		ops = ops[n:]
-	}
+	a.dirSend(ctx, ops)
 }
 
-// dirSend delivers ops to their homes, one batch per home, in parallel. The
-// IDs of a batch a home does not take go to dirRetry.
+// dirSend delivers ops to their homes, in batches of at most
+// api.MaxDirUpdateIDs per home, the homes in parallel. The IDs of a batch a
+// home does not take go to dirRetry.
 func (a *Agent) dirSend(ctx context.Context, ops []api.DirOp) {
 	targets := a.targets()
 	byHome := map[string][]api.DirOp{}
@@ -412,20 +405,28 @@ func (a *Agent) dirSend(ctx context.Context, ops []api.DirOp) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if a.dirDeliver(ctx, homes[name], api.DirUpdate{From: a.cfg.NodeName, Ops: ops}) {
-				return
-			}
-			d := a.dir
-			d.undeliveredMu.Lock()
-			defer d.undeliveredMu.Unlock()
-			for _, op := range ops {
-				if len(d.undelivered) < dirQueueLen {
-					d.undelivered[op.ID] = true
-				}
+			for batch := range slices.Chunk(ops, api.MaxDirUpdateIDs) {
+				a.dirSendTo(ctx, homes[name], batch)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// dirSendTo delivers one batch to one home, parking its IDs for dirRetry
+// when the home does not take it.
+func (a *Agent) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
+	if a.dirDeliver(ctx, home, api.DirUpdate{From: a.cfg.NodeName, Ops: ops}) {
+		return
+	}
+	d := a.dir
+	d.undeliveredMu.Lock()
+	defer d.undeliveredMu.Unlock()
+	for _, op := range ops {
+		if len(d.undelivered) < dirQueueLen {
+			d.undelivered[op.ID] = true
+		}
+	}
 }
 
 // dirDeliver sends u to home, with a few quick retries; false when the home

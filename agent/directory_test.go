@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +10,17 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 )
+
+// idHomedOn returns the first ID "vm-N" whose home, by a's view, is one of
+// homes.
+func idHomedOn(a *Agent, homes ...string) string {
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("vm-%d", i)
+		if slices.Contains(homes, homeOf(id, a.targets()).name) {
+			return id
+		}
+	}
+}
 
 func names(n int) []target {
 	out := make([]target, n)
@@ -147,15 +157,8 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 		}
 	}
 	// An ID whose home is neither d (about to go quiet) nor b (the owner).
-	var id string
-	var home *Agent
-	for i := 0; ; i++ {
-		id = fmt.Sprintf("vm-%d", i)
-		if h := homeOf(id, a.targets()).name; h == "a" || h == "c" {
-			home = tc.agents[h]
-			break
-		}
-	}
+	id := idHomedOn(a, "a", "c")
+	home := tc.agents[homeOf(id, a.targets()).name]
 	d.cluster.server.Close() // d stays in gossip, its peer API is gone
 
 	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
@@ -200,13 +203,7 @@ func TestClusterDirectoryHomeRestarts(t *testing.T) {
 	tc.start("c", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
 	ctx := context.Background()
-	var id string
-	for i := 0; ; i++ {
-		id = fmt.Sprintf("vm-%d", i)
-		if homeOf(id, a.targets()).name == "c" {
-			break
-		}
-	}
+	id := idHomedOn(a, "c")
 	if _, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -244,28 +241,9 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 	c := tc.start("c", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
 	ctx := context.Background()
-	var id string
-	for i := 0; ; i++ {
-		id = fmt.Sprintf("vm-%d", i)
-		if homeOf(id, a.targets()).name == "c" {
-			break
-		}
-	}
+	id := idHomedOn(a, "c")
 	// b cannot reach c's peer API for a while.
-	_ = b.targets() // builds b's client for every peer
-	b.cluster.mu.Lock()
-	saved := map[string]*api.PeerClient{}
-	for key, pc := range b.cluster.clients {
-		saved[key] = pc
-		if strings.HasPrefix(key, "c@") {
-			b.cluster.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
-		}
-	}
-	if len(saved) == 0 || !slices.ContainsFunc(slices.Collect(maps.Keys(saved)), func(k string) bool { return strings.HasPrefix(k, "c@") }) {
-		b.cluster.mu.Unlock()
-		t.Fatal("b has no client for c yet")
-	}
-	b.cluster.mu.Unlock()
+	reconnect := cutPeerAPI(t, b, "c")
 	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || cl.Node != "b" {
 		t.Fatalf("claim: %+v, %v", cl, err)
 	}
@@ -277,9 +255,7 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 	if ans, _ := c.LookupDirectory(ctx, id); ans.State == api.DirHeld {
 		t.Fatalf("c learned of %s although b could not reach it: %+v", id, ans)
 	}
-	b.cluster.mu.Lock()
-	b.cluster.clients = saved
-	b.cluster.mu.Unlock()
+	reconnect()
 	waitFor(t, "c to learn where "+id+" is", 10*time.Second, func() bool {
 		ans, err := c.LookupDirectory(ctx, id)
 		return err == nil && ans.State == api.DirHeld && len(ans.Owners) == 1 && ans.Owners[0] == "b"
