@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -485,5 +486,186 @@ func TestCommitLeavesEveryGPUOnVFIO(t *testing.T) {
 		if d := driverOf(t, m.Kernel, g.PCIAddress); d != vfio.DriverVFIO {
 			t.Errorf("committed claim's GPU %s is on %q", g.PCIAddress, d)
 		}
+	}
+}
+
+// onDriverRead is a sysfs that calls a function each time the driver link
+// of one device is read, before answering: a release that lands between a
+// status's ledger read and its driver read.
+type onDriverRead struct {
+	vfio.FS
+	link string
+	fn   atomic.Pointer[func()]
+}
+
+func (r *onDriverRead) Readlink(name string) (string, error) {
+	if fn := r.fn.Load(); fn != nil && name == r.link {
+		(*fn)()
+	}
+	return r.FS.Readlink(name)
+}
+
+// TestStatusNeverShowsAClaimedGPUOffVFIO: a claim released (and its GPU
+// returned to the idle driver) while a status is being read shows either
+// claimed on vfio-pci or free, never claimed on the idle driver: the monitor
+// of the fault runs read that as a claimed GPU its VM could not use.
+func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	fs := &onDriverRead{FS: m.Kernel}
+	a, err := New(context.Background(), testConfig(t, dir), quietLog(), WithSysfs(fs, m.NVML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx := context.Background()
+	status := func() ([]api.GPU, error) { st, err := a.Status(ctx); return st.GPUs, err }
+	for _, tc := range []struct {
+		name string
+		// busy: the ledger changes at every driver read as well, so that
+		// only the device locks give a consistent picture.
+		busy bool
+		read func(addr string) ([]api.GPU, error)
+	}{
+		{"status", false, func(string) ([]api.GPU, error) { return status() }},
+		{"one GPU", false, func(addr string) ([]api.GPU, error) { g, err := a.Drain(ctx, addr, ""); return []api.GPU{g}, err }},
+		{"busy ledger", true, func(string) ([]api.GPU, error) { return status() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := c.GPUs[0].PCIAddress
+			other := ""
+			for _, o := range a.order {
+				if o != addr {
+					other = o
+				}
+			}
+			fs.link = "bus/pci/devices/" + addr + "/driver"
+			released, reads, locked := false, 0, false
+			hook := func() {
+				reads++
+				if tc.busy {
+					if reads <= 3 {
+						if err := a.ledger.Drain(other, fmt.Sprint(reads), a.now()); err != nil {
+							t.Error(err)
+						}
+						return
+					}
+					a.locks.mu.Lock()
+					_, locked = a.locks.locks[addr]
+					a.locks.mu.Unlock()
+					if err := a.ledger.Undrain(other); err != nil {
+						t.Error(err)
+					}
+				}
+				if !released {
+					released = true // before: the release reads the link too
+					if _, err := a.ledger.Release(c.ID, a.now()); err != nil {
+						t.Error(err)
+					}
+					if tc.busy {
+						return // the device locks are held: the unbind waits
+					}
+					unlock := a.locks.lock(addr)
+					a.toIdleLocked(ctx, "test release", []string{addr}, "")
+					unlock()
+				}
+			}
+			fs.fn.Store(&hook)
+			gpus, err := tc.read(addr)
+			fs.fn.Store(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !released {
+				t.Fatal("the release did not run during the read")
+			}
+			if tc.busy && !locked {
+				t.Errorf("the driver read after %d changes of the ledger was not under the device lock", reads-1)
+			}
+			for _, g := range gpus {
+				if g.PCIAddress == addr && g.State == api.StateClaimed && g.Driver != vfio.DriverVFIO {
+					t.Errorf("%s shows %s claimed by %s on %q", tc.name, addr, g.Claim, g.Driver)
+				}
+			}
+			unlock := a.locks.lock(addr)
+			a.toIdleLocked(ctx, "test", []string{addr}, "")
+			unlock()
+			if tc.name == "one GPU" {
+				if _, err := a.Undrain(ctx, addr); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestResizeBindsBeforeTheLedgerHandsOver: a GPU a resize adds is never
+// shown claimed while still on the idle driver; the status read during its
+// bind shows it free.
+func TestResizeBindsBeforeTheLedgerHandsOver(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	fs := &onDriverRead{FS: m.Kernel}
+	a, err := New(context.Background(), testConfig(t, dir), quietLog(), WithSysfs(fs, m.NVML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	two := ledger.Request{Items: []ledger.Item{{Model: "NVIDIA A100 80GB", Count: 2}}}
+	plan, err := a.ledger.PlanResize("vm-1", two, a.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := a.ledger.Get("vm-1")
+	var added string
+	for _, g := range plan.GPUs {
+		if !slices.Contains(before.GPUs, g) {
+			added = g
+		}
+	}
+	fs.link = "bus/pci/devices/" + added + "/driver"
+	seen, inHook := 0, false
+	hook := func() {
+		if inHook {
+			return // the status reads the link too
+		}
+		inHook = true
+		defer func() { inHook = false }()
+		st, err := a.Status(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, g := range st.GPUs {
+			if g.PCIAddress == added {
+				seen++
+				if g.State == api.StateClaimed && g.Driver != vfio.DriverVFIO {
+					t.Errorf("during the resize, %s shows claimed by %s on %q", added, g.Claim, g.Driver)
+				}
+			}
+		}
+	}
+	fs.fn.Store(&hook)
+	c, err := a.Resize(ctx, "vm-1", api.ResizeRequest{GPUs: []api.Item{{Model: "NVIDIA A100 80GB", Count: 2}}})
+	fs.fn.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen == 0 {
+		t.Fatal("no status was read during the resize's bind")
+	}
+	if !slices.Contains(gpuAddrs(c), added) {
+		t.Fatalf("the resize picked %v, not the planned %s", gpuAddrs(c), added)
+	}
+	if d := driverOf(t, m.Kernel, added); d != vfio.DriverVFIO {
+		t.Errorf("the added GPU is on %q", d)
 	}
 }

@@ -107,14 +107,14 @@ func (a *Agent) knownGPU(addr string) error {
 // Status lists this server's GPUs with their state.
 func (a *Agent) Status(context.Context) (api.Status, error) {
 	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{}}
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
 	return st, nil
 }
 
 func (a *Agent) gpuView(addr string) (api.GPU, error) {
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.gpuStates() {
 		if s.GPU.Address == addr {
 			return a.stateView(s), nil
 		}
@@ -122,15 +122,63 @@ func (a *Agent) gpuView(addr string) (api.GPU, error) {
 	return api.GPU{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: "no GPU at " + addr}
 }
 
-func (a *Agent) stateView(s ledger.GPUState) api.GPU {
+// gpuState is a GPU's state in the ledger with the driver it was on at the
+// same moment.
+type gpuState struct {
+	ledger.GPUState
+	driver string
+	read   bool // false: the device could not be read, driver is ""
+}
+
+// gpuStates reads every GPU's ledger state and its driver as one
+// consistent picture. A claim binds its GPUs before the ledger commits it,
+// and the ledger releases a claim before its GPUs go back to the idle
+// driver, so a GPU the ledger calls claimed is on vfio-pci throughout;
+// but a state read, then a driver read after a release and its unbind in
+// between, would pair "claimed" with the idle driver. The picture is kept
+// only when the ledger did not change while the drivers were read. A ledger
+// that keeps changing gets the device locks instead: under them no bind,
+// unbind or commit happens, and a release that slips in leaves a free GPU
+// still on vfio-pci, which is true.
+func (a *Agent) gpuStates() []gpuState {
+	const attempts = 3
+	for range attempts {
+		rev := a.ledger.Revision()
+		out := a.readStates()
+		if a.ledger.Revision() == rev {
+			return out
+		}
+	}
+	var addrs []string
+	for _, s := range a.ledger.GPUStates(a.now()) {
+		addrs = append(addrs, s.GPU.Address)
+	}
+	unlock := a.locks.lock(addrs...)
+	defer unlock()
+	return a.readStates()
+}
+
+func (a *Agent) readStates() []gpuState {
+	states := a.ledger.GPUStates(a.now())
+	out := make([]gpuState, len(states))
+	for i, s := range states {
+		out[i].GPUState = s
+		if d, err := a.pci.Device(s.GPU.Address); err == nil {
+			out[i].driver, out[i].read = d.Driver, true
+		}
+	}
+	return out
+}
+
+func (a *Agent) stateView(s gpuState) api.GPU {
 	g, _ := a.gpu(s.GPU.Address)
-	v := api.GPU{
+	return api.GPU{
 		PCIAddress:  s.GPU.Address,
 		Model:       s.GPU.Model,
 		MemoryBytes: g.MemoryBytes,
 		NUMANode:    s.GPU.NUMANode,
 		IOMMUGroup:  g.IOMMUGroup,
-		Driver:      g.Driver,
+		Driver:      s.driver, // read live: what a VM start will find
 		State:       string(s.Status),
 		Claim:       s.ClaimID,
 		DrainReason: s.DrainReason,
@@ -138,13 +186,6 @@ func (a *Agent) stateView(s ledger.GPUState) api.GPU {
 		Companions:  g.Companions,
 		Health:      a.health(s.GPU.Address),
 	}
-	// The driver is read live: it is what a VM start will find.
-	if d, err := a.pci.Device(s.GPU.Address); err == nil {
-		v.Driver = d.Driver
-	} else {
-		v.Driver = ""
-	}
-	return v
 }
 
 func (a *Agent) claimView(c ledger.Claim) api.Claim {

@@ -71,7 +71,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	a.tele.mu.RLock()
 	tele := a.tele.last
 	a.tele.mu.RUnlock()
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.gpuStates() {
 		g, _ := a.gpu(s.GPU.Address)
 		mg := metrics.GPU{
 			PCIAddress: s.GPU.Address,
@@ -80,12 +80,12 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 			UUID:       g.UUID,
 			IOMMUGroup: g.IOMMUGroup,
 			NUMANode:   g.NUMANode,
-			Driver:     g.Driver,
+			Driver:     g.Driver, // the inventory's, when the device cannot be read
 			State:      string(s.Status),
 			Healthy:    s.Status != ledger.GPUUnhealthy,
 		}
-		if d, err := a.pci.Device(s.GPU.Address); err == nil {
-			mg.Driver = d.Driver
+		if s.read {
+			mg.Driver = s.driver
 		}
 		if t, ok := tele[s.GPU.Address]; ok && mg.Driver == "nvidia" {
 			mg.Telemetry = &t

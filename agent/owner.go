@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -196,7 +197,9 @@ func (a *Agent) List(context.Context) ([]api.Claim, error) {
 }
 
 // ResizeInPlace changes a committed claim of this server in place: new GPUs are
-// bound to vfio-pci, dropped ones return to the idle driver.
+// bound to vfio-pci, dropped ones return to the idle driver. The GPUs the
+// claim gains are bound before the ledger hands them over, so a GPU the
+// ledger calls claimed is on vfio-pci from that moment, as for a new claim.
 func (a *Agent) ResizeInPlace(ctx context.Context, id string, items []api.Item) (api.Claim, error) {
 	req := ledger.Request{}
 	for _, it := range items {
@@ -206,20 +209,48 @@ func (a *Agent) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	if err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	c, err := a.ledger.Resize(id, req, a.now())
+	// Every device lock: a reservation taken between the plan and the
+	// resize can make the ledger pick other GPUs than planned, and those
+	// must be bindable here without taking locks out of order. Resizes
+	// are rare; binds of other claims on this server wait for this one.
+	a.mu.RLock()
+	all := append(slices.Clone(a.order), before.GPUs...)
+	a.mu.RUnlock()
+	unlock := a.locks.lock(all...)
+	defer unlock()
+	plan, err := a.ledger.PlanResize(id, req, a.now())
 	if err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
-	unlock := a.locks.lock(append(before.GPUs, c.GPUs...)...)
-	defer unlock()
+	var bound []string
+	for _, addr := range plan.GPUs {
+		if slices.Contains(before.GPUs, addr) {
+			continue
+		}
+		if err := a.bind(ctx, "resize "+id, addr); err != nil {
+			a.toIdleLocked(ctx, "resize "+id+" failed", bound, "")
+			return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
+		}
+		bound = append(bound, addr)
+	}
+	c, err := a.ledger.Resize(id, req, a.now())
+	if err != nil {
+		a.toIdleLocked(ctx, "resize "+id+" failed", bound, "")
+		return api.Claim{}, a.apiError(err)
+	}
 	for _, addr := range c.GPUs {
+		if slices.Contains(before.GPUs, addr) || slices.Contains(bound, addr) {
+			continue
+		}
+		// Picked instead of a planned GPU that a reservation took
+		// meanwhile: already in the claim, so bound after the fact.
 		if err := a.bind(ctx, "resize "+id, addr); err != nil {
 			// The claim holds a GPU that is not on vfio-pci: say so; the
-			// VM start will fail on it and the operator sees it fenced.
+			// VM start would fail on it and the operator sees it fenced.
 			return api.Claim{}, a.apiError(&bindFailure{claim: id, addr: addr, err: err})
 		}
 	}
-	a.toIdleLocked(ctx, "resize "+id, before.GPUs, "")
+	a.toIdleLocked(ctx, "resize "+id, append(before.GPUs, bound...), "")
 	a.log.Info("resized", "claim", id, "from", before.GPUs, "to", c.GPUs)
 	a.changed()
 	return a.claimView(c), nil
