@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -667,5 +668,45 @@ func TestResizeBindsBeforeTheLedgerHandsOver(t *testing.T) {
 	}
 	if d := driverOf(t, m.Kernel, added); d != vfio.DriverVFIO {
 		t.Errorf("the added GPU is on %q", d)
+	}
+}
+
+// TestAbortReservationNeverReleasesAClaim: the owner's side of the abort a
+// coordinator sends after a reserve it could not confirm. A reservation is
+// dropped and its GPUs go back to the idle driver; a claim committed under
+// the same ID (a concurrent coordinator's) stays, on vfio-pci.
+func TestAbortReservationNeverReleasesAClaim(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	a := startAgent(t, testConfig(t, dir), m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}, Coordinator: "c1"}
+	r, err := a.Reserve(ctx, "vm-1", rr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AbortReservation(ctx, "vm-1"); err != nil {
+		t.Fatalf("aborting a reservation: %v", err)
+	}
+	if d := driverOf(t, m.Kernel, r.GPUs[0].PCIAddress); d != vfio.DriverNVIDIA {
+		t.Errorf("the aborted reservation's GPU is on %q, want the idle driver", d)
+	}
+	if _, err := a.Reserve(ctx, "vm-1", rr); err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.Commit(ctx, "vm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.AbortReservation(ctx, "vm-1")
+	if e := apiErr(t, err); e.Code != api.CodeConflict || !strings.Contains(e.Message, "committed") {
+		t.Fatalf("aborting a committed claim as a reservation: %v, want a conflict saying it is committed", err)
+	}
+	if got, err := a.Lookup(ctx, "vm-1"); err != nil || got.State != api.StateClaimed {
+		t.Fatalf("the claim after the refused abort: %+v, %v", got, err)
+	}
+	if d := driverOf(t, m.Kernel, c.GPUs[0].PCIAddress); d != vfio.DriverVFIO {
+		t.Errorf("the claim's GPU is on %q after the refused abort", d)
 	}
 }

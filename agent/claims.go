@@ -294,6 +294,8 @@ func (a *Agent) apiError(err error) error {
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
 	case errors.Is(err, ledger.ErrLeaseExpired):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeLeaseExpired, Message: err.Error()}
+	case errors.Is(err, ledger.ErrCommitted):
+		return &api.Error{Status: http.StatusConflict, Code: api.CodeConflict, Message: err.Error()}
 	}
 	var bf *bindFailure
 	if errors.As(err, &bf) {

@@ -233,6 +233,9 @@ func (b brokenOwner) Reserve(context.Context, string, api.ReserveRequest) (api.C
 }
 func (b brokenOwner) Commit(context.Context, string) (api.Claim, error) { return api.Claim{}, b.err }
 func (b brokenOwner) Abort(context.Context, string) (api.Claim, error)  { return api.Claim{}, b.err }
+func (b brokenOwner) AbortReservation(context.Context, string) (api.Claim, error) {
+	return api.Claim{}, b.err
+}
 func (b brokenOwner) Lookup(context.Context, string) (api.Claim, error) { return api.Claim{}, b.err }
 func (b brokenOwner) List(context.Context) ([]api.Claim, error)         { return nil, b.err }
 func (b brokenOwner) ResizeInPlace(context.Context, string, []api.Item) (api.Claim, error) {

@@ -138,7 +138,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	} else if !isCode(err, api.CodeNotFound) {
 		return api.Claim{}, err
 	}
-	c, err := a.place(ctx, id, rr, want, req.PreferNode, targets, true)
+	c, err := a.place(ctx, id, rr, want, req.PreferNode, targets, nil)
 	if err != nil && a.cluster != nil && !errors.Is(err, errCommitUnknown) {
 		// Nothing placed: drop the intent the home recorded for us.
 		a.dirAbandon(ctx, homeOf(id, targets), id)
@@ -165,11 +165,13 @@ func (a *Agent) resume(ctx context.Context, id string, c api.Claim, t target, rr
 }
 
 // place ranks the servers that, by this agent's view, can hold the whole
-// request, and asks their owners in turn until one takes it. With settle,
-// the copies that concurrent coordinators may have placed are settled
-// after the commit; without, the claim ID's home has vouched that nobody
-// else is placing it.
-func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target, settle bool) (api.Claim, error) {
+// request, and asks their owners in turn until one takes it. vouch, when
+// set, says whether the claim ID's home vouched that nobody else is placing
+// it; it is asked once a reservation is made, before committing it (it may
+// wait for the home's answer), and a false drops the reservation and
+// returns errNotVouched. Without vouch, the copies that concurrent
+// coordinators may have placed are settled after the commit.
+func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target, vouch func() bool) (api.Claim, error) {
 	servers := make([]placement.Server, len(targets))
 	byName := make(map[string]target, len(targets))
 	for i, t := range targets {
@@ -200,18 +202,18 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 			}
 		}
 		for _, name := range ranked {
-			c, err := a.tryOwner(ctx, byName[name], id, rr)
+			c, err := a.tryOwner(ctx, byName[name], id, rr, vouch)
 			if err == nil {
 				if len(tried) > 0 {
 					a.log.Info("claim placed after stale answers", "claim", id, "node", name, "attempt", len(tried)+1)
 				}
-				if !settle {
+				if vouch != nil {
 					return c, nil
 				}
 				return a.settle(ctx, id, c, byName[name], tried)
 			}
 			tried = append(tried, name)
-			if errors.Is(err, errCommitUnknown) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+			if errors.Is(err, errCommitUnknown) || errors.Is(err, errNotVouched) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
 				return api.Claim{}, err
 			}
 			if isCode(err, api.CodeNotAvailable) {
@@ -321,29 +323,65 @@ func (a *Agent) freshen(ctx context.Context, targets []target, want []placement.
 // throughHome places a claim through its ID's home (see directory.go). It
 // reports done=false when the home cannot vouch for the ID (or does not
 // answer, or its record is stale): the caller then asks every server.
+//
+// The first placement does not wait for the home: its ranking, probing and
+// reservation run while the home is asked, and only the commit waits for
+// the home to vouch. A claim of a new ID costs the time of two round trips
+// (the home's and the reservation's together, then the commit) instead of
+// three. When the home does not vouch, the reservation is dropped (as a
+// reservation only: never a claim a concurrent coordinator committed) and
+// the home's answer is followed as if it had come first.
 func (a *Agent) throughHome(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target) (c api.Claim, done bool, err error) {
 	home := homeOf(id, targets)
 	dir, ok := home.owner.(api.Directory)
 	if !ok {
 		return api.Claim{}, false, nil
 	}
+	type answer struct {
+		ans api.DirAnswer
+		err error
+	}
+	begin := func() answer {
+		bctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		defer cancel()
+		ans, err := dir.BeginClaim(bctx, id, api.DirBegin{Coordinator: a.cfg.NodeName})
+		return answer{ans, err}
+	}
+	placed := func(c api.Claim, err error) (api.Claim, bool, error) {
+		if err != nil && !errors.Is(err, errCommitUnknown) {
+			a.dirAbandon(ctx, home, id)
+		}
+		return c, true, err
+	}
 	deadline := time.Now().Add(a.pendingTTL())
 	wait := 10 * time.Millisecond
-	for {
-		bctx, cancel := context.WithTimeout(ctx, lookupTimeout)
-		ans, err := dir.BeginClaim(bctx, id, api.DirBegin{Coordinator: a.cfg.NodeName})
-		cancel()
-		if err != nil {
-			a.log.Debug("claim directory: home did not answer; asking every server", "claim", id, "home", home.name, "err", err)
+	for first := true; ; first = false {
+		var r answer
+		if first {
+			asked := make(chan answer, 1)
+			go func() { asked <- begin() }()
+			got := false
+			vouch := func() bool {
+				if !got {
+					r, got = <-asked, true
+				}
+				return r.err == nil && r.ans.State == api.DirNew
+			}
+			c, err := a.place(ctx, id, rr, want, prefer, targets, vouch)
+			if vouch() {
+				return placed(c, err)
+			}
+		} else {
+			r = begin()
+		}
+		if r.err != nil {
+			a.log.Debug("claim directory: home did not answer; asking every server", "claim", id, "home", home.name, "err", r.err)
 			return api.Claim{}, false, nil
 		}
+		ans := r.ans
 		switch ans.State {
 		case api.DirNew:
-			c, err := a.place(ctx, id, rr, want, prefer, targets, false)
-			if err != nil && !errors.Is(err, errCommitUnknown) {
-				a.dirAbandon(ctx, home, id)
-			}
-			return c, true, err
+			return placed(a.place(ctx, id, rr, want, prefer, targets, func() bool { return true }))
 		case api.DirHeld:
 			if len(ans.Owners) != 1 {
 				return api.Claim{}, false, nil // several copies: the slow way settles them
@@ -464,25 +502,45 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 // coordinator must not try another server: the claim may be committed.
 var errCommitUnknown = errors.New("commit unconfirmed")
 
-// tryOwner asks one owner to reserve, then commits. A reservation that
-// cannot be confirmed is aborted best-effort; it expires by itself anyway.
-func (a *Agent) tryOwner(ctx context.Context, t target, id string, rr api.ReserveRequest) (api.Claim, error) {
+// errNotVouched: the claim ID's home did not vouch that the ID is new; the
+// reservation made meanwhile was dropped and nothing was committed.
+var errNotVouched = errors.New("claim ID not vouched for by its home")
+
+// tryOwner asks one owner to reserve, then commits once vouch (see place)
+// agrees. A reservation that cannot be confirmed is aborted best-effort; it
+// expires by itself anyway.
+func (a *Agent) tryOwner(ctx context.Context, t target, id string, rr api.ReserveRequest, vouch func() bool) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-	_, err := t.owner.Reserve(rctx, id, rr)
+	r, err := t.owner.Reserve(rctx, id, rr)
 	cancel()
+	if err == nil && vouch != nil && !vouch() {
+		if r.State != api.StateClaimed { // a claim committed before is left alone
+			a.abortReservation(ctx, t, id)
+		}
+		return api.Claim{}, errNotVouched
+	}
 	if err != nil {
 		var e *api.Error
 		if !errors.As(err, &e) || e.Status >= 500 {
 			// Unanswered, or failed half-way: make sure nothing stays.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-			if _, aerr := t.owner.Abort(actx, id); aerr != nil && !isCode(aerr, api.CodeNotFound) {
-				a.log.Warn("abort after a failed reservation did not go through; the lease will expire it", "claim", id, "node", t.name, "err", aerr)
-			}
-			cancel()
+			a.abortReservation(ctx, t, id)
 		}
 		return api.Claim{}, err
 	}
 	return a.commitOn(ctx, t, id)
+}
+
+// abortReservation drops, best-effort, a reservation this coordinator made
+// on t and will not commit. Only a reservation: under the same ID a
+// concurrent coordinator (a client that retried elsewhere) may have
+// committed the claim on t meanwhile, and that claim stays. What is not
+// dropped here expires with its lease.
+func (a *Agent) abortReservation(ctx context.Context, t target, id string) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	if _, err := t.owner.AbortReservation(actx, id); err != nil && !isCode(err, api.CodeNotFound) {
+		a.log.Warn("reservation not aborted; its lease will expire it", "claim", id, "node", t.name, "err", err)
+	}
 }
 
 // commitOn commits the reservation id on t, retrying an unanswered commit
@@ -791,9 +849,7 @@ func (a *Agent) Resize(ctx context.Context, id string, req api.ResizeRequest) (a
 		_, err = owner.owner.Abort(actx, id)
 		cancel()
 		if err != nil && !isCode(err, api.CodeNotFound) {
-			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-			_, _ = t.owner.Abort(bctx, id)
-			cancel()
+			a.abortReservation(ctx, t, id)
 			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: releasing the old GPUs failed, nothing changed: %w", id, owner.name, name, err)
 		}
 		a.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)

@@ -261,3 +261,43 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 		return err == nil && ans.State == api.DirHeld && len(ans.Owners) == 1 && ans.Owners[0] == "b"
 	})
 }
+
+// The first reservation of a claim is made while its ID's home is asked,
+// and committed only once the home vouches. When the home says the ID is
+// held already (a client's retry through another agent), the reservation
+// made meanwhile is dropped, and the answer is the claim that exists.
+func TestClusterReservesWhileAskingTheHome(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	a := tc.start("a", "l40s-4")
+	b := tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	ctx := context.Background()
+	id := idHomedOn(a, "c")
+	req := api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a"}
+	cl, err := c.Claim(ctx, id, req)
+	if err != nil || cl.Node != "a" {
+		t.Fatalf("claim %s: %+v, %v", id, cl, err)
+	}
+	waitFor(t, "the home to learn where "+id+" is", 5*time.Second, func() bool {
+		ans, err := c.LookupDirectory(ctx, id)
+		return err == nil && ans.State == api.DirHeld
+	})
+	// The retry prefers b: b reserves before the home's "held on a" is in.
+	rev := b.ledger.Revision()
+	req.PreferNode = "b"
+	again, err := c.Claim(ctx, id, req)
+	if err != nil || again.Node != "a" || !sameGPUs(again, cl) {
+		t.Fatalf("retry: %+v, %v; want the claim on a %v", again, err, gpuList(cl))
+	}
+	if moved := b.ledger.Revision() - rev; moved != 2 {
+		t.Errorf("b's ledger moved %d times during the retry, want 2 (the reservation made while the home was asked, and its abort)", moved)
+	}
+	if _, err := b.ledger.Get(id); err == nil {
+		t.Errorf("b still holds %s after the home said it is held on a", id)
+	}
+	if free := localFree(b, "NVIDIA L40S"); free != 4 {
+		t.Errorf("b has %d L40S free, want 4", free)
+	}
+}

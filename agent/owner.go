@@ -146,11 +146,29 @@ func (a *Agent) boundBy(id string, pending ledger.Claim) bool {
 // Abort drops a claim of this server, committed or reserved, and returns its
 // GPUs to the idle driver.
 func (a *Agent) Abort(ctx context.Context, id string) (api.Claim, error) {
+	return a.abort(ctx, id, false)
+}
+
+// AbortReservation drops a reservation of this server and returns its GPUs
+// to the idle driver; a claim committed under the ID stays (409 conflict).
+func (a *Agent) AbortReservation(ctx context.Context, id string) (api.Claim, error) {
+	return a.abort(ctx, id, true)
+}
+
+func (a *Agent) abort(ctx context.Context, id string, reservationOnly bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, a.apiError(err)
 	}
 	a.bound.Delete(id)
-	c, err := a.ledger.Release(id, a.now())
+	var (
+		c   ledger.Claim
+		err error
+	)
+	if reservationOnly {
+		c, err = a.ledger.AbortReservation(id, a.now())
+	} else {
+		c, err = a.ledger.Release(id, a.now())
+	}
 	if err != nil {
 		return api.Claim{}, a.apiError(err)
 	}

@@ -23,6 +23,10 @@ type Owner interface {
 	// Abort drops a claim of this server whatever its state (release of a
 	// committed claim, or abort of a reservation).
 	Abort(ctx context.Context, id string) (Claim, error)
+	// AbortReservation drops a reservation only: a claim committed under
+	// the ID (by a concurrent coordinator) stays, and the answer is a
+	// conflict. What a coordinator sends after a reserve it cannot confirm.
+	AbortReservation(ctx context.Context, id string) (Claim, error)
 	Lookup(ctx context.Context, id string) (Claim, error)
 	List(ctx context.Context) ([]Claim, error)
 	// ResizeInPlace changes a committed claim in place; *Error not_available when
@@ -47,6 +51,10 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 	})
 	mux.HandleFunc("POST "+p+"/reservations/{id}/commit", func(w http.ResponseWriter, r *http.Request) {
 		v, err := o.Commit(r.Context(), r.PathValue("id"))
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("DELETE "+p+"/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		v, err := o.AbortReservation(r.Context(), r.PathValue("id"))
 		h.reply(w, r, v, err)
 	})
 	mux.HandleFunc("DELETE "+p+"/claims/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -127,6 +135,14 @@ func (p *PeerClient) Commit(ctx context.Context, id string) (Claim, error) {
 func (p *PeerClient) Abort(ctx context.Context, id string) (Claim, error) {
 	var v Claim
 	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+segment(id), nil, &v)
+}
+
+// AbortReservation drops the owner's reservation, never a committed claim.
+// An owner older than this call answers 404 (no such endpoint), which
+// leaves the reservation to its lease.
+func (p *PeerClient) AbortReservation(ctx context.Context, id string) (Claim, error) {
+	var v Claim
+	return v, p.c.do(ctx, http.MethodDelete, "/peer/reservations/"+segment(id), nil, &v)
 }
 
 // Lookup returns the owner's claim.

@@ -191,12 +191,28 @@ func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, e
 // claim is gone either way). A reservation whose lease has already passed
 // held nothing anymore: it is removed and reported as ErrNotFound too.
 func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
+	return l.release(id, now, false)
+}
+
+// AbortReservation removes claim id only while it is a reservation: a
+// coordinator that lost the answer to its reserve, or reserved ahead of
+// knowing the ID is new, must never release the claim a concurrent
+// coordinator committed under the same ID. A committed claim is left as it
+// is and reported with ErrCommitted; otherwise as Release.
+func (l *Ledger) AbortReservation(id string, now time.Time) (Claim, error) {
+	return l.release(id, now, true)
+}
+
+func (l *Ledger) release(id string, now time.Time, reservationOnly bool) (Claim, error) {
 	now = now.UTC()
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		if !ok {
 			return false, notFound(id)
+		}
+		if reservationOnly && rec.State == StateCommitted {
+			return false, fmt.Errorf("claim %s: %w; not aborted", id, ErrCommitted)
 		}
 		if err := st.deleteClaim(tx, id); err != nil {
 			return false, err

@@ -317,6 +317,36 @@ func TestRelease(t *testing.T) {
 	}
 }
 
+// TestAbortReservationLeavesACommittedClaim: the abort a coordinator sends
+// after a reserve it could not confirm drops a reservation, but never the
+// claim a concurrent coordinator committed under the same ID.
+func TestAbortReservationLeavesACommittedClaim(t *testing.T) {
+	l := newLedger(t)
+	if _, err := l.AbortReservation("nope", t0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("AbortReservation(unknown) = %v, want ErrNotFound", err)
+	}
+	res := mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	if got, err := l.AbortReservation("vm-1", t0.Add(time.Second)); err != nil || !reflect.DeepEqual(got, res) {
+		t.Fatalf("AbortReservation(reserved) = %+v, %v; want %+v", got, err, res)
+	}
+	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	held := mustCommit(t, l, "vm-1", t0.Add(time.Second))
+	rev := l.Revision()
+	_, err := l.AbortReservation("vm-1", t0.Add(2*time.Second))
+	if !errors.Is(err, ErrCommitted) || !strings.Contains(err.Error(), "vm-1") {
+		t.Fatalf("AbortReservation(committed) = %v, want ErrCommitted naming the claim", err)
+	}
+	if got, err := l.Get("vm-1"); err != nil || !reflect.DeepEqual(got, held) {
+		t.Fatalf("after the refused abort: %+v, %v; want the committed claim %+v", got, err, held)
+	}
+	if l.Revision() != rev {
+		t.Error("a refused abort moved the revision")
+	}
+	if _, err := l.Release("vm-1", t0.Add(3*time.Second)); err != nil {
+		t.Fatalf("Release(committed) = %v", err)
+	}
+}
+
 func TestExpire(t *testing.T) {
 	l := newLedger(t)
 	mustReserve(t, l, "b-short", req(Item{h100, 1}), t0)

@@ -17,6 +17,9 @@ var (
 	// ErrLeaseExpired: the reservation's lease ran out before the call; its
 	// GPUs are free again and the coordinator must reserve anew.
 	ErrLeaseExpired = errors.New("reservation lease expired")
+	// ErrCommitted: an abort meant for a reservation found the claim
+	// committed (by this or a concurrent coordinator) and left it.
+	ErrCommitted = errors.New("claim is committed")
 	// ErrNotAvailable is matched by every *NotAvailableError.
 	ErrNotAvailable = errors.New("not available on this server")
 	// ErrConflict is matched by every *ConflictError.

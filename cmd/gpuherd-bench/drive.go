@@ -131,7 +131,7 @@ func (v *viewAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string,
 				v.stale.Add(1)
 				continue
 			}
-			_, _ = pc.Abort(ctx, id)
+			_, _ = pc.AbortReservation(ctx, id)
 			continue
 		}
 		if _, err := pc.Commit(ctx, id); err != nil {
