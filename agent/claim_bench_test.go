@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 )
@@ -41,5 +43,45 @@ func BenchmarkClusterClaimRelease(b *testing.B) {
 		if _, err := owner.Release(ctx, id); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkClusterClaimOverSlowNetwork is BenchmarkClusterClaimRelease with
+// every request from the coordinator to the other agents held for a
+// network's round trip first (a proxy in between): what a claim costs when
+// round trips wait on the network rather than on this machine's CPU, as
+// between servers or data centres. The release runs on the owner, with no
+// request across the slow links. The delays start at a millisecond: Go's
+// timers are no finer than that while the process waits on the network.
+func BenchmarkClusterClaimOverSlowNetwork(b *testing.B) {
+	for _, rtt := range []time.Duration{time.Millisecond, 5 * time.Millisecond} {
+		b.Run("rtt="+rtt.String(), func(b *testing.B) {
+			tc := newTestCluster(b)
+			tc.adjust = func(c *Config) { c.DirectorySettle = 0; c.IdleDriver = "vfio-pci" }
+			coord := tc.start("a", "a100-pcie-4")
+			owner := tc.start("b", "l40s-4")
+			other := tc.start("c", "a100-pcie-4")
+			tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+			slow := func(*http.Request) fault { return latency }
+			newFaultProxy(b, tc, coord, owner, rtt, slow)
+			newFaultProxy(b, tc, coord, other, rtt, slow)
+			ctx := context.Background()
+			req := api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}
+			claim := func(id string) {
+				c, err := coord.Claim(ctx, id, req)
+				if err != nil || c.Node != "b" {
+					b.Fatalf("claim %s: %+v, %v", id, c, err)
+				}
+				if _, err := owner.Release(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range 20 { // warm the connections
+				claim(fmt.Sprintf("warm-%d", i))
+			}
+			for i := 0; b.Loop(); i++ {
+				claim(fmt.Sprintf("vm-%d", i))
+			}
+		})
 	}
 }

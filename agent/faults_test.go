@@ -84,6 +84,7 @@ const (
 	delayThenForward       // hold the request for delay, then deliver it even if the caller gave up
 	blackhole              // never answer, never deliver
 	dropReply              // deliver, then lose the answer
+	latency                // hold the request for delay, then forward it and answer: a slower network
 )
 
 // faultProxy stands between one coordinator and one owner's peer API. It
@@ -91,7 +92,7 @@ const (
 // the coordinator's, so it sees each request and can delay, swallow or
 // deliver it and lose the answer: the network faults a coordinator meets.
 type faultProxy struct {
-	t       *testing.T
+	t       testing.TB
 	target  string
 	backend *http.Client
 	srv     *http.Server
@@ -103,7 +104,7 @@ type faultProxy struct {
 	counts  sync.Map       // fault → *atomic.Int64
 }
 
-func newFaultProxy(t *testing.T, tc *testCluster, coord, owner *Agent, delay time.Duration, rule func(*http.Request) fault) *faultProxy {
+func newFaultProxy(t testing.TB, tc *testCluster, coord, owner *Agent, delay time.Duration, rule func(*http.Request) fault) *faultProxy {
 	t.Helper()
 	caFile := filepath.Join(tc.dir, "ca", "ca.crt")
 	certs := filepath.Join(tc.dir, "certs")
@@ -197,6 +198,12 @@ func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
 		}()
 		<-r.Context().Done()
 		panic(http.ErrAbortHandler)
+	case latency:
+		select {
+		case <-time.After(p.delay):
+		case <-p.stop:
+			panic(http.ErrAbortHandler)
+		}
 	}
 	resp, err := p.forward(context.WithoutCancel(r.Context()), r, body)
 	if err != nil {
