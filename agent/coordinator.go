@@ -168,9 +168,9 @@ func (a *Agent) resume(ctx context.Context, id string, c api.Claim, t target, rr
 // request, and asks their owners in turn until one takes it. vouch, when
 // set, says whether the claim ID's home vouched that nobody else is placing
 // it; it is asked once a reservation is made, before committing it (it may
-// wait for the home's answer), and a false drops the reservation and
-// returns errNotVouched. Without vouch, the copies that concurrent
-// coordinators may have placed are settled after the commit.
+// wait for the home's answer), and a false stops the placement with a
+// *notVouched naming that reservation. Without vouch, the copies that
+// concurrent coordinators may have placed are settled after the commit.
 func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target, vouch func() bool) (api.Claim, error) {
 	servers := make([]placement.Server, len(targets))
 	byName := make(map[string]target, len(targets))
@@ -213,7 +213,7 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 				return a.settle(ctx, id, c, byName[name], tried)
 			}
 			tried = append(tried, name)
-			if errors.Is(err, errCommitUnknown) || errors.Is(err, errNotVouched) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
 				return api.Claim{}, err
 			}
 			if isCode(err, api.CodeNotAvailable) {
@@ -328,9 +328,11 @@ func (a *Agent) freshen(ctx context.Context, targets []target, want []placement.
 // reservation run while the home is asked, and only the commit waits for
 // the home to vouch. A claim of a new ID costs the time of two round trips
 // (the home's and the reservation's together, then the commit) instead of
-// three. When the home does not vouch, the reservation is dropped (as a
-// reservation only: never a claim a concurrent coordinator committed) and
-// the home's answer is followed as if it had come first.
+// three. When the home does not vouch, its answer is followed as if it had
+// come first. The reservation made meanwhile is dropped (as a reservation
+// only: never a claim a concurrent coordinator committed) when the ID is
+// held or being placed elsewhere; when the home cannot say, it is left for
+// the every-server lookup, which finds it and commits it (then settles).
 func (a *Agent) throughHome(ctx context.Context, id string, rr api.ReserveRequest, want []placement.Want, prefer string, targets []target) (c api.Claim, done bool, err error) {
 	home := homeOf(id, targets)
 	dir, ok := home.owner.(api.Directory)
@@ -370,6 +372,10 @@ func (a *Agent) throughHome(ctx context.Context, id string, rr api.ReserveReques
 			c, err := a.place(ctx, id, rr, want, prefer, targets, vouch)
 			if vouch() {
 				return placed(c, err)
+			}
+			var nv *notVouched
+			if errors.As(err, &nv) && !nv.held && r.err == nil && (r.ans.State == api.DirHeld || r.ans.State == api.DirPending) {
+				a.abortReservation(ctx, nv.t, id)
 			}
 		} else {
 			r = begin()
@@ -502,9 +508,19 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 // coordinator must not try another server: the claim may be committed.
 var errCommitUnknown = errors.New("commit unconfirmed")
 
-// errNotVouched: the claim ID's home did not vouch that the ID is new; the
-// reservation made meanwhile was dropped and nothing was committed.
-var errNotVouched = errors.New("claim ID not vouched for by its home")
+// notVouched: the claim ID's home did not vouch that the ID is new, and
+// nothing was committed. The reservation made meanwhile on t is still there;
+// the caller drops it or lets the every-server lookup find and finish it.
+type notVouched struct {
+	t target
+	// held: the owner answered with a claim committed under the ID
+	// before (a retry), not with a reservation of this placement.
+	held bool
+}
+
+func (e *notVouched) Error() string {
+	return fmt.Sprintf("claim ID not vouched for by its home; reserved on %s meanwhile", e.t.name)
+}
 
 // tryOwner asks one owner to reserve, then commits once vouch (see place)
 // agrees. A reservation that cannot be confirmed is aborted best-effort; it
@@ -514,10 +530,7 @@ func (a *Agent) tryOwner(ctx context.Context, t target, id string, rr api.Reserv
 	r, err := t.owner.Reserve(rctx, id, rr)
 	cancel()
 	if err == nil && vouch != nil && !vouch() {
-		if r.State != api.StateClaimed { // a claim committed before is left alone
-			a.abortReservation(ctx, t, id)
-		}
-		return api.Claim{}, errNotVouched
+		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
 	}
 	if err != nil {
 		var e *api.Error

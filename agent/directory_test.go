@@ -301,3 +301,29 @@ func TestClusterReservesWhileAskingTheHome(t *testing.T) {
 		t.Errorf("b has %d L40S free, want 4", free)
 	}
 }
+
+// A home that cannot vouch (the membership changed less than
+// directory_settle ago) sends the claim the slow way, and the reservation
+// made while it was asked is what that way finds and commits: one
+// reservation, no abort and reserve again.
+func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(10 * time.Minute) }
+	a := tc.start("a", "l40s-4")
+	tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	ctx := context.Background()
+	id := idHomedOn(c, "b")
+	if ans, err := tc.agents["b"].LookupDirectory(ctx, id); err != nil || ans.State != api.DirUnsure {
+		t.Fatalf("the home's answer before the claim: %+v, %v; want unsure", ans, err)
+	}
+	rev := a.ledger.Revision()
+	cl, err := c.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a"})
+	if err != nil || cl.Node != "a" || cl.State != api.StateClaimed {
+		t.Fatalf("claim %s: %+v, %v", id, cl, err)
+	}
+	if moved := a.ledger.Revision() - rev; moved != 2 {
+		t.Errorf("a's ledger moved %d times for the claim, want 2 (one reservation and its commit)", moved)
+	}
+}
