@@ -452,10 +452,24 @@ func targetNamed(targets []target, name string) (target, bool) {
 // the home knows, otherwise by asking every server.
 func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
 	lookup := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Lookup(ctx, id) }
-	if c, t, done, err := a.viaHome(ctx, targets, id, lookup); done {
+	c, t, done, unseen, err := a.viaHome(ctx, targets, id, lookup)
+	if done {
 		return c, t, err
 	}
-	return a.find(ctx, targets, id, true)
+	return a.findStrict(ctx, targets, id, unseen)
+}
+
+// findStrict looks claim id up on every server of targets for a get or a
+// release. unseen are owners the ID's home named that targets lack (this
+// agent's gossip has not brought them yet, as after many servers started at
+// once): a claim held there is not "not found".
+func (a *Agent) findStrict(ctx context.Context, targets []target, id string, unseen []string) (api.Claim, target, error) {
+	c, t, err := a.find(ctx, targets, id, true)
+	if len(unseen) > 0 && isCode(err, api.CodeNotFound) {
+		return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: its home says %s holds it, a server this agent does not see (stopped, or not in its gossip view yet); retry, or ask through another agent", id, strings.Join(unseen, ", "))}
+	}
+	return c, t, err
 }
 
 // viaHome asks the home of claim id where it is and runs op on the owner it
@@ -465,9 +479,10 @@ func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Cl
 // caller that believes a claim gone takes its GPUs for free, and a home can
 // miss an owner's notice (an owner it cannot reach while the membership
 // changes); a new claim may go ahead on the home's word, a release may not.
-func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, done bool, err error) {
+// unseen are the owners the home named that targets lack.
+func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, done bool, unseen []string, err error) {
 	if a.cluster == nil {
-		return api.Claim{}, target{}, false, nil
+		return api.Claim{}, target{}, false, nil, nil
 	}
 	if c, err := a.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
 		// This server holds it: no need to ask where.
@@ -477,7 +492,7 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 		cancel()
 		if err == nil || !isCode(err, api.CodeNotFound) {
 			a.rec.ClaimLookup(metrics.LookupLocal)
-			return c, self, true, err
+			return c, self, true, nil, err
 		}
 	}
 	home := homeOf(id, targets)
@@ -488,20 +503,28 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 		cancel()
 		switch {
 		case err != nil:
-		case ans.State == api.DirHeld && len(ans.Owners) == 1:
+		case ans.State == api.DirHeld:
+			for _, o := range ans.Owners {
+				if _, ok := targetNamed(targets, o); !ok {
+					unseen = append(unseen, o)
+				}
+			}
+			if len(ans.Owners) != 1 {
+				break
+			}
 			if t, ok := targetNamed(targets, ans.Owners[0]); ok {
 				octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
 				c, err := op(octx, t)
 				cancel()
 				if err == nil || !isCode(err, api.CodeNotFound) {
 					a.rec.ClaimLookup(metrics.LookupDirectory)
-					return c, t, true, err
+					return c, t, true, nil, err
 				}
 			}
 		}
 	}
 	a.rec.ClaimLookup(metrics.LookupEveryServer)
-	return api.Claim{}, target{}, false, nil
+	return api.Claim{}, target{}, false, unseen, nil
 }
 
 // errCommitUnknown: the commit was sent but its answer never came. The
@@ -759,10 +782,11 @@ func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
 	}
 	targets := a.targets()
 	abort := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Abort(ctx, id) }
-	if c, _, done, err := a.viaHome(ctx, targets, id, abort); done {
+	c, _, done, unseen, err := a.viaHome(ctx, targets, id, abort)
+	if done {
 		return c, err
 	}
-	_, t, err := a.find(ctx, targets, id, true)
+	_, t, err := a.findStrict(ctx, targets, id, unseen)
 	if err != nil {
 		return api.Claim{}, err
 	}

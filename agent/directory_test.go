@@ -327,3 +327,39 @@ func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
 		t.Errorf("a's ledger moved %d times for the claim, want 2 (one reservation and its commit)", moved)
 	}
 }
+
+// A claim whose owner this agent does not see (it left the gossip for
+// maintenance, or has not reached this agent's view yet) is not "not
+// found": the ID's home still says where it is held, and a get or a
+// release answers a retryable 503 naming that server.
+func TestClusterClaimOnAnUnseenOwnerIsNotNotFound(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	a := tc.start("a", "a100-pcie-4")
+	tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	ctx := context.Background()
+	id := idHomedOn(a, "c")
+	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || cl.Node != "b" {
+		t.Fatalf("claim %s: %+v, %v", id, cl, err)
+	}
+	waitFor(t, "the home to learn where "+id+" is", 5*time.Second, func() bool {
+		ans, err := c.LookupDirectory(ctx, id)
+		return err == nil && ans.State == api.DirHeld
+	})
+	tc.stop("b") // leaves the gossip; its ledger keeps the claim
+	waitFor(t, "a to see b gone", 10*time.Second, func() bool {
+		_, ok := targetNamed(a.targets(), "b")
+		return !ok
+	})
+	for name, op := range map[string]func() error{
+		"get":     func() error { _, err := a.Get(ctx, id); return err },
+		"release": func() error { _, err := a.Release(ctx, id); return err },
+	} {
+		err := op()
+		if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "home says b holds it, a server this agent does not see") {
+			t.Errorf("%s of a claim held on b, which a does not see: %v; want a 503 naming b", name, err)
+		}
+	}
+}
