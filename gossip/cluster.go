@@ -31,6 +31,8 @@ type Config struct {
 	RememberDeparted  time.Duration // how long Members lists dead and left members; default 1h
 	Log               *slog.Logger
 	Tune              func(*memberlist.Config) // last say over memberlist's config; for tests
+
+	catchUp catchUpTimings // zero: defaultCatchUp; for tests
 }
 
 // Cluster is this agent's membership in the gossip cluster: it advertises
@@ -47,6 +49,7 @@ type Cluster struct {
 	view    *view
 	ml      *memberlist.Memberlist
 	pub     *publisher
+	catchUp *catchUp
 	// selfIP and selfPort are the advertised gossip address, read once at
 	// start: memberlist's LocalNode returns its live record, which it
 	// rewrites on every UpdateNode without a lock the caller could take.
@@ -139,6 +142,12 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	// memberlist still reads compressed packets from members that send them.
 	mc.EnableCompression = false
 
+	cu := cfg.catchUp
+	if cu.quiet == 0 {
+		cu.quiet, cu.most, cu.gap = defaultCatchUp.quiet, defaultCatchUp.most, defaultCatchUp.gap
+	}
+	c.catchUp = newCatchUp(c, cu, log)
+
 	d := delegate{c: c}
 	mc.Delegate, mc.Events, mc.Ping, mc.Alive = d, d, d, d
 	mc.Logger = newMemberlistLogger(log, c.view.suspect)
@@ -155,6 +164,7 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	self := ml.LocalNode()
 	c.selfIP, c.selfPort = slices.Clone(self.Addr), self.Port
 	c.pub = startPublisher(c, mc.GossipInterval, log)
+	c.catchUp.start()
 	log.Info("gossip started", "node", mc.Name, "addr", c.LocalAddr(), "encrypted", c.keyring != nil)
 	return c, nil
 }
@@ -208,6 +218,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	// No re-advertising after this point: memberlist would drop it anyway,
 	// and UpdateNode would then wait out its whole timeout.
 	c.pub.stop()
+	c.catchUp.stop()
 
 	// memberlist does not tell others whether a member left or died, so the
 	// summary says it first; members that miss it will show "dead".
@@ -245,7 +256,10 @@ func (c *Cluster) Shutdown() error {
 	c.shutdown = true
 	c.closing.Store(true)
 	c.pub.stop()
-	if err := c.ml.Shutdown(); err != nil {
+	c.catchUp.stop()
+	err := c.ml.Shutdown()
+	c.catchUp.wait() // an exchange in flight fails now that memberlist is down
+	if err != nil {
 		return fmt.Errorf("gossip: shutdown: %w", err)
 	}
 	return nil

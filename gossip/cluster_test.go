@@ -603,3 +603,46 @@ func TestClusterConvergenceTwentyNodes(t *testing.T) {
 	awaitView(t, nodes, "n07's revision 42", seesRevision("n07", 42))
 	t.Logf("%d nodes: a summary change reached all in %v", count, time.Since(start).Round(time.Millisecond))
 }
+
+// A member that missed a join learns it from the exchange that a member
+// which saw the join runs once the change has settled. Here nothing else
+// could tell it: no gossip, no probes to piggyback on, and memberlist's
+// periodic exchange is off.
+func TestCatchUpAfterMembershipChanges(t *testing.T) {
+	exchanges := make(chan string, 16)
+	silent := func(c *Config) {
+		c.Tune = func(mc *memberlist.Config) {
+			fastTimings(mc)
+			mc.ProbeInterval = 0
+			mc.GossipNodes = 0
+			mc.PushPullInterval = 0
+		}
+		c.catchUp = catchUpTimings{quiet: 20 * time.Millisecond, most: 100 * time.Millisecond}
+	}
+	a := startNode(t, "a", func(c *Config) {
+		silent(c)
+		c.catchUp.exchanged = func(with string) { exchanges <- with }
+	})
+	b := startNode(t, "b", func(c *Config) { silent(c); joining(a)(c) })
+	join(t, b)
+	awaitView(t, []*testNode{a, b}, "a and b", seesAll([]*testNode{a, b}))
+	awaitExchange := func() string {
+		t.Helper()
+		select {
+		case with := <-exchanges:
+			return with
+		case <-time.After(waitLimit):
+			t.Fatalf("a ran no catch-up exchange within %v", waitLimit)
+			return ""
+		}
+	}
+	if with := awaitExchange(); with != "b" {
+		t.Fatalf("a caught up with %s after b joined, want b (the only other member)", with)
+	}
+	c := startNode(t, "c", func(c *Config) { silent(c); joining(a)(c) })
+	join(t, c)
+	if with := awaitExchange(); with != "b" {
+		t.Fatalf("a caught up with %s after c joined, want b (the member that did not change)", with)
+	}
+	awaitView(t, []*testNode{b}, "c, through a's catch-up", seesAll([]*testNode{a, b, c}))
+}

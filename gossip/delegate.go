@@ -49,6 +49,7 @@ func (delegate) MergeRemoteState(buf []byte, join bool) {}
 // NotifyJoin records a member that joined or came back.
 func (d delegate) NotifyJoin(n *memberlist.Node) {
 	d.c.view.alive(n.Name, n.Addr, n.Port, n.Meta)
+	d.c.catchUp.note(n.Name)
 }
 
 // NotifyUpdate records a member's new summary.
@@ -59,6 +60,7 @@ func (d delegate) NotifyUpdate(n *memberlist.Node) {
 // NotifyLeave records a member that died or left.
 func (d delegate) NotifyLeave(n *memberlist.Node) {
 	d.c.view.gone(n.Name, n.Meta)
+	d.c.catchUp.note(n.Name)
 }
 
 // AckPayload adds nothing to acks.
