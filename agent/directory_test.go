@@ -22,6 +22,17 @@ func idHomedOn(a *Agent, homes ...string) string {
 	}
 }
 
+// threeAgents starts agents a, b and c on the given profiles with
+// directory_settle settle, and waits until each sees all three.
+func threeAgents(t *testing.T, settle time.Duration, pa, pb, pc string) (tc *testCluster, a, b, c *Agent) {
+	t.Helper()
+	tc = newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
+	a, b, c = tc.start("a", pa), tc.start("b", pb), tc.start("c", pc)
+	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 3 })
+	return tc, a, b, c
+}
+
 func names(n int) []target {
 	out := make([]target, n)
 	for i := range out {
@@ -234,12 +245,7 @@ func TestClusterDirectoryHomeRestarts(t *testing.T) {
 
 // An owner's notice that its home does not take is sent again until it is.
 func TestClusterDirectoryNoticeRetried(t *testing.T) {
-	tc := newTestCluster(t)
-	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
-	a := tc.start("a", "a100-pcie-4")
-	b := tc.start("b", "l40s-4")
-	c := tc.start("c", "a100-pcie-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	_, a, b, c := threeAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	// b cannot reach c's peer API for a while.
@@ -267,12 +273,7 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 // held already (a client's retry through another agent), the reservation
 // made meanwhile is dropped, and the answer is the claim that exists.
 func TestClusterReservesWhileAskingTheHome(t *testing.T) {
-	tc := newTestCluster(t)
-	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
-	a := tc.start("a", "l40s-4")
-	b := tc.start("b", "l40s-4")
-	c := tc.start("c", "a100-pcie-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	_, a, b, c := threeAgents(t, 0, "l40s-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	req := api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a"}
@@ -307,15 +308,10 @@ func TestClusterReservesWhileAskingTheHome(t *testing.T) {
 // made while it was asked is what that way finds and commits: one
 // reservation, no abort and reserve again.
 func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
-	tc := newTestCluster(t)
-	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(10 * time.Minute) }
-	a := tc.start("a", "l40s-4")
-	tc.start("b", "l40s-4")
-	c := tc.start("c", "a100-pcie-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	_, a, b, c := threeAgents(t, 10*time.Minute, "l40s-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(c, "b")
-	if ans, err := tc.agents["b"].LookupDirectory(ctx, id); err != nil || ans.State != api.DirUnsure {
+	if ans, err := b.LookupDirectory(ctx, id); err != nil || ans.State != api.DirUnsure {
 		t.Fatalf("the home's answer before the claim: %+v, %v; want unsure", ans, err)
 	}
 	rev := a.ledger.Revision()
@@ -333,12 +329,7 @@ func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
 // found": the ID's home still says where it is held, and a get or a
 // release answers a retryable 503 naming that server.
 func TestClusterClaimOnAnUnseenOwnerIsNotNotFound(t *testing.T) {
-	tc := newTestCluster(t)
-	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
-	a := tc.start("a", "a100-pcie-4")
-	tc.start("b", "l40s-4")
-	c := tc.start("c", "a100-pcie-4")
-	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	tc, a, _, c := threeAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || cl.Node != "b" {
