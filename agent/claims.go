@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 
@@ -42,7 +41,7 @@ func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, sk
 		}
 		start := time.Now()
 		res, err := a.binder.Release(ctx, addr, a.policy)
-		a.rec.VFIOOperation("release", time.Since(start), err)
+		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
 		if err != nil {
 			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
 			continue
@@ -98,7 +97,7 @@ func (a *Agent) knownGPU(addr string) error {
 		return api.Invalid("pci_address", "%v", err)
 	}
 	if _, ok := a.gpu(addr); !ok {
-		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+		return &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("no GPU at %s on %s (see `gpuherd status`)", addr, a.cfg.NodeName)}
 	}
 	return nil
@@ -119,7 +118,7 @@ func (a *Agent) gpuView(addr string) (api.GPU, error) {
 			return a.stateView(s), nil
 		}
 	}
-	return api.GPU{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: "no GPU at " + addr}
+	return api.GPU{}, &api.Error{Code: api.CodeNotFound, Message: "no GPU at " + addr}
 }
 
 // gpuState is a GPU's state in the ledger with the driver it was on at the
@@ -236,7 +235,7 @@ func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
 		field := fmt.Sprintf("gpus[%d]", i)
 		model, err := a.inv.Catalog().MatchIn(it.Model, names)
 		if err != nil {
-			return ledger.Request{}, &api.Error{Status: http.StatusBadRequest, Code: api.CodeUnknownModel,
+			return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel,
 				Field: field + ".model", Message: err.Error(), KnownModels: names}
 		}
 		m := model.Name
@@ -284,22 +283,22 @@ func (a *Agent) apiError(err error) error {
 		for i, m := range na.Missing {
 			missing[i] = api.Item{Model: m.Model, Count: m.Count}
 		}
-		return &api.Error{Status: http.StatusConflict, Code: api.CodeNotAvailable,
+		return &api.Error{Code: api.CodeNotAvailable,
 			Message: api.NotAvailableMessage(missing), Missing: missing}
 	case errors.As(err, &conf):
-		return &api.Error{Status: http.StatusConflict, Code: api.CodeConflict, Message: err.Error()}
+		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
 	case errors.As(err, &val):
 		return api.Invalid(val.Field, "%s", val.Error())
 	case errors.Is(err, ledger.ErrNotFound):
-		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
+		return &api.Error{Code: api.CodeNotFound, Message: err.Error()}
 	case errors.Is(err, ledger.ErrLeaseExpired):
-		return &api.Error{Status: http.StatusConflict, Code: api.CodeLeaseExpired, Message: err.Error()}
+		return &api.Error{Code: api.CodeLeaseExpired, Message: err.Error()}
 	case errors.Is(err, ledger.ErrCommitted):
-		return &api.Error{Status: http.StatusConflict, Code: api.CodeConflict, Message: err.Error()}
+		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
 	}
 	var bf *bindFailure
 	if errors.As(err, &bf) {
-		return &api.Error{Status: http.StatusInternalServerError, Code: api.CodeBindFailed, Message: err.Error()}
+		return &api.Error{Code: api.CodeBindFailed, Message: err.Error()}
 	}
 	return err
 }
@@ -314,7 +313,7 @@ func (a *Agent) Sweep(ctx context.Context) {
 	}
 	for _, c := range expired {
 		a.bound.Delete(c.ID)
-		a.rec.Reservation("expired")
+		a.rec.Reservation(ReservationExpired)
 		a.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
 		unlock := a.locks.lock(c.GPUs...)
 		a.toIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
-	"github.com/gpuherd/gpuherd/metrics"
 )
 
 // The coordinator side of the protocol: any agent places a claim by ranking
@@ -87,19 +85,19 @@ func outcome(err error) string {
 	var e *api.Error
 	switch {
 	case err == nil:
-		return "granted"
+		return ClaimGranted
 	case !errors.As(err, &e):
-		return "error"
+		return ClaimError
 	case e.Code == api.CodeNotAvailable:
-		return "not_available"
+		return ClaimNotAvailable
 	case e.Code == api.CodeInvalid || e.Code == api.CodeUnknownModel:
-		return "invalid"
+		return ClaimInvalid
 	case e.Code == api.CodeConflict:
-		return "conflict"
+		return ClaimConflict
 	case e.Code == api.CodeBindFailed:
-		return "bind_failed"
+		return ClaimBindFailed
 	}
-	return "error"
+	return ClaimError
 }
 
 func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
@@ -125,10 +123,10 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 	// where it is.
 	if a.cluster != nil {
 		if c, done, err := a.throughHome(ctx, id, rr, want, req.PreferNode, targets); done {
-			a.rec.ClaimLookup(metrics.LookupDirectory)
+			a.rec.ClaimLookup(LookupDirectory)
 			return c, err
 		}
-		a.rec.ClaimLookup(metrics.LookupEveryServer)
+		a.rec.ClaimLookup(LookupEveryServer)
 	}
 
 	// Idempotency across the platform, the slow way: the claim may already
@@ -151,7 +149,7 @@ func (a *Agent) coordinate(ctx context.Context, id string, req api.ClaimRequest)
 // it is only reserved (its coordinator may be gone).
 func (a *Agent) resume(ctx context.Context, id string, c api.Claim, t target, rr api.ReserveRequest) (api.Claim, error) {
 	if !sameItems(c.Items, rr.Items) || !maps.Equal(c.Labels, rr.Labels) {
-		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", id, c.Node, api.DescribeItems(c.Items))}
 	}
 	if c.State == api.StateClaimed {
@@ -231,7 +229,7 @@ func (a *Agent) place(ctx context.Context, id string, rr api.ReserveRequest, wan
 	if len(tried) > 0 && refused == 0 {
 		// Every server that should fit failed rather than said no (a full
 		// disk, a broken owner): "not available" would hide why.
-		return api.Claim{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", id, lastErr)}
 	}
 	return api.Claim{}, a.notAvailable(rr.Items, servers)
@@ -466,7 +464,7 @@ func (a *Agent) locate(ctx context.Context, targets []target, id string) (api.Cl
 func (a *Agent) findStrict(ctx context.Context, targets []target, id string, unseen []string) (api.Claim, target, error) {
 	c, t, err := a.find(ctx, targets, id, true)
 	if len(unseen) > 0 && isCode(err, api.CodeNotFound) {
-		return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+		return api.Claim{}, target{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: its home says %s holds it, a server this agent does not see (stopped, or not in its gossip view yet); retry, or ask through another agent", id, strings.Join(unseen, ", "))}
 	}
 	return c, t, err
@@ -491,7 +489,7 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 		c, err := op(octx, self)
 		cancel()
 		if err == nil || !isCode(err, api.CodeNotFound) {
-			a.rec.ClaimLookup(metrics.LookupLocal)
+			a.rec.ClaimLookup(LookupLocal)
 			return c, self, true, nil, err
 		}
 	}
@@ -517,13 +515,13 @@ func (a *Agent) viaHome(ctx context.Context, targets []target, id string, op fun
 				c, err := op(octx, t)
 				cancel()
 				if err == nil || !isCode(err, api.CodeNotFound) {
-					a.rec.ClaimLookup(metrics.LookupDirectory)
+					a.rec.ClaimLookup(LookupDirectory)
 					return c, t, true, nil, err
 				}
 			}
 		}
 	}
-	a.rec.ClaimLookup(metrics.LookupEveryServer)
+	a.rec.ClaimLookup(LookupEveryServer)
 	return api.Claim{}, target{}, false, unseen, nil
 }
 
@@ -557,7 +555,7 @@ func (a *Agent) tryOwner(ctx context.Context, t target, id string, rr api.Reserv
 	}
 	if err != nil {
 		var e *api.Error
-		if !errors.As(err, &e) || e.Status >= 500 {
+		if !errors.As(err, &e) || e.ServerFault() {
 			// Unanswered, or failed half-way: make sure nothing stays.
 			a.abortReservation(ctx, t, id)
 		}
@@ -592,7 +590,7 @@ func (a *Agent) commitOn(ctx context.Context, t target, id string) (api.Claim, e
 			return c, nil
 		}
 		var e *api.Error
-		if errors.As(err, &e) && e.Status < 500 {
+		if errors.As(err, &e) && !e.ServerFault() {
 			return api.Claim{}, err // expired or gone: nothing is committed
 		}
 		last = err
@@ -600,7 +598,7 @@ func (a *Agent) commitOn(ctx context.Context, t target, id string) (api.Claim, e
 			break
 		}
 	}
-	return api.Claim{}, fmt.Errorf("%w: %w", errCommitUnknown, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+	return api.Claim{}, fmt.Errorf("%w: %w", errCommitUnknown, &api.Error{Code: api.CodeUnavailable,
 		Message: fmt.Sprintf("claim %s: commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", id, t.name, last)})
 }
 
@@ -676,7 +674,7 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 	hits, unanswered := a.findAll(ctx, targets, id)
 	if len(hits) == 0 {
 		if strict && len(unanswered) > 0 {
-			return api.Claim{}, target{}, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+			return api.Claim{}, target{}, &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer; retry when they are back", id, strings.Join(unanswered, ", "))}
 		}
 		names := make([]string, len(targets))
@@ -687,7 +685,7 @@ func (a *Agent) find(ctx context.Context, targets []target, id string, strict bo
 			// Rare, and worth seeing: a caller is about to believe the GPUs free.
 			a.log.Info("claim not found on any server", "claim", id, "asked", names, "members", a.memberStates())
 		}
-		return api.Claim{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+		return api.Claim{}, target{}, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
 	}
 	if len(hits) > 1 {
@@ -852,7 +850,7 @@ func (a *Agent) Resize(ctx context.Context, id string, req api.ResizeRequest) (a
 		return api.Claim{}, err
 	}
 	if cur.State != api.StateClaimed {
-		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s is still being placed; retry the resize once it is claimed", id)}
 	}
 	items := apiItems(lreq.Items)
@@ -909,7 +907,7 @@ func (a *Agent) notAvailable(items []api.Item, servers []placement.Server) error
 	if len(missing) == 0 {
 		missing = items
 	}
-	e := &api.Error{Status: http.StatusConflict, Code: api.CodeNotAvailable,
+	e := &api.Error{Code: api.CodeNotAvailable,
 		Message: api.NotAvailableMessage(missing), Missing: missing}
 	var want []placement.Want
 	for _, it := range items {

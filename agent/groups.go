@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -53,7 +52,7 @@ func (a *Agent) LookupGroup(_ context.Context, name string) (api.GroupRecord, er
 	}
 	data, err := os.ReadFile(a.groupPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return api.GroupRecord{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: "no group " + name}
+		return api.GroupRecord{}, &api.Error{Code: api.CodeNotFound, Message: "no group " + name}
 	}
 	if err != nil {
 		return api.GroupRecord{}, err
@@ -100,7 +99,7 @@ func (a *Agent) findGroup(ctx context.Context, name string) (api.GroupRecord, ta
 	}
 	wg.Wait()
 	if found == nil {
-		return api.GroupRecord{}, target{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+		return api.GroupRecord{}, target{}, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("group %s not found on any server", name)}
 	}
 	return *found, where, nil
@@ -125,7 +124,7 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 		items = lreq.Items
 	}
 	if _, _, err := a.findGroup(ctx, name); err == nil {
-		return api.Group{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+		return api.Group{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("group %s already exists; delete it first or choose another name", name)}
 	}
 	rec := api.GroupRecord{Name: name, Nodes: req.Nodes, WithGPUs: len(items) > 0, Coordinator: a.cfg.NodeName, CreatedAt: a.now().UTC()}
@@ -199,7 +198,7 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 		return api.Group{}, err
 	}
 	if !g.WithGPUs {
-		return api.Group{}, &api.Error{Status: http.StatusConflict, Code: api.CodeConflict,
+		return api.Group{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("group %s was created without GPUs and can never get one; create a new group with GPUs", name)}
 	}
 	if len(req.GPUs) == 0 {

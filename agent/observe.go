@@ -88,7 +88,8 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 			mg.Driver = s.driver
 		}
 		if t, ok := tele[s.GPU.Address]; ok && mg.Driver == "nvidia" {
-			mg.Telemetry = &t
+			mt := metrics.Telemetry(t)
+			mg.Telemetry = &mt
 		}
 		snap.GPUs = append(snap.GPUs, mg)
 	}

@@ -33,10 +33,10 @@ func (a *Agent) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 				a.log.Warn("retrying reservation on other GPUs", "claim", id, "attempt", attempt, "err", err)
 				continue
 			}
-			a.rec.Reservation("failed")
+			a.rec.Reservation(ReservationFailed)
 			return api.Claim{}, a.apiError(err)
 		}
-		a.rec.Reservation("reserved")
+		a.rec.Reservation(ReservationReserved)
 		return a.claimView(c), nil
 	}
 }
@@ -86,7 +86,7 @@ func (a *Agent) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	start := time.Now()
 	res, err := a.binder.Bind(ctx, addr)
-	a.rec.VFIOOperation("bind", time.Since(start), err)
+	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
 	if err != nil {
 		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
 		return err
@@ -123,12 +123,12 @@ func (a *Agent) Commit(ctx context.Context, id string) (api.Claim, error) {
 	c, err := a.ledger.Commit(id, a.now())
 	if err != nil {
 		if errors.Is(err, ledger.ErrLeaseExpired) {
-			a.rec.Reservation("expired")
+			a.rec.Reservation(ReservationExpired)
 			a.log.Warn("reservation expired before commit", "claim", id)
 		}
 		return api.Claim{}, a.apiError(err)
 	}
-	a.rec.Reservation("committed")
+	a.rec.Reservation(ReservationCommitted)
 	a.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
 	a.dirNote(id, api.DirOpHeld)
 	a.changed()
@@ -173,9 +173,9 @@ func (a *Agent) abort(ctx context.Context, id string, reservationOnly bool) (api
 		return api.Claim{}, a.apiError(err)
 	}
 	if c.State == ledger.StateReserved {
-		a.rec.Reservation("aborted")
+		a.rec.Reservation(ReservationAborted)
 	} else {
-		a.rec.Reservation("released")
+		a.rec.Reservation(ReservationReleased)
 		a.dirNote(id, api.DirOpGone)
 	}
 	a.log.Info("released", "claim", id, "gpus", c.GPUs)

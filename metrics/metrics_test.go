@@ -21,7 +21,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/gpuherd/gpuherd/agent/inventory"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.prom from the current output")
@@ -39,7 +38,7 @@ func fixture() Snapshot {
 				PCIAddress: "0000:18:00.0", Model: "NVIDIA H100 80GB", DeviceID: "2330",
 				UUID: "GPU-7f3a0c2e-0000-4000-8000-000000000018", IOMMUGroup: 16, NUMANode: 0,
 				Driver: "nvidia", State: StateFree, Healthy: true,
-				Telemetry: &inventory.Telemetry{
+				Telemetry: &Telemetry{
 					TemperatureCelsius: 34, PowerWatts: 72.5, EnergyJoules: 123456.789,
 					MemoryUsedBytes: 1 << 20, MemoryTotalBytes: 81559 << 20, Utilization: 0.25,
 					HasTemperature: true, HasPower: true, HasEnergy: true, HasMemory: true, HasUtilization: true,
@@ -53,7 +52,7 @@ func fixture() Snapshot {
 			{
 				PCIAddress: "0000:3b:00.0", Model: "10de:26ff", DeviceID: "26ff",
 				IOMMUGroup: -1, NUMANode: -1, State: StateUnhealthy, Healthy: false,
-				Telemetry: &inventory.Telemetry{TemperatureCelsius: 41, HasTemperature: true},
+				Telemetry: &Telemetry{TemperatureCelsius: 41, HasTemperature: true},
 			},
 		},
 		Models: []ModelCapacity{

@@ -1,7 +1,5 @@
 package metrics
 
-import "github.com/gpuherd/gpuherd/agent/inventory"
-
 // Source gives the state the gauges are built from. Snapshot is called once
 // per scrape, possibly from concurrent scrapes, so it must be cheap and safe
 // for concurrent use: a copy of state the agent already holds, not a fresh
@@ -68,7 +66,24 @@ type GPU struct {
 	// Telemetry is NVML's current reading; nil when NVML does not see the
 	// card (on vfio-pci, or no driver), and then the card has no telemetry
 	// series at all.
-	Telemetry *inventory.Telemetry
+	Telemetry *Telemetry
+}
+
+// Telemetry is one GPU's NVML reading; a Has… flag false means the card did
+// not give that reading, and then its series is left out.
+type Telemetry struct {
+	TemperatureCelsius float64
+	PowerWatts         float64
+	EnergyJoules       float64 // since the driver was last loaded
+	MemoryUsedBytes    uint64
+	MemoryTotalBytes   uint64
+	Utilization        float64 // 0..1
+
+	HasTemperature bool
+	HasPower       bool
+	HasEnergy      bool
+	HasMemory      bool
+	HasUtilization bool
 }
 
 // ModelCapacity counts the GPUs of one model.

@@ -210,10 +210,7 @@ func (h *handler) reply(w http.ResponseWriter, r *http.Request, v any, err error
 }
 
 func writeError(w http.ResponseWriter, e *Error) {
-	status := e.Status
-	if status == 0 {
-		status = http.StatusInternalServerError
-	}
+	status := e.HTTPStatus()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(ErrorBody{Error: e})

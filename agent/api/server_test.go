@@ -312,3 +312,22 @@ func TestHandlerServiceErrors(t *testing.T) {
 		})
 	}
 }
+
+// Every code the protocol uses travels with the status it always had.
+func TestStatusOfCodes(t *testing.T) {
+	for code, want := range map[string]int{
+		api.CodeInvalid: 400, api.CodeUnknownModel: 400, api.CodeNotFound: 404,
+		api.CodeNotAvailable: 409, api.CodeConflict: 409, api.CodeLeaseExpired: 409,
+		api.CodeBindFailed: 500, api.CodeInternal: 500, api.CodeUnavailable: 503, "something_new": 500,
+	} {
+		if got := api.StatusOf(code); got != want {
+			t.Errorf("StatusOf(%q) = %d, want %d", code, got, want)
+		}
+		if got := (&api.Error{Code: code}).ServerFault(); got != (want >= 500) {
+			t.Errorf("ServerFault of %q = %v", code, got)
+		}
+	}
+	if got := (&api.Error{Status: 413, Code: api.CodeInvalid}).HTTPStatus(); got != 413 {
+		t.Errorf("an explicit status is kept: got %d", got)
+	}
+}
