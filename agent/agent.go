@@ -17,6 +17,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/memberlist"
 
+	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
@@ -24,8 +25,15 @@ import (
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
-// Agent owns this server's GPUs.
+// Agent owns this server's GPUs. It wires the hardware, the ledger, gossip
+// and the servers, and runs the lifecycle; the claim protocol is its three
+// roles (docs/protocol.md): the coordinator, the owner and the home. Their
+// methods are promoted, so an *Agent serves the whole API.
 type Agent struct {
+	*coordinator
+	*owner
+	*home
+
 	cfg    Config
 	log    *slog.Logger
 	now    func() time.Time
@@ -67,6 +75,8 @@ type Agent struct {
 	order  []string                 // addresses, sorted
 	fenced map[string]string        // address → why the agent stopped offering it
 }
+
+var _ api.Service = (*Agent)(nil)
 
 // Option changes how New builds the agent; tests use them.
 type Option func(*options)
@@ -133,6 +143,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, boot: newBoot()}
+	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.dir = newDirectory(a.now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {

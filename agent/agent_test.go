@@ -314,8 +314,8 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := a.Claim(ctx, tc.id, tc.req)
 			e := apiErr(t, err)
-			if e.Code != tc.code || e.Status != http.StatusBadRequest || e.Field != tc.field {
-				t.Errorf("got code=%s status=%d field=%q (%s), want %s 400 field %q", e.Code, e.Status, e.Field, e.Message, tc.code, tc.field)
+			if e.Code != tc.code || e.HTTPStatus() != http.StatusBadRequest || e.Field != tc.field {
+				t.Errorf("got code=%s status=%d field=%q (%s), want %s 400 field %q", e.Code, e.HTTPStatus(), e.Field, e.Message, tc.code, tc.field)
 			}
 		})
 	}

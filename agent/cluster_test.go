@@ -486,11 +486,11 @@ func TestClusterStrictLookupNamesMembersItDidNotAsk(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := slices.DeleteFunc(a.targets(), func(x target) bool { return x.name == "b" })
-	_, _, err := a.find(ctx, old, "vm-1", true)
+	_, _, err := a.findOnEveryServer(ctx, old, "vm-1", true, nil)
 	if e := apiErr(t, err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "b did not answer") {
 		t.Fatalf("strict lookup that did not ask b: %+v; want unavailable naming b", e)
 	}
-	if _, _, err := a.find(ctx, a.targets(), "vm-1", true); err != nil {
+	if _, _, err := a.findOnEveryServer(ctx, a.targets(), "vm-1", true, nil); err != nil {
 		t.Fatalf("strict lookup asking everyone: %v", err)
 	}
 }

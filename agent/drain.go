@@ -13,6 +13,33 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 )
 
+// Drain stops new claims on a GPU; a claim it is in stays.
+func (a *Agent) Drain(_ context.Context, addr, reason string) (api.GPU, error) {
+	if err := a.knownGPU(addr); err != nil {
+		return api.GPU{}, err
+	}
+	if len(reason) > 256 {
+		return api.GPU{}, api.Invalid("reason", "drain reason longer than 256 bytes")
+	}
+	if err := a.ledger.Drain(addr, reason, a.now()); err != nil {
+		return api.GPU{}, a.apiError(err)
+	}
+	a.log.Info("drained", "pci_address", addr, "reason", reason)
+	return a.gpuView(addr)
+}
+
+// Undrain offers a drained GPU again.
+func (a *Agent) Undrain(_ context.Context, addr string) (api.GPU, error) {
+	if err := a.knownGPU(addr); err != nil {
+		return api.GPU{}, err
+	}
+	if err := a.ledger.Undrain(addr); err != nil {
+		return api.GPU{}, a.apiError(err)
+	}
+	a.log.Info("undrained", "pci_address", addr)
+	return a.gpuView(addr)
+}
+
 // serverDrain is a cordon on the whole server: no new claims, existing ones
 // stay. It is kept in the data directory so it survives restarts.
 type serverDrain struct {

@@ -520,7 +520,7 @@ func TestFaultCommitAnswerLost(t *testing.T) {
 		t.Logf("commit answers lost: %d; claim returned %+v, %v; committed on %v", proxy.count(dropReply), got.Node, err, on)
 		if len(on) != 1 || on[0] != "b" {
 			t.Errorf("BUG: after a lost commit answer from b the claim is committed on %v, want only b: "+
-				"coordinate moved on to the next server because commitOn's error is not errCommitUnknown", on)
+				"coordinate moved on to the next server because attempt.commit's error is not errCommitUnknown", on)
 		}
 		if err == nil && got.Node != "b" {
 			t.Errorf("claim answered ok on %s while it is committed on b", got.Node)

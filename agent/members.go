@@ -12,15 +12,6 @@ import (
 
 var _ api.CapacityReader = (*Agent)(nil)
 
-// Capacity is this server's free GPUs per model now, from its ledger.
-func (a *Agent) Capacity(context.Context) (api.Capacity, error) {
-	free := map[string]int{}
-	for m, t := range a.ledger.Totals(a.now()) {
-		free[m] = t.Free
-	}
-	return api.Capacity{Free: free, Drained: a.serverDrained()}, nil
-}
-
 // Availability lists every model of the platform — the offered ones and
 // every model some server has — with what is free, as this agent sees it:
 // its own ledger exactly, the other servers through gossip.

@@ -1,0 +1,459 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// attempt is one placement of one claim ID by this coordinator: the
+// request as every owner is asked for it, and the view it was ranked on.
+// Its methods are the steps of docs/protocol.md, "Placing a claim".
+type attempt struct {
+	*coordinator
+	id     string
+	rr     api.ReserveRequest // what each owner is asked to reserve
+	want   []placement.Want   // the request, as placement ranks it
+	prefer string             // the preferred server, or ""
+	view   []target           // the servers as this attempt saw them first
+	// vouch, when set, says whether the claim ID's home vouched that
+	// nobody else is placing it; it is asked once a reservation is made,
+	// before committing it (it may wait for the home's answer), and a
+	// false stops the placement with a *notVouched naming that
+	// reservation. Without vouch, the copies that concurrent coordinators
+	// may have placed are settled after the commit.
+	vouch func() bool
+}
+
+// lookUp places a claim through its ID's home (see directory.go). It
+// reports done=false when the home cannot vouch for the ID (or does not
+// answer, or its record is stale): the caller then asks every server.
+//
+// The first placement does not wait for the home: its ranking, probing and
+// reservation run while the home is asked, and only the commit waits for
+// the home to vouch. A claim of a new ID costs the time of two round trips
+// (the home's and the reservation's together, then the commit) instead of
+// three. When the home does not vouch, its answer is followed as if it had
+// come first. The reservation made meanwhile is dropped (as a reservation
+// only: never a claim a concurrent coordinator committed) when the ID is
+// held or being placed elsewhere; when the home cannot say, it is left for
+// the every-server lookup, which finds it and commits it (then settles).
+func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err error) {
+	home := homeOf(at.id, at.view)
+	dir, ok := home.owner.(api.Directory)
+	if !ok {
+		return api.Claim{}, false, nil
+	}
+	type answer struct {
+		ans api.DirAnswer
+		err error
+	}
+	begin := func() answer {
+		bctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		defer cancel()
+		ans, err := dir.BeginClaim(bctx, at.id, api.DirBegin{Coordinator: at.cfg.NodeName})
+		return answer{ans, err}
+	}
+	placed := func(c api.Claim, err error) (api.Claim, bool, error) {
+		if err != nil && !errors.Is(err, errCommitUnknown) {
+			at.abandon(ctx, home)
+		}
+		return c, true, err
+	}
+	deadline := time.Now().Add(at.pendingTTL())
+	wait := 10 * time.Millisecond
+	for first := true; ; first = false {
+		var r answer
+		if first {
+			asked := make(chan answer, 1)
+			go func() { asked <- begin() }()
+			got := false
+			vouch := func() bool {
+				if !got {
+					r, got = <-asked, true
+				}
+				return r.err == nil && r.ans.State == api.DirNew
+			}
+			c, err := at.placeVouched(ctx, vouch)
+			if vouch() {
+				return placed(c, err)
+			}
+			var nv *notVouched
+			if errors.As(err, &nv) && !nv.held && r.err == nil && (r.ans.State == api.DirHeld || r.ans.State == api.DirPending) {
+				at.abortReservation(ctx, nv.t)
+			}
+		} else {
+			r = begin()
+		}
+		if r.err != nil {
+			at.log.Debug("claim directory: home did not answer; asking every server", "claim", at.id, "home", home.name, "err", r.err)
+			return api.Claim{}, false, nil
+		}
+		ans := r.ans
+		switch ans.State {
+		case api.DirNew:
+			return placed(at.placeVouched(ctx, func() bool { return true }))
+		case api.DirHeld:
+			if len(ans.Owners) != 1 {
+				return api.Claim{}, false, nil // several copies: the slow way settles them
+			}
+			t, ok := targetNamed(at.view, ans.Owners[0])
+			if !ok {
+				return api.Claim{}, false, nil
+			}
+			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			c, err := t.owner.Lookup(lctx, at.id)
+			cancel()
+			if err != nil {
+				return api.Claim{}, false, nil // stale, or the owner does not answer
+			}
+			c, err = at.resume(ctx, c, t)
+			return c, true, err
+		case api.DirPending:
+			// Another coordinator is placing it (a client retried
+			// elsewhere): wait for its outcome rather than place a copy.
+			if ans.Coordinator == at.cfg.NodeName || time.Now().After(deadline) {
+				return api.Claim{}, false, nil
+			}
+			if _, alive := targetNamed(at.targets(), ans.Coordinator); !alive {
+				return api.Claim{}, false, nil
+			}
+			select {
+			case <-ctx.Done():
+				return api.Claim{}, true, ctx.Err()
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 200*time.Millisecond)
+		default:
+			return api.Claim{}, false, nil
+		}
+	}
+}
+
+// place runs steps 3 to 8: it ranks the servers that, by this agent's view,
+// can hold the whole request (rank, probe), asks their owners in turn until
+// one takes it (ask, commit, settle), re-checks the capacity before giving
+// up (recheck) and otherwise refuses (refuse). See attempt.vouch for how
+// the home's word is awaited.
+func (at *attempt) place(ctx context.Context) (api.Claim, error) {
+	servers := make([]placement.Server, len(at.view))
+	byName := make(map[string]target, len(at.view))
+	for i, t := range at.view {
+		servers[i] = t.server
+		byName[t.name] = t
+	}
+	ranked := placement.Rank(servers, at.want, at.prefer, at.rnd())
+	if at.contended() || busy(at.view, at.want) {
+		ranked = at.probe(ctx, ranked)
+	}
+	if len(ranked) > maxOwnerRetries {
+		ranked = ranked[:maxOwnerRetries]
+	}
+	var (
+		lastErr error // the last failure that was not a plain "no"
+		refused int
+		tried   []string
+	)
+	for round := 0; round < 2; round++ {
+		if round == 1 {
+			// The view says nothing (more) fits; it may be stale. Before
+			// answering "not available", read the capacity of every server
+			// that could hold the request, and try again on the fresh figures.
+			servers = at.recheck(ctx, at.view)
+			ranked = slices.DeleteFunc(placement.Rank(servers, at.want, at.prefer, at.rnd()), func(n string) bool { return slices.Contains(tried, n) })
+			if len(ranked) > maxOwnerRetries {
+				ranked = ranked[:maxOwnerRetries]
+			}
+		}
+		for _, name := range ranked {
+			c, err := at.ask(ctx, byName[name])
+			if err == nil {
+				if len(tried) > 0 {
+					at.log.Info("claim placed after stale answers", "claim", at.id, "node", name, "attempt", len(tried)+1)
+				}
+				if at.vouch != nil {
+					return c, nil
+				}
+				return at.settle(ctx, c, byName[name], tried)
+			}
+			tried = append(tried, name)
+			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+				return api.Claim{}, err
+			}
+			if isCode(err, api.CodeNotAvailable) {
+				refused++
+				at.lastRefusal.Store(at.now().UnixNano())
+			} else {
+				lastErr = fmt.Errorf("%s: %w", name, err)
+			}
+			at.log.Debug("owner could not take the claim; next candidate", "claim", at.id, "node", name, "err", err)
+		}
+		if lastErr != nil && refused == 0 {
+			break
+		}
+	}
+	if len(tried) > 0 && refused == 0 {
+		// Every server that should fit failed rather than said no (a full
+		// disk, a broken owner): "not available" would hide why.
+		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", at.id, lastErr)}
+	}
+	return api.Claim{}, at.refuse(at.rr.Items, servers)
+}
+
+// placeVouched places with vouch as the home's word, leaving at itself
+// as it was: the every-server path after it places without one.
+func (at *attempt) placeVouched(ctx context.Context, vouch func() bool) (api.Claim, error) {
+	p := *at
+	p.vouch = vouch
+	return p.place(ctx)
+}
+
+// contended reports whether an owner refused this coordinator (its view was
+// stale) within contendedWindow: placements are then probed first.
+func (co *coordinator) contended() bool {
+	last := co.lastRefusal.Load()
+	return last != 0 && co.now().UnixNano()-last < int64(contendedWindow)
+}
+
+// busy reports whether, by the view, at least busyShare of the healthy GPUs
+// of a requested model are taken: the servers with room then change hands
+// faster than gossip reports it, so placements are probed first.
+func busy(targets []target, want []placement.Want) bool {
+	for _, w := range want {
+		free, healthy := 0, 0
+		for _, t := range targets {
+			free += t.caps[w.Model].Free
+			healthy += t.caps[w.Model].Healthy
+		}
+		if healthy > 0 && float64(healthy-free) >= busyShare*float64(healthy) {
+			return true
+		}
+	}
+	return false
+}
+
+// probe re-ranks the best candidates on their capacity read now, probeTop
+// at a time (one parallel round trip each), dropping those that cannot hold
+// the request after all, until one can (at most probeRounds rounds); the
+// candidates not probed follow unchanged. When views lag the claims (many
+// claims per gossip round), this replaces a "no" per stale candidate.
+func (at *attempt) probe(ctx context.Context, ranked []string) []string {
+	for round := 0; round < probeRounds && len(ranked) > 0; round++ {
+		k := min(probeTop, len(ranked))
+		var top []target
+		for _, name := range ranked[:k] {
+			if t, ok := targetNamed(at.view, name); ok {
+				top = append(top, t)
+			}
+		}
+		fresh := placement.Rank(at.recheck(ctx, top), at.want, at.prefer, at.rnd())
+		if len(fresh) > 0 {
+			return append(fresh, ranked[k:]...)
+		}
+		ranked = ranked[k:]
+	}
+	return ranked
+}
+
+// recheck (step 8, and probe's read) returns the targets' servers with the free counts read now from
+// every one that, by its gossiped totals, could hold the request; the others keep
+// their view. A server that does not answer keeps its view too.
+func (at *attempt) recheck(ctx context.Context, targets []target) []placement.Server {
+	out := make([]placement.Server, len(targets))
+	for i, t := range targets {
+		out[i] = t.server
+	}
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		fits := true
+		for _, w := range at.want {
+			if t.caps[w.Model].Healthy < w.Count {
+				fits = false
+			}
+		}
+		cr, ok := t.owner.(api.CapacityReader)
+		if !fits || !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			capa, err := cr.Capacity(cctx)
+			if err != nil {
+				return
+			}
+			out[i] = placement.Server{Name: t.name, Free: capa.Free, Drained: capa.Drained}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// ask asks one owner to reserve, then commits once at.vouch
+// agrees. A reservation that cannot be confirmed is aborted best-effort; it
+// expires by itself anyway.
+func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
+	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	r, err := t.owner.Reserve(rctx, at.id, at.rr)
+	cancel()
+	if err == nil && at.vouch != nil && !at.vouch() {
+		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
+	}
+	if err != nil {
+		var e *api.Error
+		if !errors.As(err, &e) || e.ServerFault() {
+			// Unanswered, or failed half-way: make sure nothing stays.
+			at.abortReservation(ctx, t)
+		}
+		return api.Claim{}, err
+	}
+	return at.commit(ctx, t)
+}
+
+// commit commits the reservation at.id on t, retrying an unanswered commit
+// (commits are idempotent). Once a commit was sent, the claim may exist on
+// t: an answer that never comes is errCommitUnknown, never "try elsewhere".
+func (at *attempt) commit(ctx context.Context, t target) (api.Claim, error) {
+	var last error
+	for range commitAttempts {
+		cctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		c, err := t.owner.Commit(cctx, at.id)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		var e *api.Error
+		if errors.As(err, &e) && !e.ServerFault() {
+			return api.Claim{}, err // expired or gone: nothing is committed
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return api.Claim{}, fmt.Errorf("%w: %w", errCommitUnknown, &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", at.id, t.name, last)})
+}
+
+// abortReservation drops, best-effort, a reservation this coordinator made
+// on t and will not commit. Only a reservation: under the same ID a
+// concurrent coordinator (a client that retried elsewhere) may have
+// committed the claim on t meanwhile, and that claim stays. What is not
+// dropped here expires with its lease.
+func (at *attempt) abortReservation(ctx context.Context, t target) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	if _, err := t.owner.AbortReservation(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
+		at.log.Warn("reservation not aborted; its lease will expire it", "claim", at.id, "node", t.name, "err", err)
+	}
+}
+
+// settle runs after a commit on t: when the same claim ID was placed at the
+// same time through another agent (a client that retried elsewhere before
+// the first try answered), both may commit. Every coordinator must then keep
+// the same copy, which needs them to decide on the same facts: while another
+// copy is still only reserved, settle waits for it to be committed or to go
+// (at most a lease), so that both see every committed copy. It keeps the
+// first by (commit time, server name) and releases its own if that is not
+// it, answering with the kept one.
+//
+// Reservations on servers this coordinator tried before (tried) are its own
+// leftovers, aborted or expiring: they are not another coordinator's copy.
+func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried []string) (api.Claim, error) {
+	deadline := time.Now().Add(time.Duration(at.cfg.ReservationLease) + time.Second)
+	wait := 20 * time.Millisecond
+	var committed []copyOf
+	for {
+		hits, _ := at.allCopies(ctx, at.targets(), at.id)
+		committed = committed[:0]
+		pending := false
+		for _, h := range hits {
+			switch {
+			case h.c.State == api.StateClaimed:
+				committed = append(committed, h)
+			case h.t.name != t.name && !slices.Contains(tried, h.t.name):
+				pending = true
+			}
+		}
+		if !pending || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+	if len(committed) < 2 || committed[0].t.name == t.name {
+		return mine, nil
+	}
+	keep := committed[0]
+	at.log.Warn("claim committed on two servers by concurrent coordinators; releasing this copy",
+		"claim", at.id, "released_on", t.name, "kept_on", keep.t.name)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+	defer cancel()
+	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
+		return api.Claim{}, fmt.Errorf("claim %s: committed on %s and %s by concurrent requests; releasing the copy on %s failed: %w", at.id, keep.t.name, t.name, t.name, err)
+	}
+	return keep.c, nil
+}
+
+// resume answers a claim request whose ID is already held on t: the claim
+// itself when the request is the same, after finishing its placement when
+// it is only reserved (its coordinator may be gone).
+func (at *attempt) resume(ctx context.Context, c api.Claim, t target) (api.Claim, error) {
+	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+		return api.Claim{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", at.id, c.Node, api.DescribeItems(c.Items))}
+	}
+	if c.State == api.StateClaimed {
+		return c, nil
+	}
+	c, err := at.commit(ctx, t)
+	if err != nil {
+		return api.Claim{}, err
+	}
+	return at.settle(ctx, c, t, nil)
+}
+
+// abandon tells the home that this coordinator placed nothing for at.id.
+func (at *attempt) abandon(ctx context.Context, home target) {
+	dir, ok := home.owner.(api.Directory)
+	if !ok {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	defer cancel()
+	u := api.DirUpdate{From: at.cfg.NodeName, Ops: []api.DirOp{{ID: at.id, Op: api.DirOpAbandon}}}
+	if err := dir.UpdateDirectory(actx, u); err != nil {
+		at.log.Debug("claim directory: abandon not delivered; the intent goes stale", "claim", at.id, "home", home.name, "err", err)
+	}
+}
+
+// errCommitUnknown: the commit was sent but its answer never came. The
+// coordinator must not try another server: the claim may be committed.
+var errCommitUnknown = errors.New("commit unconfirmed")
+
+// notVouched: the claim ID's home did not vouch that the ID is new, and
+// nothing was committed. The reservation made meanwhile on t is still there;
+// the caller drops it or lets the every-server lookup find and finish it.
+type notVouched struct {
+	t target
+	// held: the owner answered with a claim committed under the ID
+	// before (a retry), not with a reservation of this placement.
+	held bool
+}
+
+func (e *notVouched) Error() string {
+	return fmt.Sprintf("claim ID not vouched for by its home; reserved on %s meanwhile", e.t.name)
+}

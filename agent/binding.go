@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// The hardware side of claims: binding a claim's GPUs to vfio-pci and
+// returning free GPUs to the idle driver.
+
+type bindFailure struct {
+	claim, addr string
+	err         error
+}
+
+func (b *bindFailure) Error() string {
+	return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci and was fenced off: %v", b.claim, b.addr, b.err)
+}
+
+func (b *bindFailure) Unwrap() error { return b.err }
+
+// bind moves one GPU's group to vfio-pci, fencing the GPU when it fails.
+// The caller holds the GPU's device lock.
+func (a *Agent) bind(ctx context.Context, why, addr string) error {
+	start := time.Now()
+	res, err := a.binder.Bind(ctx, addr)
+	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
+	if err != nil {
+		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
+		return err
+	}
+	logChanges(a, why, res)
+	return nil
+}
+
+// toIdleLocked returns the GPUs of addrs that no live claim holds to the
+// idle driver, skipping skip. The caller holds their device locks, so a
+// claim that takes one of them now binds it only after this returns. Failures
+// fence the GPU; the release itself already happened in the ledger.
+func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
+	for _, addr := range a.unclaimed(addrs) {
+		if addr == skip || a.health(addr) != "" {
+			continue
+		}
+		start := time.Now()
+		res, err := a.binder.Release(ctx, addr, a.policy)
+		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
+		if err != nil {
+			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
+			continue
+		}
+		logChanges(a, why, res)
+	}
+}
+
+// unclaimed keeps the addresses that no live claim holds (a GPU freed by an
+// expired reservation may already be in a new claim).
+func (a *Agent) unclaimed(addrs []string) []string {
+	held := map[string]bool{}
+	for _, s := range a.ledger.GPUStates(a.now()) {
+		if s.ClaimID != "" {
+			held[s.GPU.Address] = true
+		}
+	}
+	var out []string
+	for _, addr := range addrs {
+		if !held[addr] {
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
+// logChanges logs every driver change of a bind or release: the operator's
+// record of what gpuherd did to the machine, and why.
+func logChanges(a *Agent, why string, res vfio.Result) {
+	for _, ch := range res.Changes {
+		a.log.Info("driver changed", "why", why, "pci_address", ch.Address, "from", orNone(ch.From), "to", orNone(ch.To))
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

@@ -1,0 +1,49 @@
+package agent
+
+import (
+	"errors"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+)
+
+// apiError maps the ledger's errors to the API's.
+func (a *Agent) apiError(err error) error {
+	var (
+		na   *ledger.NotAvailableError
+		conf *ledger.ConflictError
+		val  *ledger.ValidationError
+		ae   *api.Error
+	)
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &na):
+		missing := make([]api.Item, len(na.Missing))
+		for i, m := range na.Missing {
+			missing[i] = api.Item{Model: m.Model, Count: m.Count}
+		}
+		return &api.Error{Code: api.CodeNotAvailable,
+			Message: api.NotAvailableMessage(missing), Missing: missing}
+	case errors.As(err, &conf):
+		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
+	case errors.As(err, &val):
+		return api.Invalid(val.Field, "%s", val.Error())
+	case errors.Is(err, ledger.ErrNotFound):
+		return &api.Error{Code: api.CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ledger.ErrLeaseExpired):
+		return &api.Error{Code: api.CodeLeaseExpired, Message: err.Error()}
+	case errors.Is(err, ledger.ErrCommitted):
+		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
+	}
+	var bf *bindFailure
+	if errors.As(err, &bf) {
+		return &api.Error{Code: api.CodeBindFailed, Message: err.Error()}
+	}
+	return err
+}
+
+func isCode(err error, code string) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Code == code
+}

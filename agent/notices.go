@@ -1,0 +1,207 @@
+package agent
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+)
+
+// An owner keeps the homes of its claim IDs up to date (docs/protocol.md,
+// "The claim directory"): a notice after every commit and release, in
+// order, and all of its claims again when the membership changes.
+
+// dirNote queues a notification for the home of claim id: this agent, as
+// its owner, committed it (DirOpHeld) or dropped it (DirOpGone).
+func (o *owner) dirNote(id, op string) {
+	if o.cluster == nil {
+		return
+	}
+	select {
+	case o.dir.queue <- api.DirOp{ID: id, Op: op}:
+	default:
+		o.log.Warn("claim directory queue full; the periodic resync will catch up", "claim", id)
+	}
+}
+
+// dirWorker sends the owner's notifications to the homes, in order; re-sends
+// every claim of this server when the membership changes (homes move) and
+// every dirResync; and tracks the membership for dirTrusted.
+func (o *owner) dirWorker(ctx context.Context) {
+	sub, cancel := o.cluster.g.Subscribe()
+	defer cancel()
+	o.dirMembership()
+	resync := time.NewTimer(jitter(dirResync))
+	defer resync.Stop()
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-retry.C:
+			o.dirRetry(ctx)
+		case op := <-o.dir.queue:
+			batch := []api.DirOp{op}
+		more:
+			for len(batch) < api.MaxDirUpdateIDs {
+				select {
+				case op := <-o.dir.queue:
+					batch = append(batch, op)
+				default:
+					break more
+				}
+			}
+			o.dirSend(ctx, batch)
+		case _, ok := <-sub:
+			if !ok {
+				return
+			}
+			if o.dirMembership() {
+				o.dirResyncAll(ctx)
+			}
+		case <-resync.C:
+			o.dirResyncAll(ctx)
+			resync.Reset(jitter(dirResync))
+		}
+	}
+}
+
+// jitter spreads a period over ±25% so that servers do not resync in step.
+func jitter(d time.Duration) time.Duration {
+	return d*3/4 + rand.N(d/2)
+}
+
+// dirMembership notes a change of the usable members (a member that came,
+// went, or restarted behind the same name) and reports whether there was one.
+//
+// It runs on every change of the view, capacity updates included, so it
+// computes an order-independent digest instead of comparing sorted names.
+func (o *owner) dirMembership() bool {
+	var set uint64
+	for _, m := range o.cluster.g.Members() {
+		if m.Usable() {
+			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
+		}
+	}
+	d := o.dir
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if set == d.members {
+		return false
+	}
+	d.members = set
+	d.changed = o.now()
+	return true
+}
+
+// dirResyncAll re-sends every claim this server holds to its home.
+func (o *owner) dirResyncAll(ctx context.Context) {
+	var ops []api.DirOp
+	for _, c := range o.ledger.List() {
+		if c.State == ledger.StateCommitted {
+			ops = append(ops, api.DirOp{ID: c.ID, Op: api.DirOpHeld})
+		}
+	}
+	o.dirSend(ctx, ops)
+}
+
+// dirRetry sends again the notifications homes did not take, as the ledger
+// has the claims now (a claim released meanwhile is sent as gone, one
+// committed again as held), to their homes now.
+func (o *owner) dirRetry(ctx context.Context) {
+	d := o.dir
+	d.undeliveredMu.Lock()
+	ids := d.undelivered
+	d.undelivered = map[string]bool{}
+	d.undeliveredMu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	var ops []api.DirOp
+	for id := range ids {
+		op := api.DirOp{ID: id, Op: api.DirOpGone}
+		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+			op.Op = api.DirOpHeld
+		}
+		ops = append(ops, op)
+	}
+	o.dirSend(ctx, ops)
+}
+
+// dirSend delivers ops to their homes, in batches of at most
+// api.MaxDirUpdateIDs per home, the homes in parallel. The IDs of a batch a
+// home does not take go to dirRetry.
+func (o *owner) dirSend(ctx context.Context, ops []api.DirOp) {
+	targets := o.targets()
+	byHome := map[string][]api.DirOp{}
+	homes := map[string]target{}
+	for _, op := range ops {
+		h := homeOf(op.ID, targets)
+		byHome[h.name] = append(byHome[h.name], op)
+		homes[h.name] = h
+	}
+	var wg sync.WaitGroup
+	for name, ops := range byHome {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for batch := range slices.Chunk(ops, api.MaxDirUpdateIDs) {
+				o.dirSendTo(ctx, homes[name], batch)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// dirSendTo delivers one batch to one home, parking its IDs for dirRetry
+// when the home does not take it.
+func (o *owner) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
+	if o.dirDeliver(ctx, home, api.DirUpdate{From: o.cfg.NodeName, Ops: ops}) {
+		return
+	}
+	d := o.dir
+	d.undeliveredMu.Lock()
+	defer d.undeliveredMu.Unlock()
+	for _, op := range ops {
+		if len(d.undelivered) < dirQueueLen {
+			d.undelivered[op.ID] = true
+		}
+	}
+}
+
+// dirDeliver sends u to home, with a few quick retries; false when the home
+// did not take it.
+func (o *owner) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bool {
+	d, ok := home.owner.(api.Directory)
+	if !ok {
+		return true
+	}
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		sctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		err := d.UpdateDirectory(sctx, u)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if attempt == dirSendAttempts {
+			o.log.Info("claim directory: a home did not take our notifications; retrying every second", "home", home.name, "claims", len(u.Ops), "err", err)
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait *= 4
+	}
+}

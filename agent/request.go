@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// A user's request as the protocol reads it: models resolved to catalog
+// names, and the conversions between the API's items and the ledger's.
+
+// resolve turns the user's model names into canonical ones (case, the
+// "NVIDIA " prefix, spaces and dashes do not matter; a unique abbreviation
+// is enough) and merges repeated models.
+func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
+	if len(req.GPUs) == 0 {
+		return ledger.Request{}, api.Invalid("gpus", "a claim needs at least one GPU (e.g. --gpu \"H100 80GB:2\")")
+	}
+	if len(req.GPUs) > a.cfg.MaxGPUsPerClaim {
+		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), a.cfg.MaxGPUsPerClaim)
+	}
+	names := a.modelNames()
+	out := ledger.Request{Labels: req.Labels}
+	index := map[string]int{}
+	for i, it := range req.GPUs {
+		field := fmt.Sprintf("gpus[%d]", i)
+		model, err := a.inv.Catalog().MatchIn(it.Model, names)
+		if err != nil {
+			return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel,
+				Field: field + ".model", Message: err.Error(), KnownModels: names}
+		}
+		m := model.Name
+		if it.Count < 1 || it.Count > a.cfg.MaxGPUsPerClaim {
+			return ledger.Request{}, api.Invalid(field+".count", "count %d for %s: must be between 1 and %d", it.Count, m, a.cfg.MaxGPUsPerClaim)
+		}
+		if j, ok := index[m]; ok {
+			out.Items[j].Count += it.Count
+			continue
+		}
+		index[m] = len(out.Items)
+		out.Items = append(out.Items, ledger.Item{Model: m, Count: it.Count})
+	}
+	return out, nil
+}
+
+// modelNames is every name a claim may ask for: the catalog, and the models
+// missing from it that some server of the platform has.
+func (a *Agent) modelNames() []string {
+	names := a.inv.Catalog().Names()
+	for _, t := range a.targets() {
+		for m := range t.caps {
+			if !slices.Contains(names, m) {
+				names = append(names, m)
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+func apiItems(items []ledger.Item) []api.Item {
+	out := make([]api.Item, len(items))
+	for i, it := range items {
+		out[i] = api.Item{Model: it.Model, Count: it.Count}
+	}
+	return out
+}
+
+func wants(items []ledger.Item) []placement.Want {
+	out := make([]placement.Want, len(items))
+	for i, it := range items {
+		out[i] = placement.Want{Model: it.Model, Count: it.Count}
+	}
+	return out
+}
+
+func sameItems(x, y []api.Item) bool {
+	count := func(items []api.Item) map[string]int {
+		m := map[string]int{}
+		for _, it := range items {
+			m[it.Model] += it.Count
+		}
+		return m
+	}
+	return maps.Equal(count(x), count(y))
+}

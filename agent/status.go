@@ -1,0 +1,136 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// Status lists this server's GPUs with their state.
+func (a *Agent) Status(context.Context) (api.Status, error) {
+	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{}}
+	for _, s := range a.gpuStates() {
+		st.GPUs = append(st.GPUs, a.stateView(s))
+	}
+	return st, nil
+}
+
+func (a *Agent) knownGPU(addr string) error {
+	if err := vfio.ValidateAddress(addr); err != nil {
+		return api.Invalid("pci_address", "%v", err)
+	}
+	if _, ok := a.gpu(addr); !ok {
+		return &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("no GPU at %s on %s (see `gpuherd status`)", addr, a.cfg.NodeName)}
+	}
+	return nil
+}
+
+func (a *Agent) gpuView(addr string) (api.GPU, error) {
+	for _, s := range a.gpuStates() {
+		if s.GPU.Address == addr {
+			return a.stateView(s), nil
+		}
+	}
+	return api.GPU{}, &api.Error{Code: api.CodeNotFound, Message: "no GPU at " + addr}
+}
+
+// gpuState is a GPU's state in the ledger with the driver it was on at the
+// same moment.
+type gpuState struct {
+	ledger.GPUState
+	driver string
+	read   bool // false: the device could not be read, driver is ""
+}
+
+// gpuStates reads every GPU's ledger state and its driver as one
+// consistent picture. A claim binds its GPUs before the ledger commits it,
+// and the ledger releases a claim before its GPUs go back to the idle
+// driver, so a GPU the ledger calls claimed is on vfio-pci throughout;
+// but a state read, then a driver read after a release and its unbind in
+// between, would pair "claimed" with the idle driver. The picture is kept
+// only when the ledger did not change while the drivers were read. A ledger
+// that keeps changing gets the device locks instead: under them no bind,
+// unbind or commit happens, and a release that slips in leaves a free GPU
+// still on vfio-pci, which is true.
+func (a *Agent) gpuStates() []gpuState {
+	const attempts = 3
+	for range attempts {
+		rev := a.ledger.Revision()
+		out := a.readStates()
+		if a.ledger.Revision() == rev {
+			return out
+		}
+	}
+	var addrs []string
+	for _, s := range a.ledger.GPUStates(a.now()) {
+		addrs = append(addrs, s.GPU.Address)
+	}
+	unlock := a.locks.lock(addrs...)
+	defer unlock()
+	return a.readStates()
+}
+
+func (a *Agent) readStates() []gpuState {
+	states := a.ledger.GPUStates(a.now())
+	out := make([]gpuState, len(states))
+	for i, s := range states {
+		out[i].GPUState = s
+		if d, err := a.pci.Device(s.GPU.Address); err == nil {
+			out[i].driver, out[i].read = d.Driver, true
+		}
+	}
+	return out
+}
+
+func (a *Agent) stateView(s gpuState) api.GPU {
+	g, _ := a.gpu(s.GPU.Address)
+	return api.GPU{
+		PCIAddress:  s.GPU.Address,
+		Model:       s.GPU.Model,
+		MemoryBytes: g.MemoryBytes,
+		NUMANode:    s.GPU.NUMANode,
+		IOMMUGroup:  g.IOMMUGroup,
+		Driver:      s.driver, // read live: what a VM start will find
+		State:       string(s.Status),
+		Claim:       s.ClaimID,
+		DrainReason: s.DrainReason,
+		UUID:        g.UUID,
+		Companions:  g.Companions,
+		Health:      a.health(s.GPU.Address),
+	}
+}
+
+func (a *Agent) claimView(c ledger.Claim) api.Claim {
+	v := api.Claim{
+		ID:          c.ID,
+		Node:        a.cfg.NodeName,
+		State:       api.StateReserved,
+		Labels:      c.Labels,
+		CreatedAt:   c.CreatedAt,
+		ExpiresAt:   c.ExpiresAt,
+		CommittedAt: c.CommittedAt,
+		GPUs:        make([]api.ClaimGPU, 0, len(c.GPUs)),
+	}
+	if c.State == ledger.StateCommitted {
+		v.State = api.StateClaimed
+	}
+	for _, it := range c.Items {
+		v.Items = append(v.Items, api.Item{Model: it.Model, Count: it.Count})
+	}
+	for _, addr := range c.GPUs {
+		g, _ := a.gpu(addr)
+		cg := api.ClaimGPU{PCIAddress: addr, Model: g.Model, IOMMUGroup: g.IOMMUGroup}
+		if g.IOMMUGroup >= 0 {
+			cg.VFIODevice = fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)
+		}
+		v.GPUs = append(v.GPUs, cg)
+	}
+	return v
+}
+
+// Version is this build.
+func (a *Agent) Version() api.VersionInfo { return VersionInfo() }
