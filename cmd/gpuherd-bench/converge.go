@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/gossip"
+	"github.com/gpuherd/gpuherd/gossip/gossiptest"
 )
 
 // spread is how long a change took to reach 50%, 99% and 100% of the others.
@@ -144,15 +145,16 @@ type mockResult struct {
 // convergeMock runs n gossip.Cluster members (the gossip package as the
 // agents use it: its codec, its view, its publisher) in memory, with LAN timings, and measures how long a summary change of
 // one member takes to reach the others (seen through Subscribe + Members).
-// The transport is memNet (see there why not memberlist's MockTransport).
+// The transport is gossiptest.Network (see there why not memberlist's
+// MockTransport).
 func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 	res := mockResult{n: n}
-	netw := &memNet{}
-	trs := make([]*memTransport, n)
+	netw := &gossiptest.Network{}
+	trs := make([]*gossiptest.Transport, n)
 	names := make([]string, n)
 	for i := range n {
 		names[i] = fmt.Sprintf("m%04d", i)
-		trs[i] = netw.newTransport()
+		trs[i] = netw.NewTransport()
 	}
 	frees := make([]atomic.Int32, n)
 	summary := func(i int) func() gossip.Summary {

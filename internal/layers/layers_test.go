@@ -30,6 +30,7 @@ var layers = [][]string{
 	{"agent/inventory", "agent/sim"}, // hardware: what this server has, or simulates
 	{"agent/placement"},              // state: choosing and ranking
 	{"agent/ledger"},                 // state: the owner's claims
+	{"gossip/gossiptest"},            // the in-memory gossip network
 	{"gossip", "agent/pki", "metrics", "systemd"}, // cluster view, certificates, exposition, init
 	{"agent"},       // the protocol and the wiring
 	{"cmd/gpuherd"}, // the binary
