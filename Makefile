@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test test-kernel test-faults bench bench-micro lint fmt clean
+.PHONY: all build run demo test test-short test-integration test-kernel test-faults fuzz cover tidy-check bench bench-micro lint fmt clean
 
 all: build
 
@@ -36,17 +36,44 @@ run: build
 		--metrics-addr 127.0.0.1:$(METRICS_PORT)
 
 # Four agents on simulated servers with TLS and a gossip key, and a scripted
-# scenario with a readable transcript (cmd/gpuherd-demo).
+# scenario with a readable transcript (tools/cmd/gpuherd-demo).
 demo: build
-	$(GO) run ./cmd/gpuherd-demo --gpuherd $(BIN)
+	cd tools && $(GO) build -o ../bin/gpuherd-demo ./cmd/gpuherd-demo
+	bin/gpuherd-demo --gpuherd $(BIN)
 
+# Every test of both modules (the agent's and tools/), with the race detector.
 test:
 	$(GO) test -race -count=1 ./...
+	cd tools && $(GO) test -race -count=1 ./...
+
+# Unit tests and in-process protocol tests; skips the tests that start real
+# agents on sockets (test-integration) and whole processes.
+test-short:
+	$(GO) test -short -count=1 ./...
+
+# The packages whose tests start real agents (TLS, gossip on loopback) and
+# whole processes, every test of them, with the race detector.
+test-integration:
+	$(GO) test -race -count=1 ./agent ./cmd/gpuherd ./gossip
+
+# Every fuzz target for FUZZTIME (10 s) each; see docs/testing.md.
+fuzz:
+	.ci/fuzz.sh
+
+# Test coverage of the agent's module, per function, into cover.out.
+cover:
+	$(GO) test -short -count=1 -coverprofile=cover.out ./...
+	$(GO) tool cover -func=cover.out | tail -1
+
+# go.mod and go.sum of both modules are tidy.
+tidy-check:
+	$(GO) mod tidy -diff
+	cd tools && $(GO) mod tidy -diff
 
 # vfio on a real kernel: Debian's cloud kernel under QEMU (TCG, emulated
-# IOMMU), the agent included. See vfio/realkernel/run.sh.
+# IOMMU), the agent included. See tools/test/realkernel/run.sh.
 test-kernel:
-	GO=$(GO) vfio/realkernel/run.sh
+	GO=$(GO) tools/test/realkernel/run.sh
 
 # Faults across servers (root, Linux): agents in network namespaces, kill -9,
 # SIGSTOP, partitions and packet loss from fixed seeds; see docs/testing.md.
@@ -56,7 +83,8 @@ test-faults:
 # Claim speed, convergence and placement against etcd, an oracle and other
 # rankings (needs Debian's etcd-server for the etcd rows); see BENCHMARKS.md.
 bench:
-	$(GO) run ./cmd/gpuherd-bench
+	cd tools && $(GO) build -o ../bin/gpuherd-bench ./cmd/gpuherd-bench
+	bin/gpuherd-bench
 
 bench-micro:
 	$(GO) test -run '^$$' -bench . ./agent ./agent/ledger ./agent/placement ./gossip ./metrics
@@ -64,12 +92,15 @@ bench-micro:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd tools && $(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	cd tools && $$($(GO) -C .. tool -n staticcheck) ./...
+	$(GO) test -count=1 ./internal/layers
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 clean:
-	rm -rf bin .run dist
+	rm -rf bin .run dist cover.out
 
 include packaging.mk

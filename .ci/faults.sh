@@ -3,7 +3,7 @@
 # own network namespace (veth pairs to a bridge in a "hub" namespace,
 # 10.77.0.0/24), concurrent claimers, and faults from fixed seeds: kill -9 and
 # restart, SIGSTOP, hub link down, split partitions and packet loss (nftables).
-# Then the invariants are checked (cmd/gpuherd-chaos, docs/testing.md).
+# Then the invariants are checked (tools/cmd/gpuherd-chaos, docs/testing.md).
 # Runs as root on Linux; touches only the namespaces it creates; bounded: each
 # run is killed after 75 s, the whole script takes about three minutes.
 set -euo pipefail
@@ -22,7 +22,7 @@ if ! command -v ip >/dev/null || ! command -v nft >/dev/null; then
 fi
 
 make build
-go build -o bin/gpuherd-chaos ./cmd/gpuherd-chaos
+(cd tools && go build -o ../bin/gpuherd-chaos ./cmd/gpuherd-chaos)
 # Whatever happens, leave no namespace (or agent in one) behind.
 trap 'bin/gpuherd-chaos --cleanup || true' EXIT
 

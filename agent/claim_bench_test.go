@@ -13,7 +13,7 @@ import (
 // BenchmarkClusterClaimRelease is the hot path end to end in one process:
 // a claim of one GPU through a coordinator that owns nothing (the ID's home
 // vouching, reserve and commit on the owner over mutual TLS, one fsync),
-// then its release through the owner. cmd/gpuherd-bench measures the same at
+// then its release through the owner. tools/cmd/gpuherd-bench measures the same at
 // 10 to 100 agents; this one is for profiles (-cpuprofile).
 func BenchmarkClusterClaimRelease(b *testing.B) {
 	tc := newTestCluster(b)

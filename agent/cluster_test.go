@@ -42,6 +42,9 @@ type testCluster struct {
 }
 
 func newTestCluster(t testing.TB) *testCluster {
+	if testing.Short() {
+		t.Skip("starts real agents with TLS and gossip on loopback: make test-integration or make test runs it")
+	}
 	dir := t.TempDir()
 	if err := pki.CreateCA(filepath.Join(dir, "ca"), "test CA", 24*time.Hour); err != nil {
 		t.Fatal(err)

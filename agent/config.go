@@ -38,7 +38,7 @@ type Config struct {
 	AllowDevices []string `yaml:"allow_devices"`
 	// GPUDevices lists extra vendor:device IDs counted as GPUs besides
 	// NVIDIA's display-class functions. For tests on emulated hardware only
-	// (QEMU devices standing in for GPUs, vfio/realkernel); empty on a real
+	// (QEMU devices standing in for GPUs, tools/test/realkernel); empty on a real
 	// server. Each must also be on AllowDevices.
 	GPUDevices []string `yaml:"gpu_devices"`
 	// BindTimeout bounds every sysfs write; a write that takes longer marks the device stuck.

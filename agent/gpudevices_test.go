@@ -12,7 +12,7 @@ import (
 
 // TestGPUDevicesStandIn runs the agent on a machine without any NVIDIA card,
 // where gpu_devices makes QEMU's edu device stand in for a GPU, as
-// vfio/realkernel does under a real kernel.
+// tools/test/realkernel does under a real kernel.
 func TestGPUDevicesStandIn(t *testing.T) {
 	k, err := vfio.NewKernel(vfio.KernelConfig{Devices: []vfio.FakeDevice{
 		{Address: "0000:00:03.0", Vendor: 0x1234, Device: 0x11e8, Class: 0x00ff00, IOMMUGroup: 3, NUMANode: -1},

@@ -8,7 +8,7 @@ import (
 )
 
 // emulatedHost is what QEMU shows a test kernel: no NVIDIA card at all, but
-// devices that may stand in for GPUs (vfio/realkernel).
+// devices that may stand in for GPUs (tools/test/realkernel).
 func emulatedHost() *fakePCI {
 	return &fakePCI{devs: []vfio.Device{
 		fn("0000:00:03.0", 0x1234, 0x11e8, 0x00ff00, 3, ""),           // edu

@@ -71,7 +71,7 @@ func WithCatalog(c *Catalog) Option { return func(inv *Inventory) { inv.catalog 
 // WithGPUDevices makes devices with these exact vendor:device IDs count as
 // GPUs besides NVIDIA's display-class functions, whatever their vendor and
 // class. It exists for tests on emulated hardware (QEMU's edu or
-// pci-testdev standing in for GPUs under a real kernel, vfio/realkernel) and
+// pci-testdev standing in for GPUs under a real kernel, tools/test/realkernel) and
 // is empty on a real server. Such a device is offered under its PCI ID
 // ("1b36:0005"); bridges and virtual functions never count, and a wildcard
 // entry ("1b36:*") is ignored.

@@ -34,8 +34,7 @@ var layers = [][]string{
 	{"gossip", "agent/pki", "metrics", "systemd"}, // cluster view, certificates, exposition, init
 	{"agent"},       // the protocol and the wiring
 	{"cmd/gpuherd"}, // the binary
-	{"cmd/gpuherd-bench", "cmd/gpuherd-chaos", "cmd/gpuherd-demo", "vfio/realkernel"}, // development tools and harnesses
-	{"agent/internal/testdisk", "packaging", "internal/layers"},                       // tests and their helpers
+	{"agent/internal/testdisk", "packaging", "internal/layers"}, // tests and their helpers
 }
 
 // protocolFiles are the files of package agent that hold the claim

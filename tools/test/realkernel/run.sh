@@ -25,7 +25,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
+repo=$(cd "$here/../../.." && pwd)
 cache=${GPUHERD_KERNEL_CACHE:-$repo/.cache/realkernel}
 kpkg=${GPUHERD_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 timeout_s=${GPUHERD_KERNEL_TIMEOUT:-240}
@@ -97,7 +97,7 @@ mkdir -p "$work/root"/{bin,dev,proc,sys,tmp,run,modules}
 ir=$work/root
 
 log "building the test binary and a static gpuherd"
-(cd "$repo" && CGO_ENABLED=0 "$GO" test -c -trimpath -o "$ir/realkernel.test" ./vfio/realkernel)
+(cd "$repo/tools" && CGO_ENABLED=0 "$GO" test -c -trimpath -o "$ir/realkernel.test" ./test/realkernel)
 # go-nvml needs cgo, so the agent is linked statically against glibc;
 # osusergo,netgo keep glibc's NSS (which would dlopen) out. NVML is off in
 # the guest, so go-nvml's dlopen is never called.

@@ -17,7 +17,7 @@
 //
 // Usage:
 //
-//	go run ./cmd/gpuherd-demo --gpuherd bin/gpuherd [--keep]
+//	make demo    # or: bin/gpuherd-demo --gpuherd bin/gpuherd [--keep]
 package main
 
 import (

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 // skips it.
 func TestRealKernel(t *testing.T) {
 	if os.Getenv("GPUHERD_REAL_KERNEL") != "1" {
-		t.Skip("binds PCI devices through /sys: runs only inside the QEMU guest of vfio/realkernel/run.sh (make test-kernel)")
+		t.Skip("binds PCI devices through /sys: runs only inside the QEMU guest of tools/test/realkernel/run.sh (make test-kernel)")
 	}
 	if err := run(os.Stdout); err != nil {
 		t.Fatal(err)

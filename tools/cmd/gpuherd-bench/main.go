@@ -9,8 +9,8 @@
 //
 // It prints Markdown tables and writes PNG plots (see BENCHMARKS.md).
 //
-//	go run ./cmd/gpuherd-bench                    # the default run, < 10 min on 2 cores
-//	go run ./cmd/gpuherd-bench -sizes 10 -loads 0.9 -mock 100   # a quick one
+//	make bench                                          # the default run, < 10 min on 2 cores
+//	bin/gpuherd-bench -sizes 10 -loads 0.9 -mock 100     # a quick one, after make bench built it
 package main
 
 import (
