@@ -45,6 +45,11 @@ func newTestCluster(t testing.TB) *testCluster {
 	if testing.Short() {
 		t.Skip("starts real agents with TLS and gossip on loopback: make test-integration or make test runs it")
 	}
+	// Cluster tests spend most of their time waiting (gossip rounds,
+	// leases), not computing: they run alongside each other.
+	if p, ok := t.(interface{ Parallel() }); ok {
+		p.Parallel()
+	}
 	dir := t.TempDir()
 	if err := pki.CreateCA(filepath.Join(dir, "ca"), "test CA", 24*time.Hour); err != nil {
 		t.Fatal(err)
@@ -152,6 +157,7 @@ func (tc *testCluster) converge(what string, cond func(a *Agent) bool) time.Dura
 // at once (directory_settle 0, the fast path), and with homes that never
 // vouch within the test (every lookup asks every server, the slow path).
 func bothLookups(t *testing.T, test func(t *testing.T, tc *testCluster)) {
+	t.Parallel()
 	for _, mode := range []struct {
 		name   string
 		settle time.Duration
