@@ -3,12 +3,8 @@ package gossip
 import (
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strconv"
 	"sync"
 	"time"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // Catching up after membership changes.
@@ -124,14 +120,19 @@ func (u *catchUp) exchange() {
 	if u.c.closing.Load() {
 		return
 	}
-	var steady, fresh []*memberlist.Node
-	for _, n := range u.c.ml.Members() {
+	// The view, not memberlist.Members: Members hands out memberlist's own
+	// node structs, whose Addr and Port an alive message rewrites under
+	// memberlist's lock while we would read them without it (a data race
+	// the race detector reported in go test ./agent). The view copied them
+	// in the event delegate, under that lock.
+	var steady, fresh []Member
+	for _, m := range u.c.view.list() {
 		switch {
-		case n.Name == u.c.view.self:
-		case changed[n.Name]:
-			fresh = append(fresh, n)
+		case m.Self || (m.State != StateAlive && m.State != StateSuspect):
+		case changed[m.Name]:
+			fresh = append(fresh, m)
 		default:
-			steady = append(steady, n)
+			steady = append(steady, m)
 		}
 	}
 	pool := steady
@@ -142,8 +143,7 @@ func (u *catchUp) exchange() {
 		return
 	}
 	n := pool[rand.IntN(len(pool))]
-	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-	if _, err := u.c.ml.Join([]string{addr}); err != nil {
+	if _, err := u.c.ml.Join([]string{n.Addr}); err != nil {
 		u.log.Debug("catch-up exchange after membership changes failed; memberlist's periodic one will do", "with", n.Name, "err", oneLine(err))
 		return
 	}

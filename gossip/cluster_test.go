@@ -646,3 +646,30 @@ func TestCatchUpAfterMembershipChanges(t *testing.T) {
 	}
 	awaitView(t, []*testNode{b}, "c, through a's catch-up", seesAll([]*testNode{a, b, c}))
 }
+
+// The catch-up exchange reads members' addresses while alive messages
+// update them: it must not read memberlist's node structs, which those
+// messages rewrite under memberlist's lock. Under -race (make test), this
+// test failed with the exchange reading Node.Addr from ml.Members().
+func TestCatchUpExchangeRacesNoAliveMessage(t *testing.T) {
+	a := startNode(t, "a", nil)
+	b := startNode(t, "b", joining(a))
+	join(t, b)
+	awaitView(t, []*testNode{a, b}, "a and b", seesAll([]*testNode{a, b}))
+	stop := time.Now().Add(time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for rev := uint64(2); time.Now().Before(stop); rev++ {
+			b.set(summaryFor("b", rev))
+			if err := b.Publish(); err != nil {
+				t.Errorf("publish: %v", err)
+				return
+			}
+		}
+	}()
+	for time.Now().Before(stop) {
+		a.catchUp.exchange()
+	}
+	<-done
+}
