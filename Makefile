@@ -46,15 +46,16 @@ test:
 	$(GO) test -race -count=1 ./...
 	cd tools && $(GO) test -race -count=1 ./...
 
-# Unit tests and in-process protocol tests; skips the tests that start real
-# agents on sockets (test-integration) and whole processes.
+# Unit tests and the in-memory protocol tests (agents talking through
+# agent/claimtest and gossip/gossiptest); the TestIntegration tests, which
+# start agents on real sockets with TLS, and whole processes skip.
 test-short:
 	$(GO) test -short -count=1 ./...
 
-# The packages whose tests start real agents (TLS, gossip on loopback) and
-# whole processes, every test of them, with the race detector.
+# The tests that start real agents (mutual TLS, memberlist on loopback)
+# and whole processes, with the race detector.
 test-integration:
-	$(GO) test -race -count=1 ./agent ./cmd/gpuherd ./gossip
+	$(GO) test -race -count=1 -run '^TestIntegration|^TestProcess|^TestAgentSpeaksSystemdNotify' ./agent/... ./cmd/...
 
 # Every fuzz target for FUZZTIME (10 s) each; see docs/testing.md.
 fuzz:

@@ -53,6 +53,7 @@ type Agent struct {
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune func(*memberlist.Config)
 	onChange   func()
+	peerNet    PeerNetwork // nil: mutual TLS on cfg.PeerAddr
 	dir        *directory
 	boot       uint64 // this run's identity in gossip
 	// lastRefusal is when an owner last refused this coordinator (a.now
@@ -89,6 +90,7 @@ type options struct {
 	rec        Recorder
 	gossipTune func(*memberlist.Config)
 	onChange   func()
+	peerNet    PeerNetwork
 }
 
 // WithOnChange calls f (which must be quick) whenever this server's
@@ -98,6 +100,10 @@ func WithOnChange(f func()) Option { return func(o *options) { o.onChange = f } 
 // WithRecorder sends the agent's events (claims, reservations, vfio
 // operations) to r, normally the metrics.
 func WithRecorder(r Recorder) Option { return func(o *options) { o.rec = r } }
+
+// WithPeerNetwork carries the peer API over n instead of a mutual-TLS
+// listener and clients; tests pass an in-memory network (agent/claimtest).
+func WithPeerNetwork(n PeerNetwork) Option { return func(o *options) { o.peerNet = n } }
 
 // WithGossipTune adjusts memberlist's configuration; tests shorten timers.
 func WithGossipTune(f func(*memberlist.Config)) Option { return func(o *options) { o.gossipTune = f } }
@@ -142,7 +148,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
-		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, boot: newBoot()}
+		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.dir = newDirectory(a.now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))

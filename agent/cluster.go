@@ -28,6 +28,8 @@ type clusterState struct {
 	peerAddr string // host:port others reach our peer API at
 	server   *http.Server
 	ln       net.Listener
+	// unserve stops serving the peer API on a PeerNetwork (server is nil then).
+	unserve func()
 
 	mu      sync.Mutex
 	clients map[string]*api.PeerClient // by name@addr
@@ -38,11 +40,25 @@ type clusterState struct {
 	joined atomic.Bool
 }
 
+// PeerNetwork carries the peer API without sockets or TLS: an agent serves
+// its peer handler on it and reaches the other agents through it. Tests use
+// agent/claimtest's in-memory network; production uses mutual TLS.
+type PeerNetwork interface {
+	// Serve makes h reachable as node's peer API at the address it
+	// returns; stop ends that.
+	Serve(node string, h http.Handler) (addr string, stop func())
+	// Transport carries node's requests to the others.
+	Transport(node string) http.RoundTripper
+}
+
 // startCluster opens the peer listener and joins gossip. The caller joins
 // the seeds (Join may wait for them).
 func (a *Agent) startCluster() error {
 	cfg := a.cfg
 	files := pki.Files{CA: cfg.TLSCA, Cert: cfg.TLSCert, Key: cfg.TLSKey}
+	if a.peerNet != nil {
+		return a.startClusterOn(files)
+	}
 	srvTLS, err := pki.ServerConfig(files, pki.WithLogger(a.log))
 	if err != nil {
 		return fmt.Errorf("peer API TLS: %w", err)
@@ -103,6 +119,40 @@ func (a *Agent) startCluster() error {
 			a.log.Error("peer API stopped", "addr", cfg.PeerAddr, "err", err)
 		}
 	}()
+	a.cluster = c
+	a.log.Info("cluster: gossip and peer API up", "gossip", g.LocalAddr(), "peer_api", c.peerAddr)
+	return nil
+}
+
+// startClusterOn is startCluster with the peer API on a.peerNet instead of
+// a mutual-TLS listener.
+func (a *Agent) startClusterOn(files pki.Files) error {
+	cfg := a.cfg
+	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}}
+	gcfg := gossip.Config{
+		NodeName:      cfg.NodeName,
+		Join:          cfg.Join,
+		KeyFile:       cfg.GossipKeyFile,
+		Insecure:      cfg.InsecureGossip,
+		Log:           a.log.With("component", "gossip"),
+		Tune:          a.gossipTune,
+		JoinRetryMax:  0,
+		AdvertiseAddr: cfg.AdvertiseAddr,
+	}
+	host, port, err := net.SplitHostPort(cfg.GossipAddr)
+	if err != nil {
+		return fmt.Errorf("gossip_addr %q: %w", cfg.GossipAddr, err)
+	}
+	gcfg.BindAddr = host
+	gcfg.BindPort, _ = strconv.Atoi(port)
+	addr, stop := a.peerNet.Serve(cfg.NodeName, api.NewPeerHandler(a, a, a.log))
+	c.peerAddr, c.unserve = addr, stop
+	g, err := gossip.New(gcfg, c.summary)
+	if err != nil {
+		stop()
+		return err
+	}
+	c.g = g
 	a.cluster = c
 	a.log.Info("cluster: gossip and peer API up", "gossip", g.LocalAddr(), "peer_api", c.peerAddr)
 	return nil
@@ -185,6 +235,11 @@ func (c *clusterState) client(name, addr string) api.Owner {
 	if pc, ok := c.clients[key]; ok {
 		return pc
 	}
+	if c.a.peerNet != nil {
+		pc := api.NewPeerClientTransport(addr, c.a.peerNet.Transport(c.a.cfg.NodeName), reserveTimeout)
+		c.clients[key] = pc
+		return pc
+	}
 	cfg, err := pki.ClientConfigFor(c.files, name, pki.WithLogger(c.a.log))
 	if err != nil {
 		return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
@@ -214,9 +269,13 @@ func (c *clusterState) doStop(ctx context.Context) {
 	if err := c.g.Shutdown(); err != nil {
 		c.a.log.Warn("gossip shutdown", "err", err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_ = c.server.Shutdown(sctx)
+	if c.unserve != nil {
+		c.unserve()
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_ = c.server.Shutdown(sctx)
+	}
 	c.mu.Lock()
 	for _, pc := range c.clients {
 		pc.Close()

@@ -17,7 +17,9 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claimtest"
 	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/gossip/gossiptest"
 )
 
 // fastGossip shortens memberlist's timers so that a loopback cluster
@@ -39,12 +41,32 @@ type testCluster struct {
 	seed   string
 	// adjust, when set, changes every agent's configuration.
 	adjust func(*Config)
+	// peers and gossip carry the peer API and gossip in memory; both nil
+	// in a socket cluster (mutual TLS and memberlist on loopback).
+	peers  *claimtest.Network
+	gossip *gossiptest.Network
 }
 
+// newTestCluster starts an empty cluster whose agents talk in memory: the
+// peer API through claimtest, gossip through gossiptest. Everything else
+// (ledgers on disk, the fake kernel, the agent's code) is as in production.
 func newTestCluster(t testing.TB) *testCluster {
+	tc := newCluster(t)
+	tc.peers, tc.gossip = &claimtest.Network{}, &gossiptest.Network{}
+	return tc
+}
+
+// newSocketCluster starts an empty cluster whose agents talk as in
+// production: mutual TLS and memberlist on loopback sockets. These are the
+// integration tests: -short skips them (make test-short).
+func newSocketCluster(t testing.TB) *testCluster {
 	if testing.Short() {
 		t.Skip("starts real agents with TLS and gossip on loopback: make test-integration or make test runs it")
 	}
+	return newCluster(t)
+}
+
+func newCluster(t testing.TB) *testCluster {
 	// Cluster tests spend most of their time waiting (gossip rounds,
 	// leases), not computing: they run alongside each other.
 	if p, ok := t.(interface{ Parallel() }); ok {
@@ -102,7 +124,15 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	a, err := New(context.Background(), cfg, quietLog(), WithGossipTune(fastGossip))
+	opts := []Option{WithGossipTune(fastGossip)}
+	if tc.peers != nil {
+		tr := tc.gossip.NewTransport()
+		opts = []Option{WithPeerNetwork(tc.peers), WithGossipTune(func(c *memberlist.Config) {
+			fastGossip(c)
+			c.Transport = tr
+		})}
+	}
+	a, err := New(context.Background(), cfg, quietLog(), opts...)
 	if err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}
@@ -206,8 +236,8 @@ func freeOf(a *Agent, model string) int {
 	return -1
 }
 
-func TestClusterClaimLandsWhereItFits(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationClaimLandsWhereItFits(t *testing.T) {
+	tc := newSocketCluster(t)
 	a := tc.start("a", "dgx-h100")
 	b := tc.start("b", "l40s-4")
 	c := tc.start("c", "a100-pcie-4")
@@ -260,8 +290,8 @@ func TestClusterClaimLandsWhereItFits(t *testing.T) {
 	}
 }
 
-func TestClusterRacersForTheLastGPUs(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationRacersForTheLastGPUs(t *testing.T) {
+	tc := newSocketCluster(t)
 	agents := []*Agent{tc.start("a", "l40s-4"), tc.start("b", "rtx6000pro-2"), tc.start("c", "a100-pcie-4")}
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
 	ctx := context.Background()
@@ -308,8 +338,8 @@ func TestClusterRacersForTheLastGPUs(t *testing.T) {
 	t.Logf("%d claimers through 3 coordinators: %d granted, %d not available, 0 GPUs shared", claimers, granted, refused)
 }
 
-func TestClusterResizeInPlaceThenMove(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationResizeInPlaceThenMove(t *testing.T) {
+	tc := newSocketCluster(t)
 	a := tc.start("a", "a100-pcie-4")
 	tc.start("b", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
@@ -333,8 +363,8 @@ func TestClusterResizeInPlaceThenMove(t *testing.T) {
 	}
 }
 
-func TestClusterNodeGroups(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationNodeGroups(t *testing.T) {
+	tc := newSocketCluster(t)
 	a := tc.start("a", "l40s-4")
 	tc.start("b", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
@@ -378,12 +408,12 @@ func TestClusterNodeGroups(t *testing.T) {
 	tc.converge("everything free again", func(x *Agent) bool { return freeOf(x, "NVIDIA A100 80GB") == 4 })
 }
 
-// TestClusterReleaseWhileOwnerUnreachable: a release through another agent
+// TestIntegrationReleaseWhileOwnerUnreachable: a release through another agent
 // while the claim's owner does not answer must not say "not found" (the
 // caller would believe the GPUs free); it is a retryable 503 naming the
 // server, and the release goes through once the owner answers again.
-func TestClusterReleaseWhileOwnerUnreachable(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationReleaseWhileOwnerUnreachable(t *testing.T) {
+	tc := newSocketCluster(t)
 	a := tc.start("a", "dgx-h100")
 	tc.start("b", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
@@ -502,4 +532,14 @@ func TestClusterStrictLookupNamesMembersItDidNotAsk(t *testing.T) {
 	if _, _, err := a.findOnEveryServer(ctx, a.targets(), "vm-1", true, nil); err != nil {
 		t.Fatalf("strict lookup asking everyone: %v", err)
 	}
+}
+
+// closePeerAPI stops a's peer API, in memory or on its socket; a stays in
+// gossip.
+func closePeerAPI(a *Agent) {
+	if a.cluster.unserve != nil {
+		a.cluster.unserve()
+		return
+	}
+	_ = a.cluster.server.Close()
 }

@@ -170,7 +170,7 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 	// An ID whose home is neither d (about to go quiet) nor b (the owner).
 	id := idHomedOn(a, "a", "c")
 	home := tc.agents[homeOf(id, a.targets()).name]
-	d.cluster.server.Close() // d stays in gossip, its peer API is gone
+	closePeerAPI(d) // d stays in gossip, its peer API is gone
 
 	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
 	if err != nil || cl.Node != "b" {
@@ -205,8 +205,8 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 // A home that restarts has forgotten everything: it must not vouch that a
 // held claim is absent. It stays unsure until directory_settle has passed,
 // by which time the owners have sent it their claims again.
-func TestClusterDirectoryHomeRestarts(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationDirectoryHomeRestarts(t *testing.T) {
+	tc := newSocketCluster(t)
 	const settle = 3 * time.Second
 	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
 	a := tc.start("a", "a100-pcie-4")

@@ -124,8 +124,12 @@ func newFaultProxy(t testing.TB, tc *testCluster, coord, owner *Agent, delay tim
 	if err != nil {
 		t.Fatal(err)
 	}
+	var backend http.RoundTripper = &http.Transport{TLSClientConfig: cliTLS, ForceAttemptHTTP2: true}
+	if tc.peers != nil {
+		backend = tc.peers.Transport(coord.cfg.NodeName) // the owner is reached in memory
+	}
 	p := &faultProxy{t: t, target: "https://" + owner.cluster.peerAddr, delay: delay, rule: rule, stop: make(chan struct{}),
-		backend: &http.Client{Transport: &http.Transport{TLSClientConfig: cliTLS, ForceAttemptHTTP2: true}}, addr: ln.Addr().String()}
+		backend: &http.Client{Transport: backend}, addr: ln.Addr().String()}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), TLSConfig: srvTLS, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = p.srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(p.close)
@@ -370,8 +374,8 @@ func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 // (c) An owner that answers too slowly: the coordinator gives up on it,
 // aborts best-effort and places the claim elsewhere; the reservation that
 // reaches the slow owner late is never committed and expires.
-func TestFaultSlowOwner(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationFaultSlowOwner(t *testing.T) {
+	tc := newSocketCluster(t)
 	a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
 	ctx := context.Background()

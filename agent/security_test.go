@@ -31,12 +31,12 @@ import (
 // gossip.TestClusterWithoutKeyRefusesToStart cover it with real memberlist
 // on loopback.
 
-// TestPeerListenerRefusesClientsWithoutOurCertificate dials a real agent's
+// TestIntegrationPeerListenerRefusesClientsWithoutOurCertificate dials a real agent's
 // mutual-TLS peer listener with clients that have no certificate, one from
 // another CA, or plain HTTP: none gets an answer, none changes anything.
 // A client with a certificate of the cluster's CA is the control.
-func TestPeerListenerRefusesClientsWithoutOurCertificate(t *testing.T) {
-	tc := newTestCluster(t)
+func TestIntegrationPeerListenerRefusesClientsWithoutOurCertificate(t *testing.T) {
+	tc := newSocketCluster(t)
 	a := tc.start("owner", "l40s-4")
 	addr := a.cluster.peerAddr
 	caDir := filepath.Join(tc.dir, "ca")

@@ -116,6 +116,17 @@ func NewPeerClient(addr string, cfg *tls.Config, timeout time.Duration) *PeerCli
 	}}
 }
 
+// NewPeerClientTransport returns a client for the owner at addr that sends
+// its requests through rt instead of a mutual-TLS connection: tests carry
+// the peer API in memory this way (agent/claimtest).
+func NewPeerClientTransport(addr string, rt http.RoundTripper, timeout time.Duration) *PeerClient {
+	return &PeerClient{c: &Client{
+		base:   "https://" + addr,
+		target: addr,
+		http:   &http.Client{Transport: rt, Timeout: timeout},
+	}}
+}
+
 // Close releases idle connections.
 func (p *PeerClient) Close() { p.c.Close() }
 
