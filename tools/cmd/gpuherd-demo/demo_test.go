@@ -22,7 +22,10 @@ func TestDemo(t *testing.T) {
 		t.Skip("no go tool in PATH to build gpuherd with")
 	}
 	bin := filepath.Join(t.TempDir(), "gpuherd")
-	build := exec.Command(goTool, "build", "-ldflags", "-extldflags=-Wl,-z,lazy", "-o", bin, "github.com/gpuherd/gpuherd/cmd/gpuherd")
+	// Built in the agent's own module (three levels up): the tools module
+	// does not carry the agent binary's dependencies (cobra) in its go.sum.
+	build := exec.Command(goTool, "build", "-ldflags", "-extldflags=-Wl,-z,lazy", "-o", bin, "./cmd/gpuherd")
+	build.Dir = filepath.Join("..", "..", "..")
 	build.Env = os.Environ()
 	if os.Getenv("CGO_CFLAGS") == "" {
 		// go-nvml's cgo header is full of deprecation warnings.
