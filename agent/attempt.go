@@ -137,6 +137,13 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 	}
 }
 
+// rank is step 3: the servers that, by their figures in servers, can hold
+// every item of the request, the preferred one first, then best fit, ties
+// shuffled.
+func (at *attempt) rank(servers []placement.Server) []string {
+	return placement.Rank(servers, at.want, at.prefer, at.rnd())
+}
+
 // place runs steps 3 to 8: it ranks the servers that, by this agent's view,
 // can hold the whole request (rank, probe), asks their owners in turn until
 // one takes it (ask, commit, settle), re-checks the capacity before giving
@@ -149,7 +156,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		servers[i] = t.server
 		byName[t.name] = t
 	}
-	ranked := placement.Rank(servers, at.want, at.prefer, at.rnd())
+	ranked := at.rank(servers)
 	if at.contended() || busy(at.view, at.want) {
 		ranked = at.probe(ctx, ranked)
 	}
@@ -167,7 +174,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			// answering "not available", read the capacity of every server
 			// that could hold the request, and try again on the fresh figures.
 			servers = at.recheck(ctx, at.view)
-			ranked = slices.DeleteFunc(placement.Rank(servers, at.want, at.prefer, at.rnd()), func(n string) bool { return slices.Contains(tried, n) })
+			ranked = slices.DeleteFunc(at.rank(servers), func(n string) bool { return slices.Contains(tried, n) })
 			if len(ranked) > maxOwnerRetries {
 				ranked = ranked[:maxOwnerRetries]
 			}
@@ -254,7 +261,7 @@ func (at *attempt) probe(ctx context.Context, ranked []string) []string {
 				top = append(top, t)
 			}
 		}
-		fresh := placement.Rank(at.recheck(ctx, top), at.want, at.prefer, at.rnd())
+		fresh := at.rank(at.recheck(ctx, top))
 		if len(fresh) > 0 {
 			return append(fresh, ranked[k:]...)
 		}
