@@ -66,6 +66,16 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 	fresh := c.State == ledger.StateReserved
 	unlock := o.locks.lock(c.GPUs...)
 	defer unlock()
+	// The claim may have gone between ledger.Reserve and the device locks:
+	// a retry of the same claim through another coordinator adopts the
+	// reservation, and the first coordinator's abort can drop it and return
+	// its GPUs to the idle driver before this call gets the locks. Binding
+	// them now would leave free GPUs on vfio-pci.
+	if cur, err := o.ledger.Get(id); err != nil {
+		return ledger.Claim{}, err
+	} else if !cur.CreatedAt.Equal(c.CreatedAt) {
+		return ledger.Claim{}, fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound)
+	}
 	extended := o.now()
 	for _, addr := range c.GPUs {
 		// Binding can take seconds per card: before each card, renew the
