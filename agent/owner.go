@@ -122,6 +122,15 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 	unlock := o.locks.lock(pending.GPUs...)
 	defer unlock()
 	defer o.bound.Delete(id)
+	// As in reserveAndBind: an abort or a sweep may have dropped the
+	// reservation, and returned its GPUs to the idle driver, while this
+	// call waited for the locks. Binding them then would leave free GPUs
+	// on vfio-pci.
+	if cur, err := o.ledger.Get(id); err != nil {
+		return api.Claim{}, o.apiError(err)
+	} else if !cur.CreatedAt.Equal(pending.CreatedAt) {
+		return api.Claim{}, o.apiError(fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound))
+	}
 	if pending.State == ledger.StateReserved && pending.Live(o.now()) && !o.boundBy(id, pending) {
 		for _, addr := range pending.GPUs {
 			if err := o.bind(ctx, "commit "+id, addr); err != nil {

@@ -74,3 +74,44 @@ func awaitLockWaiter(t *testing.T, a *Agent, addr string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// The same gap on the commit side: a commit reads the reservation, then
+// waits for its GPUs' device locks; an abort (or a sweep) that drops the
+// reservation and returns its GPUs to the idle driver first must not be
+// undone by the commit binding them again. The loop of go test -race runs
+// still failed TestFaultConcurrentRetriesOfOneClaim this way after the
+// reserve side was fixed.
+func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
+	dir := t.TempDir()
+	m := machine(t, "a100-pcie-4", dir)
+	a := startAgent(t, testConfig(t, dir), m, nil)
+	defer a.Close()
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}, Coordinator: "c1"}
+	r, err := a.Reserve(ctx, "vm-1", rr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := r.GPUs[0].PCIAddress
+
+	unlock := a.locks.lock(addr)
+	committed := make(chan error, 1)
+	go func() {
+		_, err := a.Commit(ctx, "vm-1")
+		committed <- err
+	}()
+	awaitLockWaiter(t, a, addr)
+	a.bound.Delete("vm-1") // what the abort does first
+	if _, err := a.ledger.AbortReservation("vm-1", a.now()); err != nil {
+		t.Fatal(err)
+	}
+	a.toIdleLocked(ctx, "test abort", []string{addr}, "")
+	unlock()
+
+	if err := <-committed; !isCode(err, api.CodeNotFound) {
+		t.Errorf("commit of a reservation aborted while it waited: %v, want not_found", err)
+	}
+	if d := driverOf(t, m.Kernel, addr); d != vfio.DriverNVIDIA {
+		t.Errorf("free GPU %s is on %q after a commit of an aborted reservation, want the idle driver", addr, d)
+	}
+}
