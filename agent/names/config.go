@@ -69,8 +69,8 @@ func LANTiming() Timing {
 // FastTiming is for tests in one process.
 func FastTiming() Timing {
 	return Timing{
-		Heartbeat: 50 * time.Millisecond, Election: 50 * time.Millisecond, LeaderLease: 50 * time.Millisecond,
-		Commit: 5 * time.Millisecond, Hold: time.Second, Expire: 20 * time.Millisecond,
+		Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 100 * time.Millisecond,
+		Commit: 5 * time.Millisecond, Hold: 2 * time.Second, Expire: 20 * time.Millisecond,
 		SnapshotInterval: time.Second, SnapshotThreshold: 8192,
 	}
 }

@@ -275,8 +275,8 @@ func TestLimits(t *testing.T) {
 	a := want(t, acq("a", "node-a"), CodeOK).Record
 	b := want(t, acq("b", "node-a"), CodeOK).Record
 	want(t, acq("c", "node-a"), CodeLimit, "node-a")
-	want(t, acq("c", "node-b"), CodeOK) // another caller has its own bound
-	want(t, acq("a", "node-a"), CodeSame)  // a retry is not a new name
+	want(t, acq("c", "node-b"), CodeOK)   // another caller has its own bound
+	want(t, acq("a", "node-a"), CodeSame) // a retry is not a new name
 	conf := func(r *Record) Result {
 		return x.run(messageConfirm, &confirmMessage{Key: r.Key(), Token: r.Token, Owner: "node-z", Now: x.now, Limits: lim})
 	}
