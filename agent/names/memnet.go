@@ -61,7 +61,7 @@ func (f memForwarder) Forward(ctx context.Context, server string, req Request) (
 	cut := f.n.cut[[2]string{f.from, server}]
 	f.n.mu.Unlock()
 	if !ok || cut {
-		return Response{}, fmt.Errorf("%s does not answer", server)
+		return Response{}, fmt.Errorf("%s does not answer: %w", server, ErrNotDelivered)
 	}
 	var wire Request
 	if err := roundTrip(req, &wire); err != nil {

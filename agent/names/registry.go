@@ -164,7 +164,9 @@ func (r *Registry) watch(obs chan raft.Observation, o *raft.Observer) {
 			case raft.ResumedHeartbeatObservation:
 				delete(r.failing, string(d.PeerID))
 			case raft.LeaderObservation:
-				if string(d.LeaderID) != r.cfg.Node {
+				// Kept after leadership is lost: an unavailable answer
+				// then names whom the last term could not reach.
+				if string(d.LeaderID) == r.cfg.Node {
 					clear(r.failing)
 				}
 			}
@@ -350,6 +352,12 @@ func (r *Registry) do(ctx context.Context, req Request) (Result, error) {
 		if uerr == nil {
 			return res, nil
 		}
+		if uerr.Uncertain {
+			// A retry could only answer "same" or "not found" for what
+			// this call may have done: say so instead, and let the caller
+			// retry, knowing every command is idempotent.
+			return Result{}, uerr
+		}
 		wait := time.NewTimer(retry)
 		select {
 		case <-ctx.Done():
@@ -391,6 +399,12 @@ func (r *Registry) attempt(ctx context.Context, req Request) (Result, *Unavailab
 		resp, err := r.cfg.Forwarder.Forward(ctx, s, req)
 		if err != nil {
 			u.Unreached = appendOnce(u.Unreached, s)
+			if req.Op != OpLookup && !errors.Is(err, ErrNotDelivered) {
+				u.Uncertain = true
+				u.Reason = fmt.Sprintf("%s did not answer: %v", s, err)
+				slices.Sort(u.Unreached)
+				return Result{}, u
+			}
 			continue
 		}
 		res, done, uerr := r.take(s, resp, u)
@@ -480,10 +494,12 @@ func (r *Registry) lookupLocal(k Key) (Result, error) {
 // when this server leads (or for a stale read), else with the leader it
 // knows. It never forwards further.
 func (r *Registry) Serve(ctx context.Context, req Request) Response {
-	if r.raft == nil {
+	switch {
+	case req.Op == OpPing:
+		return Response{Result: &Result{Code: CodeOK}}
+	case r.raft == nil:
 		return Response{Error: &WireError{Code: wireNotLeader, Message: r.cfg.Node + " is a registry client", Leader: r.Leader()}}
-	}
-	if req.Op == OpLookup && req.Stale {
+	case req.Op == OpLookup && req.Stale:
 		return r.resultResponse(r.lookupLocal(req.Key))
 	}
 	if r.raft.State() != raft.Leader {
@@ -605,8 +621,10 @@ func (r *Registry) notLeader() Response {
 	return Response{Error: &WireError{Code: wireNotLeader, Message: r.cfg.Node + " does not lead the name registry", Leader: string(id)}}
 }
 
-// unavailable is a leader's answer when it cannot commit: it names the
-// voters it failed to reach.
+// unavailable is a leader's answer when it cannot commit or confirm its
+// leadership: it names the servers it failed to heartbeat and those that
+// do not answer a ping now (a partition that drops packets makes raft
+// step down before its heartbeats time out).
 func (r *Registry) unavailable(msg string, uncertain bool) Response {
 	r.mu.Lock()
 	var failing []string
@@ -614,8 +632,42 @@ func (r *Registry) unavailable(msg string, uncertain bool) Response {
 		failing = append(failing, id)
 	}
 	r.mu.Unlock()
+	for _, id := range r.probe() {
+		failing = appendOnce(failing, id)
+	}
 	slices.Sort(failing)
 	return Response{Error: &WireError{Code: wireUnavailable, Message: msg, Unreached: failing, Uncertain: uncertain}}
+}
+
+// probe pings every other registry server at once and returns those that
+// do not answer within a heartbeat.
+func (r *Registry) probe() []string {
+	if r.cfg.Forwarder == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timing.Heartbeat)
+	defer cancel()
+	var (
+		mu     sync.Mutex
+		silent []string
+		wg     sync.WaitGroup
+	)
+	for _, s := range r.servers() {
+		if s == r.cfg.Node {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := r.cfg.Forwarder.Forward(ctx, s, Request{Op: OpPing}); err != nil {
+				mu.Lock()
+				silent = append(silent, s)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return silent
 }
 
 func (r *Registry) changeServers(ctx context.Context, req Request) Response {

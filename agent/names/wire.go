@@ -1,6 +1,9 @@
 package names
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Op names a registry operation on the wire.
 type Op string
@@ -17,6 +20,8 @@ const (
 	OpAddVoter     Op = "add_voter"
 	OpAddNonVoter  Op = "add_nonvoter"
 	OpRemoveServer Op = "remove_server"
+	// OpPing asks whether a server answers at all.
+	OpPing Op = "ping"
 )
 
 // Request is one operation as it travels to the leader. The peer API that
@@ -53,6 +58,10 @@ type WireError struct {
 	Uncertain bool     `json:"uncertain,omitempty"`
 }
 
+// ErrNotDelivered marks a Forwarder error after which the server
+// certainly did not see the request.
+var ErrNotDelivered = errors.New("request not delivered")
+
 const (
 	wireNotLeader   = "not_leader"
 	wireUnavailable = "unavailable"
@@ -60,7 +69,10 @@ const (
 
 // Forwarder carries a Request to another registry server and returns its
 // answer; the agent's mutual-TLS peer API is the real one. An error means
-// the server did not answer.
+// the server did not answer; it wraps ErrNotDelivered when the request
+// certainly never reached it (the connection was refused), so that a write
+// can be sent elsewhere without doubt. Any other error leaves a write's
+// outcome uncertain.
 type Forwarder interface {
 	Forward(ctx context.Context, server string, req Request) (Response, error)
 }
