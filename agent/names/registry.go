@@ -33,6 +33,9 @@ type Registry struct {
 	leader string
 	// failing are the voters this server, as leader, failed to heartbeat.
 	failing map[string]bool
+	// known are the registry servers: the configured ones and those raft
+	// added since, less those it removed.
+	known map[string]bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -45,7 +48,10 @@ func Open(cfg Config) (*Registry, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	r := &Registry{cfg: cfg, failing: map[string]bool{}, stop: make(chan struct{})}
+	r := &Registry{cfg: cfg, failing: map[string]bool{}, known: map[string]bool{}, stop: make(chan struct{})}
+	for _, s := range cfg.Servers {
+		r.known[s.ID] = true
+	}
 	if cfg.Role == RoleClient {
 		return r, nil
 	}
@@ -108,7 +114,7 @@ func Open(cfg Config) (*Registry, error) {
 	obs := make(chan raft.Observation, 64)
 	observer := raft.NewObserver(obs, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
-		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation, raft.PeerObservation:
 			return true
 		}
 		return false
@@ -163,6 +169,12 @@ func (r *Registry) watch(obs chan raft.Observation, o *raft.Observer) {
 				r.failing[string(d.PeerID)] = true
 			case raft.ResumedHeartbeatObservation:
 				delete(r.failing, string(d.PeerID))
+			case raft.PeerObservation:
+				if d.Removed {
+					delete(r.known, string(d.Peer.ID))
+				} else {
+					r.known[string(d.Peer.ID)] = true
+				}
 			case raft.LeaderObservation:
 				// Kept after leadership is lost: an unavailable answer
 				// then names whom the last term could not reach.
@@ -187,6 +199,7 @@ func (r *Registry) expireLoop() {
 			return
 		case <-t.C:
 		}
+		r.servers() // refreshes the known servers from raft's configuration
 		if r.raft.State() != raft.Leader || !r.fsm.pendingPast(r.cfg.Clock()) {
 			continue
 		}
@@ -197,6 +210,15 @@ func (r *Registry) expireLoop() {
 			r.cfg.Logger.Info("pending names lapsed", "names", len(resp.Result.Keys))
 		}
 	}
+}
+
+// IsServer reports whether node is a registry server as far as this
+// agent knows: configured, or added by raft since it started. The TLS
+// stream layer refuses raft connections from any other node.
+func (r *Registry) IsServer(node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.known[node]
 }
 
 // Node is this agent's node name.
@@ -467,6 +489,14 @@ func (r *Registry) servers() []string {
 		if f := r.raft.GetConfiguration(); f.Error() == nil {
 			for _, s := range f.Configuration().Servers {
 				out = append(out, string(s.ID))
+			}
+			if len(out) > 0 {
+				r.mu.Lock()
+				clear(r.known)
+				for _, id := range out {
+					r.known[id] = true
+				}
+				r.mu.Unlock()
 			}
 		}
 	}
