@@ -408,9 +408,7 @@ func (r *Registry) attempt(ctx context.Context, req Request) (Result, *Unavailab
 	if l := r.Leader(); l != "" {
 		order = append(order, l)
 	}
-	for _, s := range r.servers() {
-		order = append(order, s)
-	}
+	order = append(order, r.servers()...)
 	tried := map[string]bool{r.cfg.Node: r.raft != nil}
 	for i := 0; i < len(order); i++ {
 		s := order[i]

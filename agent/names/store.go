@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Store is raft's log and stable store in one bbolt file. Every write is
@@ -41,7 +42,7 @@ const storeLockTimeout = 2 * time.Second
 func OpenStore(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: storeLockTimeout})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("name registry store %s is locked by another process (waited %s): is another agent running on this data directory?", path, storeLockTimeout)
 		}
 		return nil, fmt.Errorf("name registry store %s: %w", path, err)
