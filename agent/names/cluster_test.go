@@ -523,3 +523,33 @@ func TestClusterAddAndRemoveServers(t *testing.T) {
 		t.Fatalf("servers %v", ids)
 	}
 }
+
+// A coordinator paused past its lease cannot commit: its name lapsed and
+// was granted again with a newer token, and its owner's confirm with the
+// old token is refused.
+func TestClusterPausedCoordinatorIsFenced(t *testing.T) {
+	clk := &fakeClock{now: t0}
+	c := newCluster(t, 3, []string{"node-x"}, withClock(clk.Now), withLease(10*time.Second))
+	leader := c.leader()
+	ctx := ctxT(t, 10*time.Second)
+	vm := Claim("vm")
+	paused, err := c.reg("node-x").Acquire(ctx, vm, "node-x", "node-b", "req-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second) // node-x sleeps past its lease
+	next, err := c.reg(leader).Acquire(ctx, vm, leader, "node-c", "req-1", nil)
+	if err != nil || next.Retry || next.Record.Token <= paused.Record.Token {
+		t.Fatalf("acquire after the lapse: %+v, %v", next, err)
+	}
+	if _, err := c.reg("node-b").Confirm(ctx, vm, paused.Record.Token, "node-b", nil); !errors.Is(err, ErrStale) {
+		t.Fatalf("confirm with the paused coordinator's token: %v, want stale", err)
+	}
+	if _, err := c.reg("node-c").Confirm(ctx, vm, next.Record.Token, "node-c", nil); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.reg("node-x").Lookup(ctx, vm, Linearizable)
+	if err != nil || r.Owner != "node-c" || r.Token != next.Record.Token {
+		t.Fatalf("lookup: %+v, %v", r, err)
+	}
+}
