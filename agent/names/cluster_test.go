@@ -553,3 +553,15 @@ func TestClusterPausedCoordinatorIsFenced(t *testing.T) {
 		t.Fatalf("lookup: %+v, %v", r, err)
 	}
 }
+
+func TestClusterRefusesBadServerChanges(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	leader := c.leader()
+	ctx := ctxT(t, 10*time.Second)
+	if err := c.reg(leader).AddVoter(ctx, "node-d", ""); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a voter without an address: %v", err)
+	}
+	if err := c.reg(leader).AddNonVoter(ctx, "Not A Node", "somewhere"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bad node name: %v", err)
+	}
+}

@@ -322,26 +322,37 @@ func (r *Registry) ExpirePending(ctx context.Context) ([]Key, error) {
 	if err != nil {
 		return nil, err
 	}
+	if res.Code != CodeOK {
+		return nil, refused(OpExpire, Key{}, res)
+	}
 	return res.Keys, nil
 }
 
 // AddVoter adds a server to the voters; it must run the registry as a
 // non-voter at address first.
 func (r *Registry) AddVoter(ctx context.Context, id, address string) error {
-	_, err := r.do(ctx, Request{Op: OpAddVoter, Node: id, Address: address})
-	return err
+	return r.changeServer(ctx, Request{Op: OpAddVoter, Node: id, Address: address})
 }
 
 // AddNonVoter adds a server that keeps a copy of the log without voting.
 func (r *Registry) AddNonVoter(ctx context.Context, id, address string) error {
-	_, err := r.do(ctx, Request{Op: OpAddNonVoter, Node: id, Address: address})
-	return err
+	return r.changeServer(ctx, Request{Op: OpAddNonVoter, Node: id, Address: address})
 }
 
 // RemoveServer takes a server out of the registry's raft configuration.
 func (r *Registry) RemoveServer(ctx context.Context, id string) error {
-	_, err := r.do(ctx, Request{Op: OpRemoveServer, Node: id})
-	return err
+	return r.changeServer(ctx, Request{Op: OpRemoveServer, Node: id})
+}
+
+func (r *Registry) changeServer(ctx context.Context, req Request) error {
+	res, err := r.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	if res.Code != CodeOK {
+		return refused(req.Op, Key{}, res)
+	}
+	return nil
 }
 
 func (r *Registry) record(ctx context.Context, req Request) (Record, error) {
