@@ -275,9 +275,10 @@ func runFaultSchedule(t *testing.T, seed uint64) {
 	now := func() int64 { return int64(time.Since(start)) }
 
 	var (
-		mu      sync.Mutex
-		history []porcupine.Operation
-		faults  []string
+		mu            sync.Mutex
+		history       []porcupine.Operation
+		faults        []string
+		answeredSoFar int
 	)
 	names := []string{"vm-0", "vm-1", "vm-2"}
 	const workers = 4
@@ -302,6 +303,9 @@ func runFaultSchedule(t *testing.T, seed uint64) {
 				}
 				mu.Lock()
 				history = append(history, op)
+				if !op.Output.(nameOut).Unknown {
+					answeredSoFar++
+				}
 				mu.Unlock()
 			}
 		}()
@@ -355,15 +359,36 @@ func runFaultSchedule(t *testing.T, seed uint64) {
 			c.start(v)
 		}
 	}
+	// The workers go on in the healed cluster until it has answered
+	// enough for the history to say something, however slow the machine
+	// made the faulty part.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		n := answeredSoFar
+		mu.Unlock()
+		if n >= minAnswered {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("seed %d: the healed cluster answered only %d operations in 20 s", seed, n)
+		}
+	}
 	close(stop)
 	wg.Wait()
 	c.leader()
 	for _, n := range names {
-		op := callOp(t, c, rng, nameIn{Op: OpLookup, Name: n}, now)
-		if op.Output.(nameOut).Unknown {
-			t.Fatalf("seed %d: the healed cluster did not answer a lookup of %s", seed, n)
+		// The healed cluster may still be settling its leadership: an
+		// unanswered read is kept (it is part of the history) and retried.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			op := callOp(t, c, rng, nameIn{Op: OpLookup, Name: n}, now)
+			history = append(history, op)
+			if !op.Output.(nameOut).Unknown {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("seed %d: the healed cluster did not answer a lookup of %s", seed, n)
+			}
 		}
-		history = append(history, op)
 	}
 
 	var answered, unknown int
@@ -388,10 +413,11 @@ func runFaultSchedule(t *testing.T, seed uint64) {
 	default:
 		t.Fatalf("seed %d: porcupine gave up (%s)", seed, res)
 	}
-	if answered < 20 {
-		t.Fatalf("seed %d: only %d operations were answered; the test checked little", seed, answered)
-	}
 }
+
+// minAnswered is how many answered operations a schedule's history has
+// at least.
+const minAnswered = 100
 
 func leaderNow(c *tcluster, voters []string) string {
 	for _, v := range voters {
