@@ -565,3 +565,66 @@ func TestClusterRefusesBadServerChanges(t *testing.T) {
 		t.Fatalf("a bad node name: %v", err)
 	}
 }
+
+func withSnapshots(threshold, trailing uint64) clusterOpt {
+	return func(c *tcluster) {
+		c.timing.SnapshotThreshold, c.timing.TrailingLogs = threshold, trailing
+		c.timing.SnapshotInterval = 50 * time.Millisecond
+	}
+}
+
+// A voter that was down while the leader compacted its log catches up
+// from a snapshot sent over the transport, and a voter restarted after its
+// own snapshot restores from it: both end with every name.
+func TestClusterCatchUpFromSnapshot(t *testing.T) {
+	c := newCluster(t, 3, nil, withSnapshots(16, 4))
+	c.leader()
+	c.kill("node-c")
+	leader := c.leader("node-a", "node-b")
+	ctx := ctxT(t, 20*time.Second)
+	tokens := map[string]uint64{}
+	for i := range 60 {
+		k := Claim(fmt.Sprintf("vm-%d", i))
+		g, err := c.reg(leader).Acquire(ctx, k, leader, "", "req", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[k.Name] = g.Record.Token
+	}
+	// Snapshot now rather than wait for the interval, so the entries
+	// node-c misses are gone from the log.
+	if err := c.reg(leader).Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := c.reg(leader).Store().FirstIndex(); first <= 1 {
+		t.Fatalf("the leader's log still starts at %d: nothing was compacted", first)
+	}
+	c.start("node-c")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		recs, err := c.reg("node-c").fsm.Records()
+		if err == nil && len(recs) == len(tokens) {
+			for _, r := range recs {
+				if tokens[r.Name] != r.Token {
+					t.Fatalf("node-c has %s with token %d, want %d", r.Name, r.Token, tokens[r.Name])
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-c holds %d of %d names", len(recs), len(tokens))
+		}
+	}
+	// The leader, restarted, restores its snapshot and replays the rest.
+	c.kill(leader)
+	c.start(leader)
+	c.leader()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		recs, err := c.reg(leader).fsm.Records()
+		if err == nil && len(recs) == len(tokens) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted leader holds %d names (%v), want %d", len(recs), err, len(tokens))
+		}
+	}
+}

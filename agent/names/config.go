@@ -55,6 +55,9 @@ type Timing struct {
 	// Interval.
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
+	// TrailingLogs is how many entries a snapshot leaves in the log, so a
+	// follower that lags by fewer catches up without the whole snapshot.
+	TrailingLogs uint64
 }
 
 // LANTiming is for servers on one network: raft's own defaults.
@@ -62,7 +65,7 @@ func LANTiming() Timing {
 	return Timing{
 		Heartbeat: time.Second, Election: time.Second, LeaderLease: 500 * time.Millisecond,
 		Commit: 50 * time.Millisecond, Hold: 5 * time.Second, Expire: time.Second,
-		SnapshotInterval: 2 * time.Minute, SnapshotThreshold: 8192,
+		SnapshotInterval: 2 * time.Minute, SnapshotThreshold: 8192, TrailingLogs: 10240,
 	}
 }
 
@@ -71,7 +74,7 @@ func FastTiming() Timing {
 	return Timing{
 		Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 100 * time.Millisecond,
 		Commit: 5 * time.Millisecond, Hold: 2 * time.Second, Expire: 20 * time.Millisecond,
-		SnapshotInterval: time.Second, SnapshotThreshold: 8192,
+		SnapshotInterval: time.Second, SnapshotThreshold: 8192, TrailingLogs: 10240,
 	}
 }
 

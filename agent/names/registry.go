@@ -88,6 +88,7 @@ func Open(cfg Config) (*Registry, error) {
 	rc.CommitTimeout = cfg.Timing.Commit
 	rc.SnapshotInterval = cfg.Timing.SnapshotInterval
 	rc.SnapshotThreshold = cfg.Timing.SnapshotThreshold
+	rc.TrailingLogs = cfg.Timing.TrailingLogs
 	rc.Logger = hlog
 	rc.NoLegacyTelemetry = true
 	existing, err := raft.HasExistingState(logs, stable, snaps)
