@@ -1,0 +1,265 @@
+package names
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/pki"
+)
+
+// messageType is the first byte after the codec version of every command
+// in the raft log. Values are never reused: a log written by one version
+// is read by the next.
+type messageType uint8
+
+const (
+	messageAcquire      messageType = 1
+	messageConfirm      messageType = 2
+	messageRelease      messageType = 3
+	messageExpire       messageType = 4
+	messageRemoveMember messageType = 5
+	messageSetMembers   messageType = 6
+)
+
+func (t messageType) String() string {
+	switch t {
+	case messageAcquire:
+		return "acquire"
+	case messageConfirm:
+		return "confirm"
+	case messageRelease:
+		return "release"
+	case messageExpire:
+		return "expire"
+	case messageRemoveMember:
+		return "remove-member"
+	case messageSetMembers:
+		return "set-members"
+	}
+	return fmt.Sprintf("message type %d", uint8(t))
+}
+
+// codecVersion is the first byte of every command. A server that reads a
+// version or a field it does not know stops applying the log (see FSM)
+// instead of skipping it: skipping would leave its copy different from the
+// others'.
+const codecVersion byte = 1
+
+// Limits bound what one caller can hold in the registry. The leader stamps
+// its limits on each command, so every server applies the same ones.
+type Limits struct {
+	// PendingPerCaller bounds the names one caller is placing at once.
+	PendingPerCaller int `json:"pending_per_caller"`
+	// HeldPerOwner bounds the names one server holds.
+	HeldPerOwner int `json:"held_per_owner"`
+	// Members bounds a group's node claims.
+	Members int `json:"members"`
+}
+
+// DefaultLimits are generous for real use (a server holds a claim per GPU
+// at most, a coordinator places a few claims at once) and small enough that
+// a misbehaving caller cannot grow the registry without bound.
+func DefaultLimits() Limits {
+	return Limits{PendingPerCaller: 1024, HeldPerOwner: 4096, Members: 1024}
+}
+
+// acquireMessage asks for a name for a request. A pending name lapses at
+// Now+Lease unless confirmed.
+type acquireMessage struct {
+	Key     Key           `json:"key"`
+	Caller  string        `json:"caller"`
+	Owner   string        `json:"owner,omitempty"`
+	Request string        `json:"request"`
+	Members []string      `json:"members,omitempty"`
+	Now     time.Time     `json:"now"`
+	Lease   time.Duration `json:"lease"`
+	Limits  Limits        `json:"limits"`
+}
+
+// confirmMessage is sent by the server that commits the name, under the
+// token it was granted with.
+type confirmMessage struct {
+	Key     Key       `json:"key"`
+	Token   uint64    `json:"token"`
+	Owner   string    `json:"owner"`
+	Members []string  `json:"members,omitempty"`
+	Now     time.Time `json:"now"`
+	Limits  Limits    `json:"limits"`
+}
+
+// releaseMessage frees a name. Token, when set, must be the name's
+// current token; Node, when set, must be its holder (owner, or caller
+// while pending). At least one is set.
+type releaseMessage struct {
+	Key   Key    `json:"key"`
+	Token uint64 `json:"token,omitempty"`
+	Node  string `json:"node,omitempty"`
+}
+
+// expireMessage ends the pending names whose deadline is not after Now.
+type expireMessage struct {
+	Now time.Time `json:"now"`
+}
+
+// removeMemberMessage declares a server gone for good: the names it holds
+// become lost, the names it was placing are dropped.
+type removeMemberMessage struct {
+	Node string    `json:"node"`
+	Now  time.Time `json:"now"`
+}
+
+// setMembersMessage replaces a group's node claims under its token.
+type setMembersMessage struct {
+	Key     Key      `json:"key"`
+	Token   uint64   `json:"token"`
+	Members []string `json:"members"`
+	Limits  Limits   `json:"limits"`
+}
+
+func encodeMessage(t messageType, body any) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte(codecVersion)
+	buf.WriteByte(byte(t))
+	if err := json.NewEncoder(&buf).Encode(body); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", t, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeMessage reads a command written by encodeMessage and checks it.
+func decodeMessage(b []byte) (messageType, any, error) {
+	if len(b) < 2 {
+		return 0, nil, fmt.Errorf("command of %d bytes is too short", len(b))
+	}
+	if b[0] != codecVersion {
+		return 0, nil, fmt.Errorf("command codec version %d; this version reads %d", b[0], codecVersion)
+	}
+	t := messageType(b[1])
+	var body interface{ check() error }
+	switch t {
+	case messageAcquire:
+		body = new(acquireMessage)
+	case messageConfirm:
+		body = new(confirmMessage)
+	case messageRelease:
+		body = new(releaseMessage)
+	case messageExpire:
+		body = new(expireMessage)
+	case messageRemoveMember:
+		body = new(removeMemberMessage)
+	case messageSetMembers:
+		body = new(setMembersMessage)
+	default:
+		return t, nil, fmt.Errorf("unknown %s", t)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b[2:]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(body); err != nil {
+		return t, nil, fmt.Errorf("decode %s: %w", t, err)
+	}
+	if dec.More() {
+		return t, nil, fmt.Errorf("decode %s: trailing data", t)
+	}
+	if err := body.check(); err != nil {
+		return t, nil, fmt.Errorf("%s: %w", t, err)
+	}
+	return t, body, nil
+}
+
+func checkNode(what, name string) error {
+	if err := pki.ValidateNodeName(name); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+func checkMembers(k Key, members []string) error {
+	if k.Kind != KindGroup && len(members) > 0 {
+		return fmt.Errorf("%s: only groups have members", k)
+	}
+	for _, m := range members {
+		if err := Claim(m).validate(); err != nil {
+			return fmt.Errorf("%s member: %w", k, err)
+		}
+	}
+	return nil
+}
+
+func (m *acquireMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if err := checkNode("caller", m.Caller); err != nil {
+		return err
+	}
+	if m.Owner != "" {
+		if err := checkNode("owner", m.Owner); err != nil {
+			return err
+		}
+	}
+	if m.Request == "" || len(m.Request) > maxName {
+		return fmt.Errorf("%s: request digest must be 1 to %d bytes", m.Key, maxName)
+	}
+	if m.Lease <= 0 || m.Now.IsZero() {
+		return fmt.Errorf("%s: acquire carries no time or lease", m.Key)
+	}
+	return checkMembers(m.Key, m.Members)
+}
+
+func (m *confirmMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: confirm needs the token the name was granted with", m.Key)
+	}
+	if m.Now.IsZero() {
+		return fmt.Errorf("%s: confirm carries no time", m.Key)
+	}
+	if err := checkNode("owner", m.Owner); err != nil {
+		return err
+	}
+	return checkMembers(m.Key, m.Members)
+}
+
+func (m *releaseMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Token == 0 && m.Node == "" {
+		return fmt.Errorf("%s: release needs the name's token or its holder", m.Key)
+	}
+	if m.Node != "" {
+		return checkNode("node", m.Node)
+	}
+	return nil
+}
+
+func (m *expireMessage) check() error {
+	if m.Now.IsZero() {
+		return fmt.Errorf("expire carries no time")
+	}
+	return nil
+}
+
+func (m *removeMemberMessage) check() error {
+	if m.Now.IsZero() {
+		return fmt.Errorf("remove-member carries no time")
+	}
+	return checkNode("node", m.Node)
+}
+
+func (m *setMembersMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Key.Kind != KindGroup {
+		return fmt.Errorf("%s: only groups have members", m.Key)
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: set-members needs the group's token", m.Key)
+	}
+	return checkMembers(m.Key, m.Members)
+}

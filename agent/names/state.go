@@ -1,0 +1,273 @@
+package names
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// state is the replicated map of names and the counts its limits need.
+// It is plain data: no clock (time arrives in commands), no locks (the FSM
+// serialises), no I/O.
+type state struct {
+	records map[Key]Record
+	// pendingBy counts pending names per caller, heldBy held and lost
+	// names per owner.
+	pendingBy map[string]int
+	heldBy    map[string]int
+	// now is the latest time any command carried. A new leader's clock may
+	// be behind its predecessor's; time in the registry never goes back.
+	now time.Time
+}
+
+func newState() *state {
+	return &state{records: map[Key]Record{}, pendingBy: map[string]int{}, heldBy: map[string]int{}}
+}
+
+func (s *state) advance(t time.Time) time.Time {
+	if t.After(s.now) {
+		s.now = t
+	}
+	return s.now
+}
+
+func (s *state) put(r Record) {
+	s.remove(r.Key())
+	s.records[r.Key()] = r
+	switch r.State {
+	case StatePending:
+		s.pendingBy[r.Caller]++
+	case StateHeld, StateLost:
+		s.heldBy[r.Owner]++
+	}
+}
+
+func (s *state) remove(k Key) (Record, bool) {
+	r, ok := s.records[k]
+	if !ok {
+		return r, false
+	}
+	delete(s.records, k)
+	switch r.State {
+	case StatePending:
+		decr(s.pendingBy, r.Caller)
+	case StateHeld, StateLost:
+		decr(s.heldBy, r.Owner)
+	}
+	return r, true
+}
+
+func decr(m map[string]int, k string) {
+	if m[k] <= 1 {
+		delete(m, k)
+		return
+	}
+	m[k]--
+}
+
+// get returns the live record of k at the registry's time: a pending name
+// past its deadline is gone even before an expiry command collects it.
+func (s *state) get(k Key) (Record, bool) {
+	r, ok := s.records[k]
+	if !ok || !r.live(s.now) {
+		return Record{}, false
+	}
+	return r, true
+}
+
+// apply runs one decoded command written at raft index idx.
+func (s *state) apply(idx uint64, t messageType, body any) Result {
+	switch m := body.(type) {
+	case *acquireMessage:
+		return s.acquire(idx, m)
+	case *confirmMessage:
+		return s.confirm(idx, m)
+	case *releaseMessage:
+		return s.release(m)
+	case *expireMessage:
+		return s.expire(m)
+	case *removeMemberMessage:
+		return s.removeMember(idx, m)
+	case *setMembersMessage:
+		return s.setMembers(idx, m)
+	}
+	return Result{Code: CodeInvalid, Detail: fmt.Sprintf("no rule for %s", t)}
+}
+
+func (s *state) acquire(idx uint64, m *acquireMessage) Result {
+	now := s.advance(m.Now)
+	if r, ok := s.get(m.Key); ok {
+		switch {
+		case r.Request != m.Request:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is %s by another request on %s", m.Key, r.State, r.holder())}
+		case r.State == StateLost:
+			return Result{Code: CodeLost, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", m.Key, r.Owner)}
+		}
+		return withRecord(CodeSame, r)
+	}
+	if n := m.Limits.Members; n > 0 && len(m.Members) > n {
+		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s has %d members; at most %d are allowed", m.Key, len(m.Members), n)}
+	}
+	if n := m.Limits.PendingPerCaller; n > 0 && s.pendingBy[m.Caller] >= n {
+		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s is placing %d names already, the most one caller may", m.Caller, s.pendingBy[m.Caller])}
+	}
+	r := Record{
+		Kind: m.Key.Kind, Name: m.Key.Name,
+		Owner: m.Owner, Caller: m.Caller, Request: m.Request,
+		State: StatePending, Token: idx, Deadline: now.Add(m.Lease),
+		Members: slices.Clone(m.Members), Index: idx,
+	}
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+func (s *state) confirm(idx uint64, m *confirmMessage) Result {
+	now := s.advance(m.Now)
+	r, ok := s.records[m.Key]
+	if !ok {
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held: its grant lapsed or was released", m.Key)}
+	}
+	if r.Token != m.Token {
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d: the grant ended", m.Key, m.Token, r.Token)}
+	}
+	switch r.State {
+	case StatePending:
+		if !r.live(now) {
+			s.remove(m.Key)
+			return Result{Code: CodeExpired, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s lapsed at %s before it was confirmed", m.Key, r.Deadline.UTC().Format(time.RFC3339Nano))}
+		}
+		if n := m.Limits.HeldPerOwner; n > 0 && s.heldBy[m.Owner] >= n {
+			return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s holds %d names already, the most one server may", m.Owner, s.heldBy[m.Owner])}
+		}
+		if n := m.Limits.Members; n > 0 && len(m.Members) > n {
+			return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s has %d members; at most %d are allowed", m.Key, len(m.Members), n)}
+		}
+		r.State, r.Owner, r.Deadline, r.Index = StateHeld, m.Owner, time.Time{}, idx
+		if m.Members != nil {
+			r.Members = slices.Clone(m.Members)
+		}
+		s.put(r)
+		return withRecord(CodeOK, r)
+	case StateHeld:
+		if r.Owner != m.Owner {
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is held on %s", m.Key, r.Owner)}
+		}
+		return withRecord(CodeSame, r)
+	default: // lost
+		return Result{Code: CodeLost, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster", m.Key, r.Owner)}
+	}
+}
+
+func (s *state) release(m *releaseMessage) Result {
+	r, ok := s.records[m.Key]
+	if !ok || !r.live(s.now) {
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
+	}
+	if m.Token != 0 && m.Token != r.Token {
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d: it was granted again since", m.Key, m.Token, r.Token)}
+	}
+	if m.Node != "" && m.Node != r.holder() {
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is %s by %s, not %s", m.Key, r.State, r.holder(), m.Node)}
+	}
+	s.remove(m.Key)
+	r.State = StateReleased
+	return withRecord(CodeOK, r)
+}
+
+func (s *state) expire(m *expireMessage) Result {
+	now := s.advance(m.Now)
+	var keys []Key
+	for k, r := range s.records {
+		if !r.live(now) {
+			keys = append(keys, k)
+		}
+	}
+	sortKeys(keys)
+	for _, k := range keys {
+		s.remove(k)
+	}
+	return Result{Code: CodeOK, Keys: keys}
+}
+
+func (s *state) removeMember(idx uint64, m *removeMemberMessage) Result {
+	now := s.advance(m.Now)
+	var keys []Key
+	for k, r := range s.records {
+		switch {
+		case r.State == StatePending && (r.Caller == m.Node || !r.live(now)):
+			// Its coordinator is gone, and nothing was committed under it
+			// (a commit confirms first): drop it.
+			keys = append(keys, k)
+		case r.State == StateHeld && r.Owner == m.Node:
+			keys = append(keys, k)
+		}
+	}
+	sortKeys(keys)
+	for _, k := range keys {
+		r, _ := s.remove(k)
+		if r.State == StateHeld {
+			r.State, r.Index = StateLost, idx
+			s.put(r)
+		}
+	}
+	return Result{Code: CodeOK, Keys: keys}
+}
+
+func (s *state) setMembers(idx uint64, m *setMembersMessage) Result {
+	r, ok := s.get(m.Key)
+	if !ok {
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
+	}
+	if r.Token != m.Token {
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d", m.Key, m.Token, r.Token)}
+	}
+	if n := m.Limits.Members; n > 0 && len(m.Members) > n {
+		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s has %d members; at most %d are allowed", m.Key, len(m.Members), n)}
+	}
+	if slices.Equal(r.Members, m.Members) {
+		return withRecord(CodeSame, r)
+	}
+	r.Members, r.Index = slices.Clone(m.Members), idx
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// pendingPast reports whether some pending name lapsed by now: the
+// leader proposes an expiry only then, so an idle registry writes nothing.
+func (s *state) pendingPast(now time.Time) bool {
+	for _, r := range s.records {
+		if r.State == StatePending && !now.Before(r.Deadline) {
+			return true
+		}
+	}
+	return false
+}
+
+func sortKeys(keys []Key) {
+	slices.SortFunc(keys, func(a, b Key) int {
+		if a.Kind != b.Kind {
+			if a.Kind < b.Kind {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,107 @@
+package names
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/hashicorp/raft"
+)
+
+// TLSStreamLayer carries raft between registry servers over mutual TLS:
+// both ends present a certificate of the cluster's CA, and both refuse a
+// peer whose certificate names a node that is not a registry server, so
+// another agent of the cluster cannot pose as a voter.
+type TLSStreamLayer struct {
+	ln     net.Listener
+	server *tls.Config
+	client *tls.Config
+}
+
+var _ raft.StreamLayer = (*TLSStreamLayer)(nil)
+
+// NewTLSStreamLayer wraps a TCP listener. server and client come from
+// pki.ServerConfig and pki.ClientConfig (the peer's certificate must carry
+// the address dialled); isServer says whether a node name is a registry
+// server (Registry.IsServer once the registry runs).
+func NewTLSStreamLayer(ln net.Listener, server, client *tls.Config, isServer func(node string) bool) (*TLSStreamLayer, error) {
+	if server == nil || client == nil || isServer == nil {
+		return nil, errors.New("names: the TLS stream layer needs a server and a client configuration and a server check")
+	}
+	return &TLSStreamLayer{
+		ln:     ln,
+		server: withServerCheck(server, isServer, "client"),
+		client: withServerCheck(client, isServer, "server"),
+	}, nil
+}
+
+// withServerCheck adds, after the configuration's own checks, that the
+// peer's verified certificate names a registry server.
+func withServerCheck(base *tls.Config, isServer func(string) bool, side string) *tls.Config {
+	cfg := base.Clone()
+	prev := base.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if prev != nil {
+			if err := prev(cs); err != nil {
+				return err
+			}
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return fmt.Errorf("names: raft %s presented no certificate", side)
+		}
+		// Go has verified the chain by now (or prev did, for a config that
+		// verifies by itself).
+		name, err := pki.NodeName(cs.PeerCertificates[0])
+		if err != nil {
+			return fmt.Errorf("names: raft %s certificate: %w", side, err)
+		}
+		if !isServer(name) {
+			return fmt.Errorf("names: raft %s %q is not a name registry server", side, name)
+		}
+		return nil
+	}
+	return cfg
+}
+
+// Accept waits for the next connection; its handshake, and the check of
+// the peer, run on its first read.
+func (l *TLSStreamLayer) Accept() (net.Conn, error) {
+	c, err := l.ln.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tls.Server(c, l.server), nil
+}
+
+// Close stops listening.
+func (l *TLSStreamLayer) Close() error { return l.ln.Close() }
+
+// Addr is the listening address.
+func (l *TLSStreamLayer) Addr() net.Addr { return l.ln.Addr() }
+
+// Dial connects to a registry server and completes the handshake.
+func (l *TLSStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	c, err := tls.DialWithDialer(d, "tcp", string(address), l.client)
+	if err != nil {
+		return nil, fmt.Errorf("names: raft connection to %s: %w", address, err)
+	}
+	return c, nil
+}
+
+// NewTLSTransport is raft's network transport over a TLSStreamLayer.
+func NewTLSTransport(layer *TLSStreamLayer, log *slog.Logger) *raft.NetworkTransport {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  layer,
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  newHCLog(log.With("component", "raft-transport")),
+	})
+}
