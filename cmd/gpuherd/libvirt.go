@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/handoff"
+	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -170,7 +172,7 @@ func runHook(cmd *cobra.Command, g *globals, configPath string, args []string) e
 	defer client.Close()
 	h := &handoff.Hook{
 		Agent:   client,
-		Devices: handoff.SysfsDevices{PCI: vfio.New(vfio.NewOSFS(cfg.SysfsRoot, cfg.DevRoot)), Extra: extra},
+		Devices: handoff.SysfsDevices{PCI: vfio.New(hookSysfs(cfg, log)), Extra: extra},
 		Log:     log,
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), hookTimeout)
@@ -181,4 +183,23 @@ func runHook(cmd *cobra.Command, g *globals, configPath string, args []string) e
 		return &printedError{err: err}
 	}
 	return nil
+}
+
+// hookSysfs is the sysfs the hook reads: the host's, or, for an agent on
+// simulated hardware, the simulated machine's state file, which outlives
+// the agent as a real machine does (read only: the hook never writes it).
+func hookSysfs(cfg agent.Config, log *slog.Logger) vfio.FS {
+	if cfg.Simulate == "" {
+		return vfio.NewOSFS(cfg.SysfsRoot, cfg.DevRoot)
+	}
+	path := filepath.Join(cfg.DataDir, sim.KernelStateFile)
+	if _, err := os.Stat(path); err == nil {
+		k, err := vfio.OpenKernel(path, vfio.KernelConfig{})
+		if err == nil {
+			return k
+		}
+		log.Warn("libvirt hook: cannot read the simulated machine", "err", err)
+	}
+	// No machine yet: an empty tree, where nothing is a GPU.
+	return vfio.NewOSFS(filepath.Join(cfg.DataDir, "no-simulated-sysfs"), filepath.Join(cfg.DataDir, "no-simulated-dev"))
 }
