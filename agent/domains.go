@@ -49,8 +49,7 @@ func (a *Agent) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	named := a.managedAmong(req.PCIAddresses)
 	c, err := a.ledger.Get(id)
 	if err != nil || c.State != ledger.StateCommitted {
-		return api.Claim{}, a.notClaimed(id, named, fmt.Sprintf("no claim %s is committed on %s; claim it here first (gpuherd claim %s --prefer-node %s)",
-			id, a.cfg.NodeName, id, a.cfg.NodeName))
+		return api.Claim{}, a.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, a.cfg.NodeName))
 	}
 	held := a.functionsOf(c.GPUs)
 	var foreign []string

@@ -128,7 +128,7 @@ func TestLibvirtHookStartsOnlyClaimedGPUs(t *testing.T) {
 	e.wantExit(e.hook("plain.prepare.xml", "plain", "prepare", "begin"), 0, "")
 	// Metadata naming a claim that does not exist, on vm-a's GPU.
 	e.wantExit(e.hook("vm-b.prepare.xml", "vm-b", "prepare", "begin"), 1,
-		"The following GPUs are not claimed by vm-b: 0000:18:00.0, 0000:18:00.1 (no claim vm-b is committed on gpu-17")
+		"The following GPUs are not claimed by vm-b: 0000:18:00.0, 0000:18:00.1 (claim vm-b is not held on gpu-17)")
 	// No metadata: the claim is the domain's name, and none is held.
 	e.wantExit(e.hook("bare-gpu.prepare.xml", "bare-gpu", "prepare", "begin"), 1,
 		"The following GPUs are not claimed by bare-gpu: 0000:18:00.0, 0000:18:00.1")
