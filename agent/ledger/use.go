@@ -43,10 +43,11 @@ const MaxDomainNameLen = 256
 // committed claim id, whose GPUs the caller checked to be gpus: if the
 // claim holds other GPUs now (a release and a new claim, or a resize,
 // between the check and the mark), it fails with *ConflictError and changes
-// nothing. A claim marked by the same domain is marked again (Started only
-// ever goes from false to true within one boot); one marked by another
-// domain in the same boot fails with *InUseError; a use from another boot
-// is replaced. A reservation, or no claim: ErrNotFound. The mark is written
+// nothing. A claim marked by the same domain is marked again, with
+// use.Started as given (a new start of the domain, whose stop after an
+// earlier run was never reported, must not count as running before it
+// does); one marked by another domain in the same boot fails with
+// *InUseError; a use from another boot is replaced. A reservation, or no claim: ErrNotFound. The mark is written
 // to the file (one fsync) unless nothing changed.
 func (l *Ledger) MarkUse(id string, gpus []string, use Use, now time.Time) (Claim, error) {
 	if err := ValidateID(id); err != nil {
@@ -71,7 +72,6 @@ func (l *Ledger) MarkUse(id string, gpus []string, use Use, now time.Time) (Clai
 		old := rec.Use
 		switch {
 		case old.Domain == use.Domain && old.BootID == use.BootID:
-			use.Started = use.Started || old.Started
 			use.Since = old.Since
 			if old == use {
 				out = rec.Claim

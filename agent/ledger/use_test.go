@@ -27,15 +27,16 @@ func TestMarkUse(t *testing.T) {
 	if got.Use.Domain != "uuid-a" || got.Use.Started || !got.Use.Since.Equal(t0.Add(time.Second)) {
 		t.Fatalf("use = %+v, want uuid-a, not started, since t0+1s", got.Use)
 	}
-	// The same domain again (started, reconnect): same since, started sticks.
+	// The same domain again (started, reconnect): same since, now started.
 	a.Started = true
 	got, err = l.MarkUse("vm-a", c.GPUs, a, t0.Add(time.Minute))
 	if err != nil || !got.Use.Started || !got.Use.Since.Equal(t0.Add(time.Second)) {
 		t.Fatalf("MarkUse again = %+v, %v; want started, since unchanged", got.Use, err)
 	}
+	// A new start whose previous stop went unreported: not running yet.
 	a.Started = false
-	if got, _ = l.MarkUse("vm-a", c.GPUs, a, t0.Add(time.Hour)); !got.Use.Started {
-		t.Fatalf("a prepare after started cleared it within one boot: %+v", got.Use)
+	if got, _ = l.MarkUse("vm-a", c.GPUs, a, t0.Add(time.Hour)); got.Use.Started {
+		t.Fatalf("a new prepare kept the previous run's started: %+v", got.Use)
 	}
 
 	// Another domain in the same boot is refused.
