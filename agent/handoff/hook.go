@@ -38,6 +38,8 @@ type Hook struct {
 	// Log takes what goes wrong in calls that must not fail (started,
 	// reconnect, release); libvirt keeps the hook's stderr in its log.
 	Log *slog.Logger
+	// Socket names the agent's socket in messages.
+	Socket string
 }
 
 // Refusal is the error of a refused operation: its message is the one
@@ -153,7 +155,7 @@ func (h *Hook) agentError(g Guest, id string, err error) error {
 		return &Refusal{Msg: ae.Message}
 	}
 	if errors.Is(err, api.ErrAgentDown) {
-		return &Refusal{Msg: fmt.Sprintf("gpuherd cannot check the GPUs of domain %s (claim %s): the agent is not running; start it (systemctl start gpuherd): %v", g.Name, id, err)}
+		return &Refusal{Msg: fmt.Sprintf("gpuherd cannot check the GPUs of domain %s (claim %s): the agent is not running (no answer on %s); start it: systemctl start gpuherd", g.Name, id, h.Socket)}
 	}
 	return &Refusal{Msg: fmt.Sprintf("gpuherd cannot check the GPUs of domain %s (claim %s): %v", g.Name, id, err)}
 }

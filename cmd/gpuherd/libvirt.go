@@ -174,6 +174,7 @@ func runHook(cmd *cobra.Command, g *globals, configPath string, args []string) e
 		Agent:   client,
 		Devices: handoff.SysfsDevices{PCI: vfio.New(hookSysfs(cfg, log)), Extra: extra},
 		Log:     log,
+		Socket:  socket,
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), hookTimeout)
 	defer cancel()

@@ -237,3 +237,42 @@ func TestLibvirtHookArguments(t *testing.T) {
 		t.Fatalf("libvirt-hook with one argument: exit %d (%s), want %d", code, stderr.String(), exitUsage)
 	}
 }
+
+func TestClaimAndGetHandOffFormats(t *testing.T) {
+	e := startHookEnv(t)
+	out := ok(t, e.cfg.Socket, "claim", "vm-a", "--gpu", "L40S", "-o", "libvirt", "--release-on-stop")
+	for _, want := range []string{
+		`id="vm-a" server="gpu-17" release-on-stop="yes"`,
+		`<hostdev mode="subsystem" type="pci" managed="no">`,
+		`<address domain="0x0000" bus="0x18" slot="0x00" function="0x1"></address>`,
+		`bus="0x10" slot="0x00" function="0x0" multifunction="on"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("claim -o libvirt lacks %s:\n%s", want, out)
+		}
+	}
+	dom := ok(t, e.cfg.Socket, "get", "vm-a", "-o", "libvirt-domain", "--guest-bus", "32")
+	if !strings.HasPrefix(dom, `<domain type="kvm">`) || !strings.Contains(dom, `<name>vm-a</name>`) || !strings.Contains(dom, `bus="0x20"`) {
+		t.Errorf("get -o libvirt-domain --guest-bus 32:\n%s", dom)
+	}
+	q := ok(t, e.cfg.Socket, "get", "vm-a", "-o", "qemu")
+	if !strings.Contains(q, "-device vfio-pci,host=0000:18:00.1,bus=gpuherd-rp0,addr=0x0.0x1") {
+		t.Errorf("get -o qemu:\n%s", q)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"status", "-o", "libvirt"}, exitUsage, "only claim and get write it"},
+		{[]string{"get", "vm-a", "-o", "xml"}, exitUsage, "use table, json, libvirt, libvirt-domain or qemu"},
+		{[]string{"get", "vm-a", "-o", "libvirt", "--guest-bus", "0"}, exitUsage, "--guest-bus 0"},
+		{[]string{"get", "vm-none", "-o", "libvirt"}, -1, "vm-none"}, // -1: any failure (not found)
+	} {
+		r := gpuherd(t, e.cfg.Socket, tc.args...)
+		if (tc.code >= 0 && r.code != tc.code) || r.code == exitOK || !strings.Contains(r.stderr, tc.msg) || r.stdout != "" {
+			t.Errorf("gpuherd %s: %s; want exit %d, nothing on stdout, %q on stderr", strings.Join(tc.args, " "), r, tc.code, tc.msg)
+		}
+	}
+}
