@@ -18,6 +18,9 @@ type Guest struct {
 	// (<hostdev mode='subsystem' type='pci'>), sorted, whatever their
 	// managed attribute.
 	PCI []string
+	// LibvirtManaged lists the functions of PCI whose hostdev lets libvirt
+	// rebind the device (managed='yes', libvirt's default), sorted.
+	LibvirtManaged []string
 }
 
 // ClaimID is the claim the domain runs on: the one its metadata names, or
@@ -55,8 +58,12 @@ func ParseDomain(data []byte) (Guest, error) {
 			if !slices.Contains(g.PCI, addr) {
 				g.PCI = append(g.PCI, addr)
 			}
+			if h.Managed != "no" && !slices.Contains(g.LibvirtManaged, addr) {
+				g.LibvirtManaged = append(g.LibvirtManaged, addr)
+			}
 		}
 	}
 	slices.Sort(g.PCI)
+	slices.Sort(g.LibvirtManaged)
 	return g, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -36,7 +38,7 @@ type Hook struct {
 	Agent   Agent
 	Devices Devices
 	// Log takes what goes wrong in calls that must not fail (started,
-	// reconnect, release); libvirt keeps the hook's stderr in its log.
+	// reconnect, release), which libvirt does not show.
 	Log *slog.Logger
 	// Socket names the agent's socket in messages.
 	Socket string
@@ -54,9 +56,9 @@ func (r *Refusal) Error() string { return r.Msg }
 //
 //   - prepare begin: a domain with no gpuherd metadata and no hostdev that
 //     is one of this server's GPUs passes at once. Otherwise every such
-//     hostdev must belong to the claim the metadata names (or the claim
-//     named like the domain), committed on this server and on vfio-pci;
-//     the claim is then marked in use by the domain's UUID.
+//     hostdev must be managed='no' and belong to the claim the metadata
+//     names (or the claim named like the domain), committed on this server
+//     and on vfio-pci; the claim is then marked in use by the domain's UUID.
 //   - started begin, reconnect begin: the claim is marked in use by the
 //     running domain; problems are logged, never returned (a failing
 //     reconnect would kill the running guest).
@@ -118,6 +120,21 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 	if err := ledger.ValidateID(id); err != nil {
 		return problem(&Refusal{Msg: api.NotClaimedMessage(fmt.Sprintf("%q", id), managed) +
 			" (the domain's name is not a claim ID: add gpuherd's metadata naming the claim, see `gpuherd get ID -o libvirt`)"})
+	}
+	var rebinds []string
+	for _, addr := range managed {
+		if slices.Contains(g.LibvirtManaged, addr) {
+			rebinds = append(rebinds, addr)
+		}
+	}
+	if len(rebinds) > 0 && mode != "release" {
+		// libvirt would detach the device at start and re-attach it to its
+		// host driver at stop, behind the ledger. A running domain is only
+		// logged: its GPUs are in use.
+		if err := problem(&Refusal{Msg: fmt.Sprintf("domain %s passes %s with managed='yes': libvirt would rebind them at its stop, and gpuherd owns their binding; use managed='no' (gpuherd get %s -o libvirt)",
+			g.Name, strings.Join(rebinds, ", "), id)}); err != nil {
+			return err
+		}
 	}
 	if g.UUID == "" {
 		return problem(&Refusal{Msg: fmt.Sprintf("domain %s has no UUID; gpuherd marks claims in use by it", g.Name)})

@@ -85,7 +85,7 @@ func TestRoundTrip(t *testing.T) {
 		}
 		want := []string{"0000:18:00.0", "0000:18:00.1", "0000:2a:00.0", "0000:2a:00.1"}
 		if !g.HasMetadata || g.Metadata != (Metadata{Claim: "vm-a", Server: "gpu-17", ReleaseOnStop: o.ReleaseOnStop}) ||
-			strings.Join(g.PCI, " ") != strings.Join(want, " ") || g.ClaimID() != "vm-a" {
+			strings.Join(g.PCI, " ") != strings.Join(want, " ") || g.ClaimID() != "vm-a" || len(g.LibvirtManaged) != 0 {
 			t.Fatalf("parsed %+v, want metadata vm-a on gpu-17 (release-on-stop %v) and PCI %v", g, o.ReleaseOnStop, want)
 		}
 	}

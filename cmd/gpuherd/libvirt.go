@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"log/syslog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,7 +155,17 @@ defaults); --socket or GPUHERD_SOCKET override the socket.`,
 }
 
 func runHook(cmd *cobra.Command, g *globals, configPath string, args []string) error {
-	log := slog.New(slog.NewTextHandler(g.stderr, nil))
+	logOut := g.stderr
+	if g.stderr == os.Stderr {
+		// libvirt shows a hook's stderr only when it fails the call: the
+		// problems of calls that must not fail (started, reconnect,
+		// release) go to the system log too.
+		if w, err := syslog.New(syslog.LOG_WARNING|syslog.LOG_DAEMON, "gpuherd-libvirt-hook"); err == nil {
+			defer w.Close()
+			logOut = io.MultiWriter(g.stderr, w)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(logOut, nil))
 	cfg := agent.DefaultConfig()
 	if err := agent.LoadConfigFile(configPath, &cfg); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		log.Warn("libvirt hook: using the default settings", "err", err)

@@ -74,7 +74,13 @@ func writeHookConfig(t *testing.T, cfg agent.Config) string {
 // the recorded XML of the domain on stdin.
 func (e *hookEnv) hook(xmlFile, name, op, sub string) result {
 	e.t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", "libvirt-hook", xmlFile))
+	return e.hookFile(filepath.Join("testdata", "libvirt-hook", xmlFile), name, op, sub)
+}
+
+// hookFile is hook with the XML from path.
+func (e *hookEnv) hookFile(path, name, op, sub string) result {
+	e.t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -274,5 +280,37 @@ func TestClaimAndGetHandOffFormats(t *testing.T) {
 		if (tc.code >= 0 && r.code != tc.code) || r.code == exitOK || !strings.Contains(r.stderr, tc.msg) || r.stdout != "" {
 			t.Errorf("gpuherd %s: %s; want exit %d, nothing on stdout, %q on stderr", strings.Join(tc.args, " "), r, tc.code, tc.msg)
 		}
+	}
+}
+
+// A claimed GPU passed with managed='yes' is refused: libvirt would rebind
+// it at the domain's stop.
+func TestLibvirtHookRefusesManagedYes(t *testing.T) {
+	e := startHookEnv(t)
+	e.claimVMA()
+	data, err := os.ReadFile(filepath.Join("testdata", "libvirt-hook", "vm-a.prepare.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := strings.Replace(string(data), "managed='no'", "managed='yes'", 1)
+	if yes == string(data) {
+		t.Fatal("the recording has no managed='no' hostdev")
+	}
+	path := filepath.Join(t.TempDir(), "vm-a.managed-yes.xml")
+	if err := os.WriteFile(path, []byte(yes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.wantExit(e.hookFile(abs, "vm-a", "prepare", "begin"), 1, "domain vm-a passes 0000:18:00.0 with managed='yes'")
+	if got, _ := e.get("vm-a"); got.Domain != nil {
+		t.Fatalf("the refused domain marked vm-a: %+v", got.Domain)
+	}
+	// A running domain (reconnect) is never failed, and still marked.
+	e.wantExit(e.hookFile(abs, "vm-a", "reconnect", "begin"), 0, "")
+	if got, _ := e.get("vm-a"); got.Domain == nil || !got.Domain.Started {
+		t.Fatalf("reconnect of a managed='yes' domain left vm-a in use by %+v, want marked running", got.Domain)
 	}
 }
