@@ -65,13 +65,16 @@ func (h *handoffFlags) flags(cmd *cobra.Command) {
 		"-o libvirt, libvirt-domain: the domain's stop releases the claim (gpuherd's libvirt hook)")
 	cmd.Flags().UintVar(&h.guestBus, "guest-bus", handoff.DefaultGuestBus,
 		"-o libvirt, libvirt-domain: guest PCI bus of the first GPU (one bus per GPU)")
-	cmd.Long = strings.TrimSpace(cmd.Long) + `
+	long := strings.TrimSpace(cmd.Long)
+	if long == "" {
+		long = cmd.Short + "."
+	}
+	cmd.Long = long + `
 
 -o libvirt prints gpuherd's <metadata> element and one <hostdev
 managed='no'> per PCI function (each GPU with its audio function on one guest
 slot), -o libvirt-domain a minimal domain holding them, -o qemu QEMU's
 -device arguments. See docs/libvirt.md.`
-	cmd.Long = strings.TrimLeft(cmd.Long, "\n")
 }
 
 func (h handoffFlags) options() handoff.Options {
