@@ -53,7 +53,7 @@ func ParseDomain(data []byte) (Guest, error) {
 			}
 			addr, ok := formatPCI(h.SubsysPCI.Source.Address)
 			if !ok {
-				return Guest{}, fmt.Errorf("domain %s: a PCI hostdev without a full source address (domain, bus, slot, function)", d.Name)
+				return Guest{}, fmt.Errorf("domain %s: a PCI hostdev without a full, valid source address (domain, bus, slot, function)", d.Name)
 			}
 			if !slices.Contains(g.PCI, addr) {
 				g.PCI = append(g.PCI, addr)

@@ -225,7 +225,8 @@ func parsePCI(addr string) (*libvirtxml.DomainAddressPCI, error) {
 
 // formatPCI writes libvirt's address as sysfs names the device.
 func formatPCI(a *libvirtxml.DomainAddressPCI) (string, bool) {
-	if a == nil || a.Domain == nil || a.Bus == nil || a.Slot == nil || a.Function == nil {
+	if a == nil || a.Domain == nil || a.Bus == nil || a.Slot == nil || a.Function == nil ||
+		*a.Domain > 0xffff || *a.Bus > 0xff || *a.Slot > 0x1f || *a.Function > 7 {
 		return "", false
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", *a.Domain, *a.Bus, *a.Slot, *a.Function), true

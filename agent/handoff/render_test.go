@@ -113,7 +113,7 @@ func TestParseDomain(t *testing.T) {
 			Guest{Name: "v"}, ""},
 		{"PCI hostdev without a full address",
 			`<domain type='kvm'><name>v</name><devices><hostdev mode='subsystem' type='pci'><source><address bus='0x41' slot='0' function='0'/></source></hostdev></devices></domain>`,
-			Guest{}, "without a full source address"},
+			Guest{}, "without a full, valid source address"},
 		{"not XML", `<domain`, Guest{}, "domain XML"},
 	}
 	for _, tt := range tests {
