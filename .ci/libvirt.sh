@@ -163,33 +163,32 @@ start_libvirtd
 # domain NAME CLAIM|- RELEASE(yes|no) GPUS(yes|no): a TCG q35 guest, 64 MiB,
 # no disk; built from gpuherd's own -o libvirt-domain of vm-a.
 domain() {
-	local name=$1 claim=$2 release=$3 gpus=$4
-	NAME=$name CLAIM=$claim GPUS=$gpus python3 -c '
-import os, re, sys
-s = sys.stdin.read()
-s = s.replace("<domain type=\"kvm\">", "<domain type=\"qemu\">")
-s = re.sub(r"<memory unit=\"GiB\">\d+</memory>", "<memory unit=\"MiB\">64</memory>", s)
-s = re.sub(r"<vcpu>\d+</vcpu>", "<vcpu>1</vcpu>", s)
-s = s.replace("<cpu mode=\"host-passthrough\"></cpu>", "")
-s = s.replace("<name>vm-a</name>", "<name>%s</name>" % os.environ["NAME"])
-if os.environ["CLAIM"] == "-":
-    s = re.sub(r"<metadata>.*?</metadata>", "", s, flags=re.S)
-else:
-    s = s.replace("id=\"vm-a\"", "id=\"%s\"" % os.environ["CLAIM"])
-if os.environ["GPUS"] == "no":
-    s = re.sub(r"\s*<hostdev.*</hostdev>", "", s, flags=re.S)
-sys.stdout.write(s)' <"$work/vm-a.release-$release.xml" >"$work/$name.xml"
+	local name=$1 claim=$2 release=$3 gpus=$4 edits=()
+	edits=(-e 's#<domain type="kvm">#<domain type="qemu">#'
+		-e 's#<memory unit="GiB">[0-9]*</memory>#<memory unit="MiB">64</memory>#'
+		-e 's#<vcpu>[0-9]*</vcpu>#<vcpu>1</vcpu>#'
+		-e '/<cpu mode="host-passthrough">/d'
+		-e "s#<name>vm-a</name>#<name>$name</name>#")
+	if [ "$claim" = - ]; then
+		edits+=(-e '/<metadata>/d')
+	else
+		edits+=(-e "s#id=\"vm-a\"#id=\"$claim\"#")
+	fi
+	[ "$gpus" = no ] && edits+=(-e '/<hostdev/,/<\/hostdev>/d')
+	sed "${edits[@]}" "$work/vm-a.release-$release.xml" >"$work/$name.xml"
 	virsh define "$work/$name.xml" >/dev/null
 }
 held_by() { # the domain vm-a is in use by, "none", or "gone" when vm-a is not held
 	local out
-	out=$("$bin" get vm-a -o json) || { echo gone; return; }
-	python3 -c 'import json,sys; d=json.load(sys.stdin).get("domain"); print(d["name"] if d else "none")' <<<"$out"
+	out=$("$bin" get vm-a) || { echo gone; return; }
+	out=$(sed -n 's/^In use by libvirt domain \([^ ]*\) .*/\1/p' <<<"$out")
+	echo "${out:-none}"
 }
 
 step "claim vm-a on the simulated server"
 "$bin" claim vm-a --gpu L40S
-gpu=$("$bin" get vm-a -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["gpus"][0]["pci_address"])')
+gpu=$("$bin" get vm-a | awk 'NR == 3 { print $1 }')
+[[ "$gpu" =~ ^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.0$ ]] || fail "no GPU address in gpuherd get vm-a: '$gpu'"
 audio=${gpu%.0}.1
 # What domain() builds on, made while the agent runs.
 "$bin" get vm-a -o libvirt-domain >"$work/vm-a.release-no.xml"
