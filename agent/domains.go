@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -15,9 +14,11 @@ import (
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
-// The libvirt hook's side of the agent: a domain may start only on GPUs its
+// The libvirt hook's side of the owner: a domain may start only on GPUs its
 // claim holds on this server, and the claim remembers which domain runs on
 // it, so that the domain's stop can release it and no other domain's can.
+// The owner decides, as for every claim of its GPUs; the Agent serves it on
+// the local socket only (api.Domains).
 
 var _ api.Domains = (*Agent)(nil)
 
@@ -34,9 +35,9 @@ var bootID = sync.OnceValue(func() string {
 
 // UseClaim checks that a domain may run on claim id's GPUs and, unless
 // req.CheckOnly, marks the claim in use by it (see api.UseRequest).
-func (a *Agent) UseClaim(_ context.Context, id string, req api.UseRequest) (api.Claim, error) {
+func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
-		return api.Claim{}, a.apiError(err)
+		return api.Claim{}, o.apiError(err)
 	}
 	if req.DomainUUID == "" {
 		return api.Claim{}, api.Invalid("domain_uuid", "name the domain by its UUID")
@@ -46,12 +47,12 @@ func (a *Agent) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 			return api.Claim{}, api.Invalid(fmt.Sprintf("pci_addresses[%d]", i), "%v", err)
 		}
 	}
-	named := a.managedAmong(req.PCIAddresses)
-	c, err := a.ledger.Get(id)
+	named := o.managedAmong(req.PCIAddresses)
+	c, err := o.ledger.Get(id)
 	if err != nil || c.State != ledger.StateCommitted {
-		return api.Claim{}, a.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, a.cfg.NodeName))
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, o.cfg.NodeName))
 	}
-	held := a.functionsOf(c.GPUs)
+	held := o.functionsOf(c.GPUs)
 	var foreign []string
 	for _, addr := range named {
 		if !held[addr] {
@@ -59,16 +60,16 @@ func (a *Agent) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 		}
 	}
 	if len(foreign) > 0 {
-		return api.Claim{}, a.notClaimed(id, foreign, fmt.Sprintf("claim %s holds %s on %s", id, strings.Join(c.GPUs, ", "), a.cfg.NodeName))
+		return api.Claim{}, o.notClaimed(id, foreign, fmt.Sprintf("claim %s holds %s on %s", id, strings.Join(c.GPUs, ", "), o.cfg.NodeName))
 	}
 
 	// Under the device locks no bind or release of these GPUs runs, so the
 	// drivers read here are the ones the VM will find.
-	unlock := a.locks.lock(c.GPUs...)
+	unlock := o.locks.lock(c.GPUs...)
 	defer unlock()
 	var unbound, drivers []string
 	for _, addr := range named {
-		d, err := a.pci.Device(addr)
+		d, err := o.pci.Device(addr)
 		if err == nil && d.Driver == vfio.DriverVFIO {
 			continue
 		}
@@ -81,79 +82,79 @@ func (a *Agent) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 		}
 	}
 	if len(unbound) > 0 {
-		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeNotBound, PCIAddresses: unbound,
+		return api.Claim{}, &api.Error{Code: api.CodeNotBound, PCIAddresses: unbound,
 			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; see `gpuherd status` and the agent's log", id, strings.Join(drivers, ", "))}
 	}
 	if req.CheckOnly {
-		return a.claimView(c), nil
+		return o.claimView(c), nil
 	}
 	use := ledger.Use{Domain: req.DomainUUID, Name: req.DomainName, BootID: bootID(), Started: req.Started}
-	marked, err := a.ledger.MarkUse(id, c.GPUs, use, a.now())
+	marked, err := o.ledger.MarkUse(id, c.GPUs, use, o.now())
 	var inUse *ledger.InUseError
 	switch {
 	case errors.As(err, &inUse):
-		return api.Claim{}, &api.Error{Status: http.StatusConflict, Code: api.CodeInUse,
+		return api.Claim{}, &api.Error{Code: api.CodeInUse,
 			Message: fmt.Sprintf("claim %s is in use by domain %s (%s) since %s; one domain runs on a claim at a time: stop that one first",
 				id, orNone(inUse.Use.Name), inUse.Use.Domain, inUse.Use.Since.Format("2006-01-02 15:04:05Z07:00"))}
 	case errors.Is(err, ledger.ErrNotFound):
-		return api.Claim{}, a.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id))
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id))
 	case err != nil:
-		return api.Claim{}, a.apiError(err)
+		return api.Claim{}, o.apiError(err)
 	}
 	if marked.Use != c.Use {
-		a.log.Info("claim in use by domain", "claim", id, "domain", req.DomainName, "domain_uuid", req.DomainUUID, "started", marked.Use.Started)
+		o.log.Info("claim in use by domain", "claim", id, "domain", req.DomainName, "domain_uuid", req.DomainUUID, "started", marked.Use.Started)
 	}
-	return a.claimView(marked), nil
+	return o.claimView(marked), nil
 }
 
 // EndUse ends a domain's use of claim id; with release, the claim is
 // released too, if that domain had marked it and started.
-func (a *Agent) EndUse(ctx context.Context, id, domainUUID string, release bool) (api.UseEnd, error) {
+func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool) (api.UseEnd, error) {
 	if err := ledger.ValidateID(id); err != nil {
-		return api.UseEnd{}, a.apiError(err)
+		return api.UseEnd{}, o.apiError(err)
 	}
-	c, released, err := a.ledger.EndUse(id, domainUUID, release, a.now())
+	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.now())
 	switch {
 	case errors.Is(err, ledger.ErrNotMarked):
-		a.log.Info("domain stopped without using the claim; nothing changed", "claim", id, "domain_uuid", domainUUID)
-		return api.UseEnd{Claim: a.claimView(c), Reason: fmt.Sprintf("claim %s is not in use by domain %s: nothing released", id, domainUUID)}, nil
+		o.log.Info("domain stopped without using the claim; nothing changed", "claim", id, "domain_uuid", domainUUID)
+		return api.UseEnd{Claim: o.claimView(c), Reason: fmt.Sprintf("claim %s is not in use by domain %s: nothing released", id, domainUUID)}, nil
 	case err != nil:
-		return api.UseEnd{}, a.apiError(err)
+		return api.UseEnd{}, o.apiError(err)
 	}
 	if !released {
 		reason := ""
 		if release {
 			reason = fmt.Sprintf("domain %s never started on claim %s: nothing released", domainUUID, id)
 		}
-		a.log.Info("domain stopped; claim kept", "claim", id, "domain_uuid", domainUUID, "release_asked", release)
-		return api.UseEnd{Claim: a.claimView(c), Reason: reason}, nil
+		o.log.Info("domain stopped; claim kept", "claim", id, "domain_uuid", domainUUID, "release_asked", release)
+		return api.UseEnd{Claim: o.claimView(c), Reason: reason}, nil
 	}
-	a.rec.Reservation("released")
-	a.dirNote(id, api.DirOpGone)
-	a.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
-	unlock := a.locks.lock(c.GPUs...)
-	a.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
+	o.rec.Reservation(ReservationReleased)
+	o.dirNote(id, api.DirOpGone)
+	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
+	unlock := o.locks.lock(c.GPUs...)
+	o.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
 	unlock()
-	a.changed()
-	return api.UseEnd{Claim: a.claimView(c), Released: true}, nil
+	o.changed()
+	return api.UseEnd{Claim: o.claimView(c), Released: true}, nil
 }
 
 // notClaimed is the refusal a VM start shows.
-func (a *Agent) notClaimed(id string, addrs []string, why string) error {
+func (o *owner) notClaimed(id string, addrs []string, why string) error {
 	msg := fmt.Sprintf("claim %s: %s", id, why)
 	if len(addrs) > 0 {
 		msg = api.NotClaimedMessage(id, addrs) + " (" + why + ")"
 	}
-	return &api.Error{Status: http.StatusConflict, Code: api.CodeNotClaimed, Message: msg, PCIAddresses: addrs}
+	return &api.Error{Code: api.CodeNotClaimed, Message: msg, PCIAddresses: addrs}
 }
 
 // managedAmong keeps the addresses that are this server's GPUs or their
 // companion functions, sorted.
-func (a *Agent) managedAmong(addrs []string) []string {
-	a.mu.RLock()
-	all := slices.Clone(a.order)
-	a.mu.RUnlock()
-	ours := a.functionsOf(all)
+func (o *owner) managedAmong(addrs []string) []string {
+	o.mu.RLock()
+	all := slices.Clone(o.order)
+	o.mu.RUnlock()
+	ours := o.functionsOf(all)
 	var out []string
 	for _, addr := range addrs {
 		if ours[addr] && !slices.Contains(out, addr) {
@@ -165,11 +166,11 @@ func (a *Agent) managedAmong(addrs []string) []string {
 }
 
 // functionsOf is the GPUs at gpus with their companion functions.
-func (a *Agent) functionsOf(gpus []string) map[string]bool {
+func (o *owner) functionsOf(gpus []string) map[string]bool {
 	out := map[string]bool{}
 	for _, addr := range gpus {
 		out[addr] = true
-		if g, ok := a.gpu(addr); ok {
+		if g, ok := o.gpu(addr); ok {
 			for _, c := range g.Companions {
 				out[c] = true
 			}
