@@ -23,7 +23,8 @@ NFPM          ?= $(GO) tool nfpm
 # What every package must hold; check-packages fails without it.
 PKG_PATHS_COMMON := /usr/bin/gpuherd /etc/gpuherd/gpuherd.yaml \
 	/etc/modules-load.d/gpuherd-vfio.conf /var/lib/gpuherd \
-	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/cli/gpuherd.txt \
+	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/libvirt.md \
+	/usr/share/doc/gpuherd/cli/gpuherd.txt /etc/libvirt/hooks/qemu.d/50-gpuherd \
 	/usr/share/doc/gpuherd/cli/gpuherd-agent.txt \
 	/usr/share/bash-completion/completions/gpuherd \
 	/usr/share/gpuherd/grafana/gpuherd-dashboard.json \
@@ -74,7 +75,7 @@ check-packages:
 		for p in $(PKG_PATHS_deb); do echo "$$list" | grep -qx "$$p" || { echo "MISSING in $$deb: $$p" >&2; n=$$((n+1)); }; done; \
 		ctl=$$(mktemp -d); dpkg-deb -e $$deb $$ctl; \
 		for s in postinst prerm postrm; do test -x $$ctl/$$s || { echo "MISSING in $$deb: $$s" >&2; n=$$((n+1)); }; done; \
-		grep -qx /etc/gpuherd/gpuherd.yaml $$ctl/conffiles || { echo "NOT A CONFFILE in $$deb: /etc/gpuherd/gpuherd.yaml" >&2; n=$$((n+1)); }; \
+		for c in /etc/gpuherd/gpuherd.yaml /etc/libvirt/hooks/qemu.d/50-gpuherd; do grep -qx $$c $$ctl/conffiles || { echo "NOT A CONFFILE in $$deb: $$c" >&2; n=$$((n+1)); }; done; \
 		rm -rf $$ctl; \
 		rpmarch=$$(case $$arch in amd64) echo x86_64;; arm64) echo aarch64;; esac); \
 		rpm=$$(ls $(DIST)/gpuherd-*.$$rpmarch.rpm); \

@@ -24,6 +24,7 @@ targets=(
 	"./vfio FuzzCleanName"            # sysfs names
 	"./vfio FuzzKernelFS"             # the fake kernel's file system
 	"./agent/inventory FuzzMatch"     # the model-name matcher
+	"./agent/handoff FuzzParseDomain" # domain XML libvirt hands the hook
 )
 
 only=" $* "

@@ -32,7 +32,7 @@ apt-get install -y -qq --no-install-recommends \
 	rpm systemd prometheus shellcheck binutils >/dev/null
 
 step "maintainer scripts (shellcheck)"
-shellcheck -s sh packaging/scripts/deb/* packaging/scripts/rpm/*
+shellcheck -s sh packaging/scripts/deb/* packaging/scripts/rpm/* packaging/libvirt-hook
 
 step "unit file (systemd-analyze verify)"
 # verify wants ExecStart's binary to exist: check a copy of the unit that
@@ -70,6 +70,12 @@ dpkg -i "$deb"
 [ -f /lib/systemd/system/gpuherd.service ] || fail "no unit file"
 [ "$(stat -c %a /var/lib/gpuherd)" = 700 ] || fail "/var/lib/gpuherd is not 0700"
 grep -qx vfio-pci /etc/modules-load.d/gpuherd-vfio.conf || fail "modules-load.d does not load vfio-pci"
+hook=/etc/libvirt/hooks/qemu.d/50-gpuherd
+[ "$(stat -c %a "$hook")" = 755 ] || fail "$hook is not an executable 0755"
+# The installed hook runs gpuherd: a domain that is not gpuherd's passes
+# without an agent.
+echo "<domain type='kvm'><name>plain</name><uuid>00000000-0000-0000-0000-000000000001</uuid></domain>" |
+	"$hook" plain prepare begin - || fail "$hook refused a domain without GPUs"
 # The installed unit itself verifies too.
 systemd-analyze verify /lib/systemd/system/gpuherd.service
 
@@ -97,8 +103,12 @@ dpkg -r gpuherd
 [ ! -e /lib/systemd/system/gpuherd.service ] || fail "unit left after remove"
 [ -f /etc/gpuherd/gpuherd.yaml ] || fail "remove deleted the config (only purge may)"
 [ -f /var/lib/gpuherd/ledger.db ] || fail "remove deleted the ledger (only purge may)"
+# The hook is a conffile, kept until purge: without the binary it must let
+# every domain start, or removing gpuherd would stop a hypervisor's VMs.
+echo "<domain type='kvm'><name>vm-1</name><metadata><g:claim xmlns:g='https://github.com/gpuherd/gpuherd/xmlns/libvirt/1' id='vm-1'/></metadata></domain>" |
+	"$hook" vm-1 prepare begin - || fail "$hook refuses domains after gpuherd was removed"
 dpkg -P gpuherd
-for p in /etc/gpuherd /var/lib/gpuherd /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd; do
+for p in /etc/gpuherd /var/lib/gpuherd /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd "$hook"; do
 	[ ! -e "$p" ] || fail "$p left after purge"
 done
 if dpkg -s gpuherd >/dev/null 2>&1; then fail "dpkg still knows gpuherd after purge"; fi

@@ -127,7 +127,13 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 		if g.IOMMUGroup >= 0 {
 			cg.VFIODevice = fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)
 		}
+		for _, f := range g.Companions {
+			cg.Companions = append(cg.Companions, api.PCIFunction{PCIAddress: f})
+		}
 		v.GPUs = append(v.GPUs, cg)
+	}
+	if u := c.Use; u.Domain != "" {
+		v.Domain = &api.DomainUse{UUID: u.Domain, Name: u.Name, Started: u.Started, Since: u.Since}
 	}
 	return v
 }

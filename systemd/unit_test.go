@@ -127,6 +127,20 @@ func TestUnitFileMustHaves(t *testing.T) {
 		!slices.Contains(u.words("Unit", "Wants"), "network-online.target") {
 		t.Error("the unit must want and come after network-online.target: gossip needs an address")
 	}
+	// The libvirt hook asks the agent before every VM start, autostarted
+	// ones included; Before= only orders (libvirt starts without gpuherd),
+	// Requires= or Wants= on libvirt would pull it onto hosts without it.
+	before := u.words("Unit", "Before")
+	for _, svc := range []string{"libvirtd.service", "virtqemud.service", "libvirt-guests.service"} {
+		if !slices.Contains(before, svc) {
+			t.Errorf("[Unit] Before = %v lacks %s: VMs that autostart would not find their GPUs bound and claims known", before, svc)
+		}
+		for _, dep := range []string{"Wants", "Requires", "Requisite", "BindsTo", "After"} {
+			if slices.Contains(u.words("Unit", dep), svc) {
+				t.Errorf("[Unit] %s names %s: gpuherd orders itself before libvirt and must not pull it in", dep, svc)
+			}
+		}
+	}
 }
 
 func TestUnitFileMustNotHaves(t *testing.T) {

@@ -36,9 +36,13 @@ type Service interface {
 // MaxBodyBytes bounds every request body; a claim is a few hundred bytes.
 const MaxBodyBytes = 64 << 10
 
-// NewHandler routes the API to svc: what the local socket serves.
+// NewHandler routes the API to svc: what the local socket serves, with the
+// libvirt hook's calls when svc implements Domains.
 func NewHandler(svc Service, log *slog.Logger) http.Handler {
 	mux, _ := newMux(svc, log)
+	if d, ok := svc.(Domains); ok {
+		domainRoutes(d, mux, log)
+	}
 	return mux
 }
 

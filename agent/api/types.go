@@ -75,6 +75,14 @@ type ClaimGPU struct {
 	Model      string `json:"model"`
 	IOMMUGroup int    `json:"iommu_group"`
 	VFIODevice string `json:"vfio_device"`
+	// Companions are the card's other functions in its IOMMU group (HD
+	// audio, USB-C), on vfio-pci with it: a VM gets them on the GPU's slot.
+	Companions []PCIFunction `json:"companions,omitempty"`
+}
+
+// PCIFunction is one PCI function of the host.
+type PCIFunction struct {
+	PCIAddress string `json:"pci_address"`
 }
 
 // Claim is a VM's (or node's) GPUs on one server.
@@ -88,6 +96,39 @@ type Claim struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
 	CommittedAt time.Time         `json:"committed_at,omitzero"`
+	// Domain is the VM that runs on the claim, as the libvirt hook
+	// reported it; absent when none does.
+	Domain *DomainUse `json:"domain,omitempty"`
+}
+
+// DomainUse is the libvirt domain running on a claim.
+type DomainUse struct {
+	UUID    string    `json:"uuid"`
+	Name    string    `json:"name,omitempty"`
+	Started bool      `json:"started"`
+	Since   time.Time `json:"since"`
+}
+
+// UseRequest is the libvirt hook asking whether a domain may run on claim
+// ID's GPUs, and marking the claim in use by it when it may: every
+// address of PCIAddresses that is one of this server's GPUs or their
+// companion functions must belong to the claim, which must be committed on
+// this server, with each GPU on vfio-pci.
+type UseRequest struct {
+	DomainUUID   string   `json:"domain_uuid"`
+	DomainName   string   `json:"domain_name,omitempty"`
+	PCIAddresses []string `json:"pci_addresses,omitempty"`
+	// CheckOnly checks without marking (an incoming migration, a restore).
+	CheckOnly bool `json:"check_only,omitempty"`
+	// Started: the domain is running (libvirt's started and reconnect).
+	Started bool `json:"started,omitempty"`
+}
+
+// UseEnd is what ending a domain's use of a claim did.
+type UseEnd struct {
+	Claim    Claim  `json:"claim"`
+	Released bool   `json:"released"`
+	Reason   string `json:"reason,omitempty"` // why nothing was released
 }
 
 // ModelAvailability is one model of the platform.
@@ -149,6 +190,9 @@ const (
 	CodeBindFailed   = "bind_failed"     // 500: a GPU could not be moved to vfio-pci
 	CodeInternal     = "internal"        // 500
 	CodeUnavailable  = "unavailable"     // 503: the agent cannot serve this now
+	CodeNotClaimed   = "not_claimed"     // 409: a domain names GPUs its claim does not hold; PCIAddresses lists them
+	CodeInUse        = "in_use"          // 409: the claim is in use by another VM
+	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
 )
 
 // Error is the body of every non-2xx answer.
@@ -161,6 +205,8 @@ type Error struct {
 	KnownModels []string `json:"known_models,omitempty"`
 	// Alternatives: what would fit on one server now, when Missing could not.
 	Alternatives []Alternative `json:"alternatives,omitempty"`
+	// PCIAddresses: the functions a not_claimed or not_bound error is about.
+	PCIAddresses []string `json:"pci_addresses,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -175,6 +221,12 @@ type ErrorBody struct {
 // "The following GPUs are not available: 2x NVIDIA H100 80GB".
 func NotAvailableMessage(missing []Item) string {
 	return "The following GPUs are not available: " + DescribeItems(missing)
+}
+
+// NotClaimedMessage is the sentence a VM start refused by the libvirt hook
+// shows: "The following GPUs are not claimed by vm-b: 0000:41:00.0".
+func NotClaimedMessage(id string, addrs []string) string {
+	return fmt.Sprintf("The following GPUs are not claimed by %s: %s", id, strings.Join(addrs, ", "))
 }
 
 // DescribeItems writes items as people read them: "2x NVIDIA H100 80GB, 1x NVIDIA L40S".

@@ -34,6 +34,9 @@ type Claim struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	ExpiresAt   time.Time         `json:"expires_at,omitzero"` // reservations only
 	CommittedAt time.Time         `json:"committed_at,omitzero"`
+	// Use is the VM running on the claim (MarkUse); zero when none. Files
+	// written before it existed have none.
+	Use Use `json:"use,omitzero"`
 }
 
 // GPU is what the ledger needs to know about one GPU of this server; the

@@ -67,6 +67,13 @@ func shortTempDir(t *testing.T) string {
 // stops, and its log is shown if the test failed, at cleanup.
 func startAgent(t *testing.T) string {
 	t.Helper()
+	return startAgentWith(t, nil).Socket
+}
+
+// startAgentWith is startAgent with the configuration changed by tune
+// (nil: unchanged); it returns the configuration the agent runs with.
+func startAgentWith(t *testing.T, tune func(*agent.Config), opts ...agent.Option) agent.Config {
+	t.Helper()
 	dir := shortTempDir(t)
 	cfg := agent.DefaultConfig()
 	cfg.Simulate = "dgx-h100"
@@ -74,6 +81,9 @@ func startAgent(t *testing.T) string {
 	cfg.Socket = filepath.Join(dir, "api.sock")
 	cfg.IdleDriver = "nvidia"
 	cfg.NodeName = "test"
+	if tune != nil {
+		tune(&cfg)
+	}
 	logs := &lockedBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -82,7 +92,7 @@ func startAgent(t *testing.T) string {
 	})
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	a, err := agent.New(context.Background(), cfg, log)
+	a, err := agent.New(context.Background(), cfg, log, opts...)
 	if err != nil {
 		t.Fatalf("agent.New: %v", err)
 	}
@@ -107,7 +117,7 @@ func startAgent(t *testing.T) string {
 	case <-time.After(startTimeout):
 		t.Fatalf("agent not ready within %s", startTimeout)
 	}
-	return cfg.Socket
+	return cfg
 }
 
 // result is what one command line did.

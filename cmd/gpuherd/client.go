@@ -136,6 +136,7 @@ func newClaimCmd(g *globals) *cobra.Command {
 	var (
 		gpus, labels []string
 		prefer       string
+		ho           handoffFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
@@ -152,10 +153,10 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 				return err
 			}
 			req.PreferNode = prefer
-			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Claim(ctx, args[0], req) },
-				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
+			return callClaim(g, cmd, ho, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Claim(ctx, args[0], req) })
 		},
 	}
+	ho.flags(cmd)
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
 	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (a VM restarting on its old server)")
@@ -218,6 +219,13 @@ func printClaim(w io.Writer, cl api.Claim) {
 	for _, gp := range cl.GPUs {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, intOrDash(gp.IOMMUGroup), dash(gp.VFIODevice))
 	}
+	if d := cl.Domain; d != nil {
+		state := "starting"
+		if d.Started {
+			state = "running"
+		}
+		fmt.Fprintf(w, "In use by libvirt domain %s (%s), %s since %s\n", dash(d.Name), d.UUID, state, d.Since.Format(time.RFC3339))
+	}
 }
 
 func newReleaseCmd(g *globals) *cobra.Command {
@@ -235,15 +243,17 @@ func newReleaseCmd(g *globals) *cobra.Command {
 }
 
 func newGetCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var ho handoffFlags
+	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "Show one claim",
 		Args:  exactArgs(1, "one claim ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Get(ctx, args[0]) },
-				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
+			return callClaim(g, cmd, ho, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Get(ctx, args[0]) })
 		},
 	}
+	ho.flags(cmd)
+	return cmd
 }
 
 func newClaimsCmd(g *globals) *cobra.Command {

@@ -41,7 +41,15 @@ func usagef(format string, args ...any) error {
 
 // run executes one command line and returns its exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runInput(ctx, args, nil, stdout, stderr)
+}
+
+// runInput is run with stdin (nil: the process's own).
+func runInput(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRoot(stdout, stderr)
+	if stdin != nil {
+		root.SetIn(stdin)
+	}
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -102,12 +110,9 @@ it through its unix socket.`,
 		socket = defaultSocket
 	}
 	root.PersistentFlags().StringVar(&g.socket, "socket", socket, "the agent's unix socket (env GPUHERD_SOCKET)")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json (claim and get: also libvirt, libvirt-domain, qemu)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		if g.output != "table" && g.output != "json" {
-			return usagef("--output %q: use table or json", g.output)
-		}
-		return nil
+		return checkOutput(cmd, g.output)
 	}
 	root.AddCommand(
 		newAgentCmd(g),
@@ -127,6 +132,7 @@ it through its unix socket.`,
 		newGossipCmd(g),
 		newTLSCmd(g),
 		newLedgerCmd(g),
+		newLibvirtHookCmd(g),
 	)
 	return root
 }

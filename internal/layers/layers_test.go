@@ -32,6 +32,7 @@ var layers = [][]string{
 	{"agent/ledger"},                              // state: the owner's claims
 	{"gossip/gossiptest", "agent/claimtest"},      // the in-memory networks for tests
 	{"gossip", "agent/pki", "metrics", "systemd"}, // cluster view, certificates, exposition, init
+	{"agent/handoff"},                             // a claim as a hypervisor takes it; the libvirt hook
 	{"agent/names"},                               // cluster: the name registry (raft)
 	{"agent"},                                     // the protocol and the wiring
 	{"cmd/gpuherd"},                               // the binary

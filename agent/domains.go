@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// The libvirt hook's side of the owner: a domain may start only on GPUs its
+// claim holds on this server, and the claim remembers which domain runs on
+// it, so that the domain's stop can release it and no other domain's can.
+// The owner decides, as for every claim of its GPUs; the Agent serves it on
+// the local socket only (api.Domains).
+
+var _ api.Domains = (*Agent)(nil)
+
+// bootID names this boot of the host: a use recorded in another boot is
+// stale, as no VM outlives a reboot. "" when it cannot be read (then uses
+// never go stale by themselves).
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+})
+
+// UseClaim checks that a domain may run on claim id's GPUs and, unless
+// req.CheckOnly, marks the claim in use by it (see api.UseRequest).
+func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.Claim, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.Claim{}, o.apiError(err)
+	}
+	if req.DomainUUID == "" {
+		return api.Claim{}, api.Invalid("domain_uuid", "name the domain by its UUID")
+	}
+	for i, addr := range req.PCIAddresses {
+		if err := vfio.ValidateAddress(addr); err != nil {
+			return api.Claim{}, api.Invalid(fmt.Sprintf("pci_addresses[%d]", i), "%v", err)
+		}
+	}
+	named := o.managedAmong(req.PCIAddresses)
+	c, err := o.ledger.Get(id)
+	if err != nil || c.State != ledger.StateCommitted {
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, o.cfg.NodeName))
+	}
+	held := o.functionsOf(c.GPUs)
+	var foreign []string
+	for _, addr := range named {
+		if !held[addr] {
+			foreign = append(foreign, addr)
+		}
+	}
+	if len(foreign) > 0 {
+		return api.Claim{}, o.notClaimed(id, foreign, fmt.Sprintf("claim %s holds %s on %s", id, strings.Join(c.GPUs, ", "), o.cfg.NodeName))
+	}
+
+	// Under the device locks no bind or release of these GPUs runs, so the
+	// drivers read here are the ones the VM will find.
+	unlock := o.locks.lock(c.GPUs...)
+	defer unlock()
+	var unbound, drivers []string
+	for _, addr := range named {
+		d, err := o.pci.Device(addr)
+		if err == nil && d.Driver == vfio.DriverVFIO {
+			continue
+		}
+		unbound = append(unbound, addr)
+		switch {
+		case err != nil:
+			drivers = append(drivers, fmt.Sprintf("%s unreadable (%v)", addr, err))
+		default:
+			drivers = append(drivers, addr+" on "+orNone(d.Driver))
+		}
+	}
+	if len(unbound) > 0 {
+		return api.Claim{}, &api.Error{Code: api.CodeNotBound, PCIAddresses: unbound,
+			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; see `gpuherd status` and the agent's log", id, strings.Join(drivers, ", "))}
+	}
+	if req.CheckOnly {
+		return o.claimView(c), nil
+	}
+	use := ledger.Use{Domain: req.DomainUUID, Name: req.DomainName, BootID: bootID(), Started: req.Started}
+	marked, err := o.ledger.MarkUse(id, c.GPUs, use, o.now())
+	var inUse *ledger.InUseError
+	switch {
+	case errors.As(err, &inUse):
+		return api.Claim{}, &api.Error{Code: api.CodeInUse,
+			Message: fmt.Sprintf("claim %s is in use by domain %s (%s) since %s; one domain runs on a claim at a time: stop that one first",
+				id, orNone(inUse.Use.Name), inUse.Use.Domain, inUse.Use.Since.Format("2006-01-02 15:04:05Z07:00"))}
+	case errors.Is(err, ledger.ErrNotFound):
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id))
+	case err != nil:
+		return api.Claim{}, o.apiError(err)
+	}
+	if marked.Use != c.Use {
+		o.log.Info("claim in use by domain", "claim", id, "domain", req.DomainName, "domain_uuid", req.DomainUUID, "started", marked.Use.Started)
+	}
+	return o.claimView(marked), nil
+}
+
+// EndUse ends a domain's use of claim id; with release, the claim is
+// released too, if that domain had marked it and started.
+func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool) (api.UseEnd, error) {
+	if err := ledger.ValidateID(id); err != nil {
+		return api.UseEnd{}, o.apiError(err)
+	}
+	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.now())
+	switch {
+	case errors.Is(err, ledger.ErrNotMarked):
+		o.log.Info("domain stopped without using the claim; nothing changed", "claim", id, "domain_uuid", domainUUID)
+		return api.UseEnd{Claim: o.claimView(c), Reason: fmt.Sprintf("claim %s is not in use by domain %s: nothing released", id, domainUUID)}, nil
+	case err != nil:
+		return api.UseEnd{}, o.apiError(err)
+	}
+	if !released {
+		reason := ""
+		if release {
+			reason = fmt.Sprintf("domain %s never started on claim %s: nothing released", domainUUID, id)
+		}
+		o.log.Info("domain stopped; claim kept", "claim", id, "domain_uuid", domainUUID, "release_asked", release)
+		return api.UseEnd{Claim: o.claimView(c), Reason: reason}, nil
+	}
+	o.rec.Reservation(ReservationReleased)
+	o.dirNote(id, api.DirOpGone)
+	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
+	unlock := o.locks.lock(c.GPUs...)
+	o.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
+	unlock()
+	o.changed()
+	return api.UseEnd{Claim: o.claimView(c), Released: true}, nil
+}
+
+// notClaimed is the refusal a VM start shows.
+func (o *owner) notClaimed(id string, addrs []string, why string) error {
+	msg := fmt.Sprintf("claim %s: %s", id, why)
+	if len(addrs) > 0 {
+		msg = api.NotClaimedMessage(id, addrs) + " (" + why + ")"
+	}
+	return &api.Error{Code: api.CodeNotClaimed, Message: msg, PCIAddresses: addrs}
+}
+
+// managedAmong keeps the addresses that are this server's GPUs or their
+// companion functions, sorted.
+func (o *owner) managedAmong(addrs []string) []string {
+	o.mu.RLock()
+	all := slices.Clone(o.order)
+	o.mu.RUnlock()
+	ours := o.functionsOf(all)
+	var out []string
+	for _, addr := range addrs {
+		if ours[addr] && !slices.Contains(out, addr) {
+			out = append(out, addr)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// functionsOf is the GPUs at gpus with their companion functions.
+func (o *owner) functionsOf(gpus []string) map[string]bool {
+	out := map[string]bool{}
+	for _, addr := range gpus {
+		out[addr] = true
+		if g, ok := o.gpu(addr); ok {
+			for _, c := range g.Companions {
+				out[c] = true
+			}
+		}
+	}
+	return out
+}
