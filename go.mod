@@ -19,6 +19,7 @@ require (
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sys v0.49.0
+	libvirt.org/go/libvirtxml v1.12008.0
 	pgregory.net/rapid v1.3.0
 )
 
@@ -103,7 +104,6 @@ require (
 	gopkg.in/warnings.v0 v0.1.2 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	honnef.co/go/tools v0.8.2 // indirect
-	libvirt.org/go/libvirtxml v1.12008.0 // indirect
 )
 
 tool (
