@@ -70,6 +70,8 @@ dpkg -i "$deb"
 [ -f /lib/systemd/system/gpuherd.service ] || fail "no unit file"
 [ "$(stat -c %a /var/lib/gpuherd)" = 700 ] || fail "/var/lib/gpuherd is not 0700"
 grep -qx vfio-pci /etc/modules-load.d/gpuherd-vfio.conf || fail "modules-load.d does not load vfio-pci"
+# README's socket_group: gpuherd must work on a fresh install.
+getent group gpuherd >/dev/null || fail "the package did not create the group gpuherd"
 # The installed unit itself verifies too.
 systemd-analyze verify /lib/systemd/system/gpuherd.service
 
