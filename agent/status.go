@@ -93,14 +93,16 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		Model:       s.GPU.Model,
 		MemoryBytes: g.MemoryBytes,
 		NUMANode:    s.GPU.NUMANode,
-		IOMMUGroup:  g.IOMMUGroup,
-		Driver:      s.driver, // read live: what a VM start will find
-		State:       string(s.Status),
-		Claim:       s.ClaimID,
-		DrainReason: s.DrainReason,
-		UUID:        g.UUID,
-		Companions:  g.Companions,
-		Health:      a.health(s.GPU.Address),
+		// NVMLMemoryBytes: NVML's own figure, apart from the model's.
+		NVMLMemoryBytes: g.NVMLMemoryBytes,
+		IOMMUGroup:      g.IOMMUGroup,
+		Driver:          s.driver, // read live: what a VM start will find
+		State:           string(s.Status),
+		Claim:           s.ClaimID,
+		DrainReason:     s.DrainReason,
+		UUID:            g.UUID,
+		Companions:      g.Companions,
+		Health:          a.health(s.GPU.Address),
 	}
 }
 
