@@ -101,6 +101,8 @@ type Inventory struct {
 	log     *slog.Logger
 	// extraGPUs are vendor:device IDs counted as GPUs (tests only).
 	extraGPUs vfio.AllowList
+	// denied are PCI addresses never offered (deny_devices).
+	denied map[string]bool
 
 	// mu serialises Discover: it reads, merges and writes back the fact
 	// cache, and keeps the log-once state below.
@@ -149,7 +151,7 @@ func (inv *Inventory) Discover() ([]GPU, error) {
 		if d.IOMMUGroup >= 0 {
 			groups[d.IOMMUGroup] = append(groups[d.IOMMUGroup], d)
 		}
-		if inv.isGPU(d) {
+		if inv.isGPU(d) && !inv.denied[d.Address] {
 			gpus = append(gpus, d)
 		}
 	}

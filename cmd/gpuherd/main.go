@@ -127,6 +127,7 @@ it through its unix socket.`,
 		newGossipCmd(g),
 		newTLSCmd(g),
 		newLedgerCmd(g),
+		newConfigCmd(g),
 	)
 	return root
 }
