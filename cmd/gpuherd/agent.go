@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/logging"
 	"github.com/gpuherd/gpuherd/systemd"
 )
 
@@ -169,6 +170,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	go notify.RunWatchdog(runCtx, a.Healthy)
 	go func() {
 		<-ctx.Done()
+		log.Info("gpuherd agent stopping: leaving the cluster, finishing requests in progress", "node", cfg.NodeName)
 		notify.Stopping()
 	}()
 	hup := make(chan os.Signal, 1)
@@ -187,12 +189,18 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 			}
 		}
 	}()
-	return a.Run(runCtx, func() {
+	err = a.Run(runCtx, func() {
 		if err := notify.Ready(); err != nil {
 			log.Warn("systemd: READY=1 not sent", "err", err)
 		}
 		status()
 	})
+	if err != nil {
+		log.Error("gpuherd agent stopped on an error", "node", cfg.NodeName, "err", err)
+		return err
+	}
+	log.Info("gpuherd agent stopped: left the cluster, API closed; claims stay in the ledger", "node", cfg.NodeName)
+	return nil
 }
 
 // reload re-reads what can change without a restart: the log level and the
@@ -218,13 +226,37 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 	}
 }
 
+// newLogger is the agent's logger. Under systemd, with stderr connected to
+// the journal, records go to the journal natively (priorities, one field per
+// attribute, no second timestamp); otherwise text or JSON on w. Either way
+// bursts of identical warnings are rate-limited with a count.
 func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
+	journal := w == io.Writer(os.Stderr) && logging.StderrIsJournal()
 	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+	if journal {
+		// The journal stamps every line itself.
+		opts.ReplaceAttr = func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		}
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	if journal {
+		h = logging.NewJournal(level, h)
+	}
+	return slog.New(logging.NewRateLimit(h, logBurst, logWindow))
 }
+
+// Identical warnings beyond logBurst per logWindow are counted, not logged.
+const (
+	logBurst  = 5
+	logWindow = 10 * time.Second
+)
 
 // offsetClock is the wall clock moved by the duration written in path (none
 // when the file is missing or empty): a clock step, for fault runs.
