@@ -11,7 +11,8 @@ import (
 
 // Status lists this server's GPUs with their state.
 func (a *Agent) Status(context.Context) (api.Status, error) {
-	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{}}
+	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{},
+		Fabric: a.fabric.f.Mode, FabricWarning: a.fabric.f.Warning}
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}

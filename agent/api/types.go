@@ -43,6 +43,10 @@ type Status struct {
 	Node    string `json:"node"`
 	Version string `json:"version"`
 	GPUs    []GPU  `json:"gpus"`
+	// Fabric is the NVSwitch fabric mode (none, shared-nvswitch,
+	// full-passthrough, unknown) and FabricWarning what it cannot serve.
+	Fabric        string `json:"fabric,omitempty"`
+	FabricWarning string `json:"fabric_warning,omitempty"`
 }
 
 // Item is `count` GPUs of one model.

@@ -85,7 +85,10 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.LogLevel, "log-level", d.LogLevel, "debug, info, warn or error")
 	fl.StringVar(&f.LogFormat, "log-format", d.LogFormat, "text or json")
 	fl.StringVar(&f.MetricsAddr, "metrics-addr", d.MetricsAddr, "HOST:PORT of /metrics, /healthz, /readyz (\"\" off)")
+	fl.StringVar(&f.MetricsWebConfig, "web.config.file", "", "exporter-toolkit web configuration (TLS, basic auth) of the metrics listener, as node_exporter's")
 	fl.StringSliceVar(&f.OfferedModels, "offered-models", d.OfferedModels, "models the platform offers (listed even when none is free)")
+	fl.StringSliceVar(&f.DenyDevices, "deny-devices", nil, "PCI addresses gpuherd never manages")
+	fl.StringVar(&f.FabricMode, "fabric-mode", d.FabricMode, "NVSwitch fabric: auto, none, shared-nvswitch or full-passthrough")
 	fl.StringVar(&f.GossipAddr, "gossip-addr", "", "HOST:PORT gossip listens on (\"\": run alone)")
 	fl.StringVar(&f.AdvertiseAddr, "advertise-addr", "", "IP other servers reach this one at (default: found with netlink)")
 	fl.StringVar(&f.AdvertiseInterface, "advertise-interface", "", "interface to take the advertise address from (default: the default route's)")
@@ -123,6 +126,9 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"log-format":          func() { cfg.LogFormat = f.LogFormat },
 		"metrics-addr":        func() { cfg.MetricsAddr = f.MetricsAddr },
 		"offered-models":      func() { cfg.OfferedModels = f.OfferedModels },
+		"web.config.file":     func() { cfg.MetricsWebConfig = f.MetricsWebConfig },
+		"deny-devices":        func() { cfg.DenyDevices = f.DenyDevices },
+		"fabric-mode":         func() { cfg.FabricMode = f.FabricMode },
 		"gossip-addr":         func() { cfg.GossipAddr = f.GossipAddr },
 		"advertise-addr":      func() { cfg.AdvertiseAddr = f.AdvertiseAddr },
 		"advertise-interface": func() { cfg.AdvertiseInterface = f.AdvertiseInterface },

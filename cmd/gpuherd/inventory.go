@@ -28,7 +28,9 @@ type scanReport struct {
 	Config    string    `json:"config,omitempty"` // the configuration whose lists were applied
 	GPUs      []scanGPU `json:"gpus"`
 	// Denied are GPUs on the configuration's deny_devices: never managed.
-	Denied     []string      `json:"denied"`
+	Denied []string `json:"denied"`
+	// Fabric is the NVSwitch fabric mode and how it was found.
+	Fabric     agent.Fabric  `json:"fabric"`
 	NotOffered []vfio.Device `json:"not_offered"` // NVIDIA functions that are never GPUs (NVSwitches, companions)
 }
 
@@ -93,6 +95,11 @@ would manage after an edit; flags given on the command line win.`,
 				return err
 			}
 			rep.SysfsRoot, rep.Config = shown, used
+			devs, err := vfio.New(fs).Devices()
+			if err != nil {
+				return err
+			}
+			rep.Fabric = agent.DetectFabric(devs, cat, cfg.FabricMode)
 			return g.show(rep, func(w *tabwriter.Writer) { printScan(w, rep) })
 		},
 	}
@@ -167,7 +174,12 @@ func printScan(w *tabwriter.Writer, rep scanReport) {
 			viable++
 		}
 	}
-	fmt.Fprintf(w, "%d NVIDIA GPU(s) in %s, %d ready for passthrough\n\n", len(rep.GPUs), rep.SysfsRoot, viable)
+	fmt.Fprintf(w, "%d NVIDIA GPU(s) in %s, %d ready for passthrough\n", len(rep.GPUs), rep.SysfsRoot, viable)
+	fmt.Fprintf(w, "NVSwitch fabric: %s (%s)\n", rep.Fabric.Mode, rep.Fabric.Why)
+	if rep.Fabric.Warning != "" {
+		fmt.Fprintf(w, "  warning: %s\n", rep.Fabric.Warning)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tNUMA\tGROUP\tDRIVER\tPASSTHROUGH")
 	for _, s := range rep.GPUs {
 		verdict := "ready"
