@@ -46,8 +46,8 @@ out=$(systemd-analyze verify "$unitdir/gpuherd.service" 2>&1) || fail "systemd-a
 systemd-analyze security --offline=yes --threshold=40 "$unitdir/gpuherd.service" | tail -1
 
 step "alert rules (promtool)"
-promtool check rules packaging/prometheus/gpuherd-alerts.yml
-(cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml)
+promtool check rules packaging/prometheus/gpuherd-alerts.yml packaging/prometheus/gpuherd-dcgm.rules.yml
+(cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml gpuherd-dcgm.rules_test.yml)
 
 step "packages"
 "${mk[@]}" packages
