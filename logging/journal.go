@@ -149,3 +149,13 @@ func fieldName(key string) string {
 	}
 	return s
 }
+
+// StableValue writes a duration as text ("1.5s") in every format: the JSON
+// handler would write nanoseconds, so the same field would change type
+// between a text and a JSON log, and read as a number nobody can scale.
+func StableValue(a slog.Attr) slog.Attr {
+	if v := a.Value.Resolve(); v.Kind() == slog.KindDuration {
+		return slog.String(a.Key, v.Duration().String())
+	}
+	return a
+}

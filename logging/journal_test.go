@@ -3,6 +3,9 @@ package logging
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"os"
+	"syscall"
 	"log/slog"
 	"strings"
 	"testing"
@@ -66,5 +69,26 @@ func TestFieldName(t *testing.T) {
 		if got := fieldName(in); got != want {
 			t.Errorf("fieldName(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// StderrIsJournal follows JOURNAL_STREAM as systemd sets it: the device and
+// inode of the stream stderr is connected to.
+func TestStderrIsJournal(t *testing.T) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(2, &st); err != nil {
+		t.Skip(err)
+	}
+	t.Setenv("JOURNAL_STREAM", fmt.Sprintf("%d:%d", st.Dev, st.Ino))
+	if !StderrIsJournal() {
+		t.Error("JOURNAL_STREAM names stderr, but StderrIsJournal is false")
+	}
+	t.Setenv("JOURNAL_STREAM", fmt.Sprintf("%d:%d", st.Dev, st.Ino+1))
+	if StderrIsJournal() {
+		t.Error("JOURNAL_STREAM names another stream, but StderrIsJournal is true")
+	}
+	os.Unsetenv("JOURNAL_STREAM")
+	if StderrIsJournal() {
+		t.Error("no JOURNAL_STREAM, but StderrIsJournal is true")
 	}
 }

@@ -238,16 +238,12 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 // bursts of identical warnings are rate-limited with a count.
 func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
 	journal := w == io.Writer(os.Stderr) && logging.StderrIsJournal()
-	opts := &slog.HandlerOptions{Level: level}
-	if journal {
-		// The journal stamps every line itself.
-		opts.ReplaceAttr = func(groups []string, a slog.Attr) slog.Attr {
-			if a.Key == slog.TimeKey && len(groups) == 0 {
-				return slog.Attr{}
-			}
-			return a
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if journal && a.Key == slog.TimeKey && len(groups) == 0 {
+			return slog.Attr{} // the journal stamps every line itself
 		}
-	}
+		return logging.StableValue(a)
+	}}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(w, opts)
