@@ -76,7 +76,7 @@ func TestDocsNameTheDashboardVariables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)gpuherd-dashboard\\.json.{0,300}?are its\\s+variables").Find(doc)
+	m := regexp.MustCompile(`(?s)gpuherd-dashboard\.json.{0,300}?are its\s+variables`).Find(doc)
 	if m == nil {
 		t.Fatal("docs/operations.md no longer names the dashboard's variables")
 	}
