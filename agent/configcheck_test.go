@@ -25,8 +25,8 @@ func TestConfigUnknownKeyNamesTheClosest(t *testing.T) {
 		"unknown key zzz_qqq (line 3)",
 		"unknown key models[0].memory_gig (line 6): did you mean memory_gb?",
 	} {
-		if got := many.Errs[i].Error(); got != "config: "+want {
-			t.Errorf("problem %d: %q, want %q", i, got, "config: "+want)
+		if got := many.Errs[i].Error(); got != want {
+			t.Errorf("problem %d: %q, want %q", i, got, want)
 		}
 	}
 }

@@ -18,7 +18,7 @@ type UnknownKeyError struct {
 }
 
 func (e *UnknownKeyError) Error() string {
-	msg := fmt.Sprintf("config: unknown key %s (line %d)", e.Key, e.Line)
+	msg := fmt.Sprintf("unknown key %s (line %d)", e.Key, e.Line)
 	if e.Suggest != "" {
 		msg += ": did you mean " + e.Suggest + "?"
 	}

@@ -176,7 +176,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	go notify.RunWatchdog(runCtx, a.Healthy)
 	go func() {
 		<-ctx.Done()
-		log.Info("gpuherd agent stopping: leaving the cluster, finishing requests in progress", "node", cfg.NodeName)
+		log.Info("gpuherd agent stopping: finishing requests in progress, leaving gossip if clustered", "node", cfg.NodeName)
 		notify.Stopping()
 	}()
 	hup := make(chan os.Signal, 1)
@@ -205,7 +205,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 		log.Error("gpuherd agent stopped on an error", "node", cfg.NodeName, "err", err)
 		return err
 	}
-	log.Info("gpuherd agent stopped: left the cluster, API closed; claims stay in the ledger", "node", cfg.NodeName)
+	log.Info("gpuherd agent stopped: API closed; claims stay in the ledger", "node", cfg.NodeName)
 	return nil
 }
 
