@@ -73,6 +73,7 @@ type Agent struct {
 	// lns are the sockets bound before any driver moves (listeners.go).
 	lns        *listeners
 	startPhase atomic.Value // string: what start-up is doing
+	started    atomic.Bool  // New has finished: every field is set
 	fabric     fabricState  // the NVSwitch fabric mode (fabric.go)
 
 	mu     sync.RWMutex
@@ -158,7 +159,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.dir = newDirectory(a.now())
-	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))
+	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics
 	}
@@ -234,6 +235,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			return nil, err
 		}
 	}
+	a.started.Store(true)
 	return a, nil
 }
 

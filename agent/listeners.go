@@ -143,6 +143,17 @@ func (a *Agent) phase() string {
 	return phaseChecking
 }
 
+// startedSnapshot is the metrics' view of the agent: while New is still
+// filling the agent in, only the build (and gpuherd_agent_phase, collected
+// apart) is exported; the rest is not there to read yet.
+func (a *Agent) startedSnapshot() metrics.Snapshot {
+	if !a.started.Load() {
+		v := VersionInfo()
+		return metrics.Snapshot{Build: metrics.BuildInfo{Version: v.Version, Revision: v.Commit, GoVersion: v.Go}}
+	}
+	return a.metricsSnapshot()
+}
+
 // phaseCollector exports gpuherd_agent_phase: 1 for the phase the agent is
 // in, 0 for the others, so a long bind at start is visible as such rather
 // than as a dead agent.
@@ -175,6 +186,9 @@ func (c *phaseCollector) Collect(ch chan<- prometheus.Metric) {
 // writes, or gossip has not joined the cluster).
 func (a *Agent) readiness() error {
 	if !a.ready.Load() {
+		if p := a.phase(); p == phaseStopping {
+			return errors.New("stopping: leaving the cluster, finishing requests in progress")
+		}
 		return fmt.Errorf("starting: %s", a.phase())
 	}
 	if a.ledger != nil {
