@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -165,5 +166,29 @@ func TestConfigCheckHost(t *testing.T) {
 				t.Errorf("got %v; want a problem with %s saying %q", err, tt.key, tt.want)
 			}
 		})
+	}
+}
+
+// offered_models written as people type them are one model with the
+// catalog's, not a second Unavailable line.
+func TestAvailabilityOfferedModelsByCatalogName(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.OfferedModels = []string{"l40s", "NVIDIA L40S", "h100 80gb"}
+	a := startAgent(t, cfg, machine(t, "l40s-4", dir), nil)
+	defer a.Close()
+	av, err := a.Availability(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range av.Models {
+		got = append(got, m.Model)
+		if m.Model == "NVIDIA L40S" && !m.Available {
+			t.Errorf("L40S: %+v", m)
+		}
+	}
+	if want := []string{"NVIDIA H100 80GB", "NVIDIA L40S"}; !slices.Equal(got, want) {
+		t.Errorf("availability lists %q, want %q", got, want)
 	}
 }

@@ -151,3 +151,36 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A GPU on deny_devices is neither offered nor touched: every other GPU
+// moves to vfio-pci, it stays on its driver.
+func TestDenyListKeepsAGPUUntouched(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.IdleDriver = "vfio-pci"
+	const denied = "0000:18:00.0"
+	cfg.DenyDevices = []string{denied}
+	m := machine(t, "dgx-h100", dir)
+	a := startAgent(t, cfg, m, nil)
+	defer a.Close()
+	st, err := a.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GPUs) != 7 {
+		t.Errorf("%d GPUs offered, want 7", len(st.GPUs))
+	}
+	for _, g := range st.GPUs {
+		if g.PCIAddress == denied {
+			t.Errorf("the denied GPU is offered: %+v", g)
+		}
+	}
+	for _, w := range m.Kernel.Writes() {
+		if strings.Contains(w.Name, denied) || strings.TrimSpace(w.Data) == denied {
+			t.Errorf("a sysfs write touched the denied GPU: %+v", w)
+		}
+	}
+	if d := driverOf(t, m.Kernel, denied); d != "nvidia" {
+		t.Errorf("the denied GPU is on %q, want nvidia as it booted", d)
+	}
+}
