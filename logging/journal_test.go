@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
 	"log/slog"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
