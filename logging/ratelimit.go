@@ -11,10 +11,11 @@ import (
 // RateLimit passes the first Burst warnings and errors of one kind per
 // Window and counts the rest; when the window ends, one more record of that
 // kind says how many were suppressed (attribute "suppressed"). Two records
-// are of one kind when they have the same level and the same message once
-// digits are ignored, so "invalid packet from 10.0.0.7:4242" and "from
-// 10.0.0.9:5151" count together. Info and debug records always pass: they
-// are the agent's own account of what it did.
+// are of one kind when they have the same level, the same message once
+// digits are ignored, and the same attributes: "invalid packet from
+// 10.0.0.7:4242" and "from 10.0.0.9:5151" count together, while "GPU fenced
+// off" for two PCI addresses are two kinds, each logged. Info and debug
+// records always pass: they are the agent's own account of what it did.
 type RateLimit struct {
 	next  slog.Handler
 	state *limitState
@@ -69,8 +70,20 @@ func (h *RateLimit) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelWarn {
 		return h.next.Handle(ctx, r)
 	}
+	var key strings.Builder
+	key.WriteString(r.Level.String())
+	key.WriteByte(0)
+	key.WriteString(shape(r.Message))
+	r.Attrs(func(a slog.Attr) bool {
+		key.WriteByte(0)
+		key.WriteString(a.String())
+		return true
+	})
+	return h.handle(ctx, r, key.String())
+}
+
+func (h *RateLimit) handle(ctx context.Context, r slog.Record, key string) error {
 	s := h.state
-	key := r.Level.String() + "\x00" + shape(r.Message)
 	now := s.now()
 	s.mu.Lock()
 	k, ok := s.kinds[key]

@@ -56,3 +56,17 @@ func TestRateLimitBurstOfIdenticalWarnings(t *testing.T) {
 		t.Errorf("%d lines after the window, want 9", n)
 	}
 }
+
+// One warning about eight different GPUs is eight kinds: each is logged.
+func TestRateLimitKeepsDistinctAttributes(t *testing.T) {
+	var buf bytes.Buffer
+	h := NewRateLimit(slog.NewTextHandler(&buf, nil), 5, 10*time.Second)
+	h.state.afterFunc = func(time.Duration, func()) { t.Error("nothing should be suppressed") }
+	log := slog.New(h)
+	for i := range 8 {
+		log.Error("GPU fenced off", "pci_address", "0000:"+string(rune('a'+i))+"b:00.0")
+	}
+	if n := strings.Count(buf.String(), "GPU fenced off"); n != 8 {
+		t.Errorf("%d lines, want 8:\n%s", n, buf.String())
+	}
+}
