@@ -9,10 +9,12 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 
 	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/metrics"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -45,6 +47,18 @@ func (c *Config) validateValues() error {
 	}
 	if _, err := ParseFabricMode(c.FabricMode); err != nil {
 		return bad("fabric_mode", "%v", err)
+	}
+	for _, seed := range c.Join {
+		host := seed
+		if h, p, err := net.SplitHostPort(seed); err == nil {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				return bad("join", "%q: the port must be a number from 1 to 65535", seed)
+			}
+			host = h
+		}
+		if host == "" || strings.ContainsAny(host, " /\\") {
+			return bad("join", "%q: give HOST or HOST:PORT of another server's gossip", seed)
+		}
 	}
 	if c.MetricsWebConfig != "" && c.MetricsAddr == "" {
 		return bad("metrics_web_config", "set without metrics_addr: there is no metrics listener to secure")
@@ -88,6 +102,16 @@ func (c *Config) CheckHost() error {
 			if fi, err := os.Stat(p.path); err != nil || !fi.IsDir() {
 				bad(p.key, "%s is not a directory", p.path)
 			}
+		}
+	}
+	if c.Simulate != "" {
+		if _, err := sim.Load(c.Simulate); err != nil {
+			bad("simulate", "%v", err)
+		}
+	}
+	if c.AdvertiseInterface != "" {
+		if _, err := net.InterfaceByName(c.AdvertiseInterface); err != nil {
+			bad("advertise_interface", "%q: %v (ip link lists this host's interfaces)", c.AdvertiseInterface, err)
 		}
 	}
 	if c.SocketGroup != "" {

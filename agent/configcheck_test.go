@@ -77,6 +77,8 @@ func TestConfigValues(t *testing.T) {
 		{"deny_devices", func(c *Config) { c.DenyDevices = []string{"3b:00.0"} }},
 		{"fabric_mode", func(c *Config) { c.FabricMode = "nvlink" }},
 		{"metrics_web_config", func(c *Config) { c.MetricsWebConfig = "/etc/web.yml" }},
+		{"join", func(c *Config) { c.GossipAddr, c.Join = "127.0.0.1:7946", []string{"gpu-1:http"} }},
+		{"join", func(c *Config) { c.GossipAddr, c.Join = "127.0.0.1:7946", []string{"gpu 1"} }},
 	} {
 		cfg := DefaultConfig()
 		tt.adjust(&cfg)
@@ -127,6 +129,8 @@ func TestConfigCheckHost(t *testing.T) {
 		{"missing group", "socket_group", "no group named", func(c *Config) { c.SocketGroup = "gpuherd-no-such-group" }},
 		{"same port twice", "peer_addr", "each listener needs its own port", func(c *Config) { c.PeerAddr = "0.0.0.0:7946" }},
 		{"relative data dir", "data_dir", "absolute", func(c *Config) { c.DataDir = "data" }},
+		{"unknown profile", "simulate", "no-such-profile", func(c *Config) { c.Simulate = "no-such-profile" }},
+		{"unknown interface", "advertise_interface", "nosuchif0", func(c *Config) { c.AdvertiseInterface = "nosuchif0" }},
 		{"certificate of another node", "tls_cert", `names node "gpu-2"`, func(c *Config) {
 			other := t.TempDir()
 			if err := pki.IssueCert(filepath.Join(dir, "ca"), other, "gpu-2", []string{"127.0.0.1"}, time.Hour); err != nil {
