@@ -234,7 +234,9 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 
 // newLogger is the agent's logger. Under systemd, with stderr connected to
 // the journal, records go to the journal natively (priorities, one field per
-// attribute, no second timestamp); otherwise text or JSON on w. Either way
+// attribute, no second timestamp), or as lines with sd-daemon(3) priority
+// prefixes when the journal's socket cannot be reached; otherwise text or
+// JSON on w. Either way
 // bursts of identical warnings are rate-limited with a count.
 func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
 	journal := w == io.Writer(os.Stderr) && logging.StderrIsJournal()
@@ -244,12 +246,17 @@ func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
 		}
 		return logging.StableValue(a)
 	}}
-	var h slog.Handler = slog.NewTextHandler(w, opts)
-	if cfg.LogFormat == "json" {
-		h = slog.NewJSONHandler(w, opts)
+	format := func(w io.Writer) slog.Handler {
+		if cfg.LogFormat == "json" {
+			return slog.NewJSONHandler(w, opts)
+		}
+		return slog.NewTextHandler(w, opts)
 	}
+	h := format(w)
 	if journal {
-		h = logging.NewJournal(level, h)
+		// Natively; lines with a <N> priority prefix when the journal's
+		// socket cannot be reached.
+		h = logging.NewJournal(level, logging.NewPrefixed(w, format))
 	}
 	return slog.New(logging.NewRateLimit(h, logBurst, logWindow))
 }
