@@ -28,7 +28,8 @@ PKG_PATHS_COMMON := /usr/bin/gpuherd /etc/gpuherd/gpuherd.yaml \
 	/usr/share/doc/gpuherd/cli/gpuherd-agent.txt \
 	/usr/share/bash-completion/completions/gpuherd \
 	/usr/share/gpuherd/grafana/gpuherd-dashboard.json \
-	/usr/share/gpuherd/prometheus/gpuherd-alerts.yml
+	/usr/share/gpuherd/prometheus/gpuherd-alerts.yml \
+	/usr/share/gpuherd/prometheus/gpuherd-dcgm.rules.yml
 PKG_PATHS_deb := $(PKG_PATHS_COMMON) /lib/systemd/system/gpuherd.service
 PKG_PATHS_rpm := $(PKG_PATHS_COMMON) /usr/lib/systemd/system/gpuherd.service
 

@@ -46,8 +46,8 @@ out=$(systemd-analyze verify "$unitdir/gpuherd.service" 2>&1) || fail "systemd-a
 systemd-analyze security --offline=yes --threshold=40 "$unitdir/gpuherd.service" | tail -1
 
 step "alert rules (promtool)"
-promtool check rules packaging/prometheus/gpuherd-alerts.yml
-(cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml)
+promtool check rules packaging/prometheus/gpuherd-alerts.yml packaging/prometheus/gpuherd-dcgm.rules.yml
+(cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml gpuherd-dcgm.rules_test.yml)
 
 step "packages"
 "${mk[@]}" packages
@@ -76,6 +76,8 @@ hook=/etc/libvirt/hooks/qemu.d/50-gpuherd
 # without an agent.
 echo "<domain type='kvm'><name>plain</name><uuid>00000000-0000-0000-0000-000000000001</uuid></domain>" |
 	"$hook" plain prepare begin - || fail "$hook refused a domain without GPUs"
+# README's socket_group: gpuherd must work on a fresh install.
+getent group gpuherd >/dev/null || fail "the package did not create the group gpuherd"
 # The installed unit itself verifies too.
 systemd-analyze verify /lib/systemd/system/gpuherd.service
 

@@ -70,6 +70,11 @@ type Agent struct {
 	metrics *metrics.Metrics
 	tele    telemetry
 	ready   atomic.Bool // serving: /readyz says so
+	// lns are the sockets bound before any driver moves (listeners.go).
+	lns        *listeners
+	startPhase atomic.Value // string: what start-up is doing
+	started    atomic.Bool  // New has finished: every field is set
+	fabric     fabricState  // the NVSwitch fabric mode (fabric.go)
 
 	mu     sync.RWMutex
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
@@ -135,9 +140,12 @@ func WithSysfs(fs vfio.FS, lib nvml.Interface) Option {
 // New opens the hardware, the ledger and the inventory, and reconciles the
 // machine with the ledger. The caller must Close the agent.
 func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
-	if err := cfg.Validate(); err != nil {
+	// Every check before anything changes on the machine (configcheck.go).
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
+	cat, _ := cfg.Catalog()
+	cfg.OfferedModels, _ = cfg.canonicalOffered(cat)
 	o := options{rec: nopRecorder{}, wall: time.Now}
 	for _, opt := range opts {
 		opt(&o)
@@ -151,10 +159,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.dir = newDirectory(a.now())
-	a.metrics = metrics.New(metrics.SourceFunc(a.metricsSnapshot), metrics.WithLogger(log))
+	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics
 	}
+	a.setPhase(phaseChecking)
+	a.metrics.Registry().MustRegister(newPhaseCollector(a))
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
@@ -166,9 +176,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	if err != nil {
 		return nil, fmt.Errorf("opening the ledger: %w", err)
 	}
+	// Every socket before any driver moves: one the agent cannot have
+	// fails the start with the machine as it was.
+	if err := a.bindListeners(); err != nil {
+		a.ledger.Close()
+		return nil, err
+	}
 	fs, lib, err := a.openHardware(o)
 	if err != nil {
-		a.ledger.Close()
+		a.Close()
 		return nil, err
 	}
 	a.pci = vfio.New(fs, vfio.WithLogger(log))
@@ -178,7 +194,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		vfio.WithBinderLogger(log))
 
 	gpuIDs, _ := cfg.gpuDevices()
-	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log), inventory.WithGPUDevices(gpuIDs)}
+	invOpts := []inventory.Option{inventory.WithFactStore(a.ledger), inventory.WithLogger(log), inventory.WithGPUDevices(gpuIDs),
+		inventory.WithCatalog(cat), inventory.WithDenyAddresses(cfg.DenyDevices)}
 	if lib != nil {
 		src := inventory.NewNVML(lib, log)
 		if _, err := src.Snapshot(); err != nil {
@@ -193,6 +210,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		}
 	}
 	a.inv = inventory.New(a.pci, invOpts...)
+	a.setPhase(phaseDiscovering)
 	if err := a.discover(); err != nil {
 		a.Close()
 		return nil, err
@@ -201,16 +219,23 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
+	if err := a.detectFabric(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.setPhase(phaseReconciling)
 	if err := a.reconcile(ctx); err != nil {
 		a.Close()
 		return nil, err
 	}
+	a.setPhase(phaseJoining)
 	if cfg.GossipAddr != "" {
 		if err := a.startCluster(); err != nil {
 			a.Close()
 			return nil, err
 		}
 	}
+	a.started.Store(true)
 	return a, nil
 }
 
@@ -251,6 +276,7 @@ func (a *Agent) Close() error {
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
 	}
+	a.lns.close()
 	if a.ledger != nil {
 		err = a.ledger.Close()
 	}

@@ -63,10 +63,7 @@ func (a *Agent) startCluster() error {
 	if err != nil {
 		return fmt.Errorf("peer API TLS: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.PeerAddr)
-	if err != nil {
-		return fmt.Errorf("peer_addr %s: %w", cfg.PeerAddr, err)
-	}
+	ln := a.lns.peer // bound before any driver moved (listeners.go)
 	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
 
 	gcfg := gossip.Config{

@@ -45,6 +45,8 @@ type testCluster struct {
 	// in a socket cluster (mutual TLS and memberlist on loopback).
 	peers  *claimtest.Network
 	gossip *gossiptest.Network
+	// tune, when set, replaces fastGossip as every agent's memberlist tuning.
+	tune func(*memberlist.Config)
 }
 
 // newTestCluster starts an empty cluster whose agents talk in memory: the
@@ -124,11 +126,15 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	opts := []Option{WithGossipTune(fastGossip)}
+	tune := fastGossip
+	if tc.tune != nil {
+		tune = tc.tune
+	}
+	opts := []Option{WithGossipTune(tune)}
 	if tc.peers != nil {
 		tr := tc.gossip.NewTransport()
 		opts = []Option{WithPeerNetwork(tc.peers), WithGossipTune(func(c *memberlist.Config) {
-			fastGossip(c)
+			tune(c)
 			c.Transport = tr
 		})}
 	}

@@ -65,6 +65,20 @@ type Config struct {
 	// MetricsAddr serves /metrics, /healthz and /readyz over plain HTTP
 	// (HOST:PORT; "" turns it off).
 	MetricsAddr string `yaml:"metrics_addr"`
+	// MetricsWebConfig is an exporter-toolkit web configuration file (TLS,
+	// basic auth) for the metrics listener, as node_exporter's
+	// --web.config.file; "" serves plain HTTP.
+	MetricsWebConfig string `yaml:"metrics_web_config"`
+	// Models extends the built-in model catalog (models.yaml): a model
+	// with the name of a built-in one replaces it.
+	Models []ModelConfig `yaml:"models"`
+	// DenyDevices lists PCI addresses ("0000:3b:00.0") gpuherd never
+	// manages, whatever AllowDevices says: the card stays where it is.
+	DenyDevices []string `yaml:"deny_devices"`
+	// FabricMode states how this server's NVSwitch fabric is run: "auto"
+	// (detect), "none", "shared-nvswitch" or "full-passthrough"; see
+	// docs/design.md, "NVSwitch boards".
+	FabricMode string `yaml:"fabric_mode"`
 
 	// The cluster. GossipAddr "" runs this server alone.
 	GossipAddr         string   `yaml:"gossip_addr"`         // HOST:PORT memberlist listens on
@@ -140,6 +154,7 @@ func DefaultConfig() Config {
 		NVML:             "auto",
 		LogLevel:         "info",
 		LogFormat:        "text",
+		FabricMode:       FabricAuto,
 		OfferedModels:    []string{"NVIDIA L40S", "NVIDIA A100 80GB", "NVIDIA H100 80GB", "NVIDIA RTX 6000 Pro"},
 	}
 }
@@ -169,6 +184,9 @@ func LoadConfigFile(path string, cfg *Config) error {
 }
 
 func decodeConfig(data []byte, cfg *Config) error {
+	if err := checkKeys(data); err != nil {
+		return err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil {
@@ -222,6 +240,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.NodeName) > 63 || strings.ContainsAny(c.NodeName, " /\\\t\n") {
 		return bad("node_name", "%q must be at most 63 characters without spaces or slashes", c.NodeName)
+	}
+	if err := c.validateValues(); err != nil {
+		return err
 	}
 	for _, kv := range [][2]string{{"data_dir", c.DataDir}, {"socket", c.Socket}, {"sysfs_root", c.SysfsRoot}, {"dev_root", c.DevRoot}} {
 		if kv[1] == "" {

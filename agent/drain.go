@@ -25,6 +25,7 @@ func (a *Agent) Drain(_ context.Context, addr, reason string) (api.GPU, error) {
 		return api.GPU{}, a.apiError(err)
 	}
 	a.log.Info("drained", "pci_address", addr, "reason", reason)
+	a.changed() // a capacity change: gossiped at once, like a claim
 	return a.gpuView(addr)
 }
 
@@ -37,6 +38,7 @@ func (a *Agent) Undrain(_ context.Context, addr string) (api.GPU, error) {
 		return api.GPU{}, a.apiError(err)
 	}
 	a.log.Info("undrained", "pci_address", addr)
+	a.changed()
 	return a.gpuView(addr)
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/metrics"
 )
 
@@ -120,6 +121,10 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		snap.Members = map[string]int{}
 		for _, m := range c.g.Members() {
 			snap.Members[m.State]++
+		}
+		// Dead members outlive Members' remember period (gossip/dead.go).
+		if n := c.g.DeadMembers(); n > 0 {
+			snap.Members[gossip.StateDead] = n
 		}
 		score := c.g.HealthScore()
 		snap.GossipHealthScore = &score

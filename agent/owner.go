@@ -38,6 +38,10 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 	for _, it := range rr.Items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
 	}
+	if err := o.checkFabric(id, req.Items); err != nil {
+		o.rec.Reservation("failed")
+		return api.Claim{}, err
+	}
 	for attempt := 1; ; attempt++ {
 		c, err := o.reserveAndBind(ctx, id, req, rr.Coordinator)
 		if err != nil {
@@ -240,6 +244,9 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	req := ledger.Request{}
 	for _, it := range items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
+	}
+	if err := o.checkFabric(id, req.Items); err != nil {
+		return api.Claim{}, err
 	}
 	before, err := o.ledger.Get(id)
 	if err != nil {

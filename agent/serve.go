@@ -5,48 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
-
-	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/metrics"
 )
 
 // Run serves the local API on the unix socket and runs the background loops
 // (lease expiry, health checks) until ctx is done. ready, when not nil, is
 // called once the socket accepts connections.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
-	ln, err := listenUnix(a.cfg.Socket, a.cfg.SocketGroup)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           api.NewHandler(a, a.log),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-	}
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
-	if a.cfg.MetricsAddr != "" {
-		ms, err := metrics.Listen(a.cfg.MetricsAddr, a.metrics, a.readiness, a.log)
-		if err != nil {
-			srv.Close()
-			return fmt.Errorf("metrics_addr: %w", err)
-		}
-		go func() {
-			if err := ms.Serve(ctx); err != nil {
-				errc <- fmt.Errorf("metrics on %s: %w", a.cfg.MetricsAddr, err)
-			}
-		}()
-		a.log.Info("serving metrics", "addr", ms.Addr().String())
-	}
+	// The socket and the metrics listener were bound, and answer, since
+	// New (listeners.go); from here the API takes requests.
+	srv, errc := a.lns.apiSrv, a.lns.apiErr
+	a.lns.serving.Store(true)
 	a.refreshTelemetry()
 	go a.watchXID(ctx)
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
@@ -65,6 +39,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		go a.dirWorker(ctx)
 		c.publish()
 	}
+	a.setPhase(phaseServing)
 	a.ready.Store(true)
 	if ready != nil {
 		ready()
@@ -79,6 +54,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	for {
 		select {
 		case <-ctx.Done():
+			a.setPhase(phaseStopping)
 			a.ready.Store(false)
 			if c := a.cluster; c != nil {
 				// A graceful leave: the others stop placing claims here at once.
@@ -87,7 +63,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err := srv.Shutdown(shutCtx)
-			_ = os.Remove(a.cfg.Socket)
+			a.removeSocket()
 			return err
 		case err := <-errc:
 			return fmt.Errorf("local API on %s: %w", a.cfg.Socket, err)
@@ -99,14 +75,6 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			a.refreshTelemetry()
 		}
 	}
-}
-
-// readiness is what /readyz reports: ready once the agent serves its API.
-func (a *Agent) readiness() error {
-	if !a.ready.Load() {
-		return errors.New("starting: discovery, ledger or gossip not up yet")
-	}
-	return nil
 }
 
 // sweepInterval checks leases often enough that a reservation outlives its

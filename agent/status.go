@@ -11,7 +11,8 @@ import (
 
 // Status lists this server's GPUs with their state.
 func (a *Agent) Status(context.Context) (api.Status, error) {
-	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{}}
+	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{},
+		Fabric: a.fabric.f.Mode, FabricWarning: a.fabric.f.Warning}
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
@@ -93,14 +94,16 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		Model:       s.GPU.Model,
 		MemoryBytes: g.MemoryBytes,
 		NUMANode:    s.GPU.NUMANode,
-		IOMMUGroup:  g.IOMMUGroup,
-		Driver:      s.driver, // read live: what a VM start will find
-		State:       string(s.Status),
-		Claim:       s.ClaimID,
-		DrainReason: s.DrainReason,
-		UUID:        g.UUID,
-		Companions:  g.Companions,
-		Health:      a.health(s.GPU.Address),
+		// NVMLMemoryBytes: NVML's own figure, apart from the model's.
+		NVMLMemoryBytes: g.NVMLMemoryBytes,
+		IOMMUGroup:      g.IOMMUGroup,
+		Driver:          s.driver, // read live: what a VM start will find
+		State:           string(s.Status),
+		Claim:           s.ClaimID,
+		DrainReason:     s.DrainReason,
+		UUID:            g.UUID,
+		Companions:      g.Companions,
+		Health:          a.health(s.GPU.Address),
 	}
 }
 

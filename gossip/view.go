@@ -49,6 +49,9 @@ type view struct {
 	// read the view on every claim; it changes far less often.
 	snap      []Member
 	snapUntil time.Time
+	// deadForgotten are members forgotten while dead (see deadCount):
+	// until one comes back or leaves, it is still dead.
+	deadForgotten map[string]struct{}
 }
 
 type viewEntry struct {
@@ -63,6 +66,8 @@ func newView(self string, remember time.Duration) *view {
 		now:      time.Now,
 		members:  make(map[string]*viewEntry),
 		subs:     make(map[int]chan struct{}),
+
+		deadForgotten: make(map[string]struct{}),
 	}
 }
 
@@ -130,6 +135,9 @@ func (v *view) setState(e *viewEntry, state string) {
 		e.State = state
 		e.changed = v.now()
 	}
+	if state != StateDead {
+		delete(v.deadForgotten, e.Name)
+	}
 }
 
 // list returns the members sorted by name, forgetting departed ones older
@@ -151,6 +159,9 @@ func (v *view) list() []Member {
 		if departed && !e.Self {
 			forget := e.changed.Add(v.remember)
 			if now.After(forget) {
+				if e.State == StateDead {
+					v.deadForgotten[name] = struct{}{}
+				}
 				delete(v.members, name)
 				continue
 			}

@@ -18,6 +18,11 @@
 // # Build
 //
 //	gpuherd_build_info{version,revision,goversion}  gauge  always 1
+//	gpuherd_agent_phase{phase}
+//	    gauge, one series per phase (checking, discovering, reconciling,
+//	    joining, serving, stopping), 1 for the current one. Registered by
+//	    the agent (agent/listeners.go): the listener answers from before
+//	    discovery, so a long bind at start shows here.
 //
 // # GPUs of this server
 //
@@ -107,7 +112,8 @@
 //
 //	gpuherd_gossip_members{state}
 //	    gauge: members by memberlist state, as this agent sees them: alive,
-//	    suspect, dead, left (each present, 0 when none).
+//	    suspect, dead, left (each present, 0 when none). A dead member
+//	    stays counted after the member list forgets it, until it comes back.
 //	gpuherd_gossip_health_score
 //	    gauge: memberlist's awareness score of this agent; 0 is healthy,
 //	    higher means it answers probes late (overloaded or a slow network).

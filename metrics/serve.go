@@ -25,9 +25,10 @@ const (
 // endpoints are read-only and hold nothing secret, which is why they are
 // not behind the agent's mutual TLS.
 type Server struct {
-	ln  net.Listener
-	srv *http.Server
-	log *slog.Logger
+	ln        net.Listener
+	srv       *http.Server
+	log       *slog.Logger
+	webConfig string // exporter-toolkit web config file; "" plain HTTP
 }
 
 // Listen binds addr (HOST:PORT; port 0 picks a free one, see Addr) and
@@ -66,7 +67,7 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // when serving itself fails.
 func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() { errc <- s.serve() }()
 	s.log.Info("serving metrics", "address", s.ln.Addr().String())
 
 	select {

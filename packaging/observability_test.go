@@ -16,6 +16,7 @@ import (
 // besides the scrape target's job and instance. nil: labels not pinned.
 var metricLabels = map[string][]string{
 	"gpuherd_build_info":                        nil,
+	"gpuherd_agent_phase":                       {"phase"},
 	"gpuherd_gpu_info":                          {"pci_address", "model", "device_id", "iommu_group", "numa_node", "uuid"},
 	"gpuherd_gpu_state":                         {"pci_address", "model", "state"},
 	"gpuherd_gpu_driver_info":                   {"pci_address", "model", "driver"},

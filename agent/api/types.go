@@ -13,18 +13,20 @@ const Version = "v1"
 
 // GPU is one GPU of a server as `gpuherd status` shows it.
 type GPU struct {
-	PCIAddress  string   `json:"pci_address"`
-	Model       string   `json:"model"`
-	MemoryBytes uint64   `json:"memory_bytes"`
-	NUMANode    int      `json:"numa_node"`
-	IOMMUGroup  int      `json:"iommu_group"`
-	Driver      string   `json:"driver"`
-	State       string   `json:"state"` // free, reserved, claimed, unhealthy, drained
-	Claim       string   `json:"claim"`
-	Health      string   `json:"health,omitempty"` // why it is unhealthy
-	DrainReason string   `json:"drain_reason,omitempty"`
-	UUID        string   `json:"uuid,omitempty"`
-	Companions  []string `json:"companions,omitempty"`
+	PCIAddress  string `json:"pci_address"`
+	Model       string `json:"model"`
+	MemoryBytes uint64 `json:"memory_bytes"` // the model's marketed memory
+	// NVMLMemoryBytes is what NVML last reported as the card's total; 0 never seen.
+	NVMLMemoryBytes uint64   `json:"nvml_memory_bytes,omitempty"`
+	NUMANode        int      `json:"numa_node"`
+	IOMMUGroup      int      `json:"iommu_group"`
+	Driver          string   `json:"driver"`
+	State           string   `json:"state"` // free, reserved, claimed, unhealthy, drained
+	Claim           string   `json:"claim"`
+	Health          string   `json:"health,omitempty"` // why it is unhealthy
+	DrainReason     string   `json:"drain_reason,omitempty"`
+	UUID            string   `json:"uuid,omitempty"`
+	Companions      []string `json:"companions,omitempty"`
 }
 
 // GPU states.
@@ -41,6 +43,10 @@ type Status struct {
 	Node    string `json:"node"`
 	Version string `json:"version"`
 	GPUs    []GPU  `json:"gpus"`
+	// Fabric is the NVSwitch fabric mode (none, shared-nvswitch,
+	// full-passthrough, unknown) and FabricWarning what it cannot serve.
+	Fabric        string `json:"fabric,omitempty"`
+	FabricWarning string `json:"fabric_warning,omitempty"`
 }
 
 // Item is `count` GPUs of one model.

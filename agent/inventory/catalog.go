@@ -286,3 +286,7 @@ func parseUnknownName(name string) (uint16, bool) {
 	}
 	return uint16(v), true
 }
+
+// ParseDeviceID reads a 16-bit PCI device ID written as 4 hex digits, with
+// or without "0x" ("2330"), as models.yaml and lspci write it.
+func ParseDeviceID(s string) (uint16, error) { return parseDeviceID(s) }

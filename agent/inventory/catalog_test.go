@@ -31,6 +31,11 @@ func TestDefaultCatalogDeviceIDs(t *testing.T) {
 		{0x2bb1, "NVIDIA RTX 6000 Pro", 96 * gib},
 		{0x2bb4, "NVIDIA RTX 6000 Pro", 96 * gib},
 		{0x2901, "NVIDIA B200", 180 * gib},
+		{0x2235, "NVIDIA A40", 48 * gib},
+		{0x2236, "NVIDIA A10", 24 * gib},
+		{0x1eb8, "NVIDIA T4", 16 * gib},
+		{0x26b1, "NVIDIA RTX 6000 Ada", 48 * gib},
+		{0x2342, "NVIDIA GH200", 96 * gib},
 	}
 	for _, tt := range tests {
 		m, ok := c.ByDeviceID(tt.id)
@@ -57,16 +62,16 @@ func TestDefaultCatalogDeviceIDs(t *testing.T) {
 		t.Error("H100 is listed as a non-GPU")
 	}
 	names := c.Names()
-	if !slices.IsSorted(names) || len(names) != 11 {
+	if !slices.IsSorted(names) || len(names) != 16 {
 		t.Errorf("Names() = %q, want 11 sorted names", names)
 	}
 }
 
 func TestModelOfUnknownGPU(t *testing.T) {
 	c := DefaultCatalog()
-	m, known := c.ModelOf(0x1EB8)
-	if known || m.Name != "10de:1eb8" || m.MemoryBytes != 0 || !slices.Equal(m.DeviceIDs, []uint16{0x1eb8}) {
-		t.Errorf("ModelOf(1eb8) = %+v, %v; want 10de:1eb8, unknown", m, known)
+	m, known := c.ModelOf(0x1DB4)
+	if known || m.Name != "10de:1db4" || m.MemoryBytes != 0 || !slices.Equal(m.DeviceIDs, []uint16{0x1db4}) {
+		t.Errorf("ModelOf(1db4) = %+v, %v; want 10de:1db4, unknown", m, known)
 	}
 	m, known = c.ModelOf(0x26b9)
 	if !known || m.Name != "NVIDIA L40S" {
@@ -130,12 +135,12 @@ func TestParseCatalogErrors(t *testing.T) {
 
 func TestParseCatalogAccepts(t *testing.T) {
 	// Unquoted IDs are read as written, as hex, never as decimal numbers.
-	c, err := ParseCatalog([]byte("models:\n  - name: Tesla T4\n    device_ids: [1eb8, 2330, 0x20B0]\n    memory_bytes: 17179869184\n"))
+	c, err := ParseCatalog([]byte("models:\n  - name: Tesla V100\n    device_ids: [1db4, 2330, 0x20B0]\n    memory_bytes: 17179869184\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []uint16{0x1eb8, 0x2330, 0x20b0} {
-		if m, ok := c.ByDeviceID(id); !ok || m.Name != "Tesla T4" {
+	for _, id := range []uint16{0x1db4, 0x2330, 0x20b0} {
+		if m, ok := c.ByDeviceID(id); !ok || m.Name != "Tesla V100" {
 			t.Errorf("device %04x: got %+v %v", id, m, ok)
 		}
 	}
@@ -149,8 +154,8 @@ func TestMerge(t *testing.T) {
 	base := DefaultCatalog()
 	extra, err := ParseCatalog([]byte(`
 models:
-  - name: NVIDIA T4
-    device_ids: ["1eb8"]
+  - name: NVIDIA V100
+    device_ids: ["1db4"]
     memory_bytes: 17179869184
   - name: nvidia l40s            # same model as the built-in one: replaces it
     device_ids: ["26b9", "26ba"]
@@ -163,7 +168,7 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := merged.ByDeviceID(0x1eb8); !ok || m.Name != "NVIDIA T4" {
+	if m, ok := merged.ByDeviceID(0x1db4); !ok || m.Name != "NVIDIA V100" {
 		t.Errorf("T4 not added: %+v", m)
 	}
 	if m, ok := merged.ByDeviceID(0x26ba); !ok || m.Name != "nvidia l40s" {
@@ -178,7 +183,7 @@ models:
 	if len(merged.Names()) != len(base.Names())+1 {
 		t.Errorf("merged names %q", merged.Names())
 	}
-	if _, ok := base.ByDeviceID(0x1eb8); ok {
+	if _, ok := base.ByDeviceID(0x1db4); ok {
 		t.Error("Merge changed its receiver")
 	}
 	if same, err := base.Merge(nil); err != nil || same != base {

@@ -16,22 +16,25 @@ import (
 // GPU is one NVIDIA GPU of this server as the inventory sees it. Address is
 // its identity; everything else describes it.
 type GPU struct {
-	Address           string   `json:"address"` // sysfs PCI address, "0000:3b:00.0"
-	Model             string   `json:"model"`   // catalog name, or "vvvv:dddd" (UnknownModelName) when KnownModel is false
-	VendorID          uint16   `json:"vendor_id"`
-	DeviceID          uint16   `json:"device_id"`
-	SubsystemVendorID uint16   `json:"subsystem_vendor_id"`
-	SubsystemDeviceID uint16   `json:"subsystem_device_id"`
-	KnownModel        bool     `json:"known_model"`
-	MemoryBytes       uint64   `json:"memory_bytes"` // NVML's total when ever seen, else the catalog's nominal; 0 unknown
-	NUMANode          int      `json:"numa_node"`    // -1 unknown
-	IOMMUGroup        int      `json:"iommu_group"`  // -1 none
-	Driver            string   `json:"driver"`       // "" when unbound
-	Companions        []string `json:"companions,omitempty"`
-	UUID              string   `json:"uuid,omitempty"`
-	Serial            string   `json:"serial,omitempty"`
-	Healthy           bool     `json:"healthy"`
-	Health            string   `json:"health,omitempty"` // why it is unhealthy
+	Address           string `json:"address"` // sysfs PCI address, "0000:3b:00.0"
+	Model             string `json:"model"`   // catalog name, or "vvvv:dddd" (UnknownModelName) when KnownModel is false
+	VendorID          uint16 `json:"vendor_id"`
+	DeviceID          uint16 `json:"device_id"`
+	SubsystemVendorID uint16 `json:"subsystem_vendor_id"`
+	SubsystemDeviceID uint16 `json:"subsystem_device_id"`
+	KnownModel        bool   `json:"known_model"`
+	MemoryBytes       uint64 `json:"memory_bytes"` // the model's marketed memory (catalog); NVML's total only for an uncatalogued GPU; 0 unknown
+	// NVMLMemoryBytes is the total NVML reported when it last saw the card
+	// (less than the marketed figure: 45 GiB on an L40S); 0 never seen.
+	NVMLMemoryBytes uint64   `json:"nvml_memory_bytes,omitempty"`
+	NUMANode        int      `json:"numa_node"`   // -1 unknown
+	IOMMUGroup      int      `json:"iommu_group"` // -1 none
+	Driver          string   `json:"driver"`      // "" when unbound
+	Companions      []string `json:"companions,omitempty"`
+	UUID            string   `json:"uuid,omitempty"`
+	Serial          string   `json:"serial,omitempty"`
+	Healthy         bool     `json:"healthy"`
+	Health          string   `json:"health,omitempty"` // why it is unhealthy
 	// Distance to the other GPUs of this server by address, as NVML's
 	// topology level (smaller is closer); only pairs NVML ever answered for.
 	Distance map[string]int `json:"distance,omitempty"`
@@ -98,6 +101,8 @@ type Inventory struct {
 	log     *slog.Logger
 	// extraGPUs are vendor:device IDs counted as GPUs (tests only).
 	extraGPUs vfio.AllowList
+	// denied are PCI addresses never offered (deny_devices).
+	denied map[string]bool
 
 	// mu serialises Discover: it reads, merges and writes back the fact
 	// cache, and keeps the log-once state below.
@@ -146,7 +151,7 @@ func (inv *Inventory) Discover() ([]GPU, error) {
 		if d.IOMMUGroup >= 0 {
 			groups[d.IOMMUGroup] = append(groups[d.IOMMUGroup], d)
 		}
-		if inv.isGPU(d) {
+		if inv.isGPU(d) && !inv.denied[d.Address] {
 			gpus = append(gpus, d)
 		}
 	}
@@ -237,7 +242,10 @@ func isCompanion(o vfio.Device, gpuAddr string) bool {
 func applyFacts(g *GPU, f Facts, isGPU map[string]bool) {
 	g.UUID = f.UUID
 	g.Serial = f.Serial
-	if f.MemoryBytes > 0 {
+	// The model's memory is what the platform sells (48 GB for an L40S)
+	// whichever driver the card is on; NVML's usable figure has its own field.
+	g.NVMLMemoryBytes = f.MemoryBytes
+	if g.MemoryBytes == 0 {
 		g.MemoryBytes = f.MemoryBytes
 	}
 	// sysfs is authoritative for NUMA; NVML fills in only when the kernel

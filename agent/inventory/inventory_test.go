@@ -26,7 +26,7 @@ func mixedHost() *fakePCI {
 		fn("0000:1b:00.3", 0x10de, 0x1ad9, vfio.ClassSerialBus, 10, "vfio-pci"),
 		fn("0000:1b:00.1", 0x10de, 0x22e8, vfio.ClassAudio, 10, "vfio-pci"),
 		fn("0000:1b:00.2", 0x10de, 0x1ad8, vfio.ClassUSB, 10, "vfio-pci"),
-		gpu("0000:af:00.0", 0x1eb8, 30, 1, ""), // Tesla T4: not in the catalog
+		gpu("0000:af:00.0", 0x1db4, 30, 1, ""), // Tesla V100: not in the catalog
 		fn("0000:05:00.0", 0x10de, 0x22a3, vfio.ClassNVSwitch, 40, "nvidia-nvswitch"),
 		fn("0000:06:00.0", 0x10de, 0x1af1, vfio.Class3D, 41, ""), // NVSwitch with an odd class code
 		{Address: "0000:3b:00.4", Vendor: 0x10de, Device: 0x26b9, Class: vfio.Class3D, IOMMUGroup: 21, NUMANode: 0, VirtualFunction: true},
@@ -78,7 +78,7 @@ func TestDiscoverSysfsOnly(t *testing.T) {
 		t.Errorf("L40S: %+v", l40s)
 	}
 	t4 := byAddr(t, gs, "0000:af:00.0")
-	if t4.Model != "10de:1eb8" || t4.KnownModel || t4.MemoryBytes != 0 || !t4.Healthy || t4.Companions != nil {
+	if t4.Model != "10de:1db4" || t4.KnownModel || t4.MemoryBytes != 0 || !t4.Healthy || t4.Companions != nil {
 		t.Errorf("unknown GPU: %+v", t4)
 	}
 	if inv.Catalog() == nil || len(inv.Catalog().Names()) == 0 {
@@ -99,7 +99,7 @@ func TestGPUJSON(t *testing.T) {
 }
 
 func TestDiscoverOperatorCatalog(t *testing.T) {
-	extra, err := NewCatalog(Model{Name: "NVIDIA T4", DeviceIDs: []uint16{0x1eb8}, MemoryBytes: 16 * gib})
+	extra, err := NewCatalog(Model{Name: "NVIDIA V100", DeviceIDs: []uint16{0x1db4}, MemoryBytes: 16 * gib})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestDiscoverOperatorCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if t4 := byAddr(t, gs, "0000:af:00.0"); t4.Model != "NVIDIA T4" || !t4.KnownModel || t4.MemoryBytes != 16*gib {
+	if t4 := byAddr(t, gs, "0000:af:00.0"); t4.Model != "NVIDIA V100" || !t4.KnownModel || t4.MemoryBytes != 16*gib {
 		t.Errorf("T4 with the operator's catalog: %+v", t4)
 	}
 }
@@ -219,15 +219,17 @@ func TestDiscoverWithNVML(t *testing.T) {
 	}
 }
 
-func TestDiscoverNVMLMemoryWins(t *testing.T) {
+// The model's marketed memory stays whatever NVML says (an H100 80GB is
+// sold as 80 GB, NVML reports a bit less); NVML's figure has its own field.
+func TestDiscoverMarketedMemoryNVMLApart(t *testing.T) {
 	s := newDGX(t)
 	mockDev(s, "0000:18:00.0").MemoryInfo.Total = 81559 << 20 // what a real card reports, a bit under nominal
 	gs, err := New(dgxHost(), WithNVML(NewNVML(s, nil))).Discover()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := byAddr(t, gs, "0000:18:00.0"); g.MemoryBytes != 81559<<20 {
-		t.Errorf("memory %d, want NVML's %d", g.MemoryBytes, 81559<<20)
+	if g := byAddr(t, gs, "0000:18:00.0"); g.MemoryBytes != 80<<30 || g.NVMLMemoryBytes != 81559<<20 {
+		t.Errorf("memory %d, NVML %d; want the model's %d and NVML's %d", g.MemoryBytes, g.NVMLMemoryBytes, 80<<30, 81559<<20)
 	}
 	// sysfs NUMA wins over NVML's when the kernel knows it.
 	src := dgxHost()
@@ -397,7 +399,7 @@ func TestDiscoverNVMLExtraAndUnknownLogged(t *testing.T) {
 	s := newDGX(t)
 	src := dgxHost()
 	src.devs = slices.DeleteFunc(src.devs, func(d vfio.Device) bool { return d.Address == "0000:db:00.0" })
-	src.devs = append(src.devs, gpu("0000:e1:00.0", 0x1eb8, 300, 1, ""))
+	src.devs = append(src.devs, gpu("0000:e1:00.0", 0x1db4, 300, 1, ""))
 	log, logs := newLog()
 	inv := New(src, WithNVML(NewNVML(s, nil)), WithLogger(log))
 	for range 2 {

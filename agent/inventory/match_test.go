@@ -30,19 +30,19 @@ func TestMatch(t *testing.T) {
 		{query: "l4", want: "NVIDIA L4"},
 		{query: "H200", want: "NVIDIA H200"}, // exact beats being a prefix of H200 NVL
 		{query: "rtx-6000-pro", want: "NVIDIA RTX 6000 Pro"},
-		{query: "RTX 6000", want: "NVIDIA RTX 6000 Pro"},
-		{query: "rtx6000", want: "NVIDIA RTX 6000 Pro"},
+		{query: "RTX 6000", ambiguous: []string{"NVIDIA RTX 6000 Ada", "NVIDIA RTX 6000 Pro"}},
+		{query: "rtx6000 ada", want: "NVIDIA RTX 6000 Ada"},
 		{query: "a100 80", want: "NVIDIA A100 80GB"},
 		{query: "b2", want: "NVIDIA B200"},
 		{query: "h100", ambiguous: []string{"NVIDIA H100 80GB", "NVIDIA H100 NVL"},
 			wantErrMsg: `GPU model "h100" is ambiguous: NVIDIA H100 80GB, NVIDIA H100 NVL`},
 		{query: "a100", ambiguous: []string{"NVIDIA A100 40GB", "NVIDIA A100 80GB"}},
 		{query: "NVIDIA", unknown: true, wantErrMsg: "no GPU model given"},
-		{query: "", unknown: true, wantErrMsg: "no GPU model given (known: NVIDIA A100 40GB, NVIDIA A100 80GB,"},
+		{query: "", unknown: true, wantErrMsg: "no GPU model given (known: NVIDIA A10, NVIDIA A100 40GB, NVIDIA A100 80GB,"},
 		{query: "   ", unknown: true, wantErrMsg: "no GPU model given"},
-		{query: "zzz", unknown: true, wantErrMsg: `unknown GPU model "zzz" (known: NVIDIA A100 40GB, NVIDIA A100 80GB, NVIDIA B200,`},
+		{query: "zzz", unknown: true, wantErrMsg: `unknown GPU model "zzz" (known: NVIDIA A10, NVIDIA A100 40GB, NVIDIA A100 80GB, NVIDIA A40, NVIDIA B200,`},
 		{query: "H100 80GB PCIe", unknown: true},
-		{query: "10de:1eb8", unknown: true}, // not seen on this host: see TestMatchIn
+		{query: "10de:1ff2", unknown: true}, // not seen on this host: see TestMatchIn
 		{query: long, unknown: true, wantErrMsg: `unknown GPU model "` + strings.Repeat("h100", 16) + `"…`},
 	}
 	for _, tt := range tests {
@@ -101,22 +101,22 @@ func TestMatchEveryCanonicalName(t *testing.T) {
 
 func TestMatchIn(t *testing.T) {
 	c := DefaultCatalog()
-	seen := []string{"10de:1eb8", "10de:1eb9", "NVIDIA L40S", " "}
+	seen := []string{"10de:1db4", "10de:1db9", "NVIDIA L40S", " "}
 
-	m, err := c.MatchIn("10DE:1EB8", seen)
-	if err != nil || m.Name != "10de:1eb8" || !slices.Equal(m.DeviceIDs, []uint16{0x1eb8}) {
-		t.Errorf("MatchIn(10DE:1EB8) = %+v, %v", m, err)
+	m, err := c.MatchIn("10DE:1DB4", seen)
+	if err != nil || m.Name != "10de:1db4" || !slices.Equal(m.DeviceIDs, []uint16{0x1db4}) {
+		t.Errorf("MatchIn(10DE:1DB4) = %+v, %v", m, err)
 	}
 	m, err = c.MatchIn("l40s", seen)
 	if err != nil || m.Name != "NVIDIA L40S" || m.MemoryBytes == 0 {
 		t.Errorf("an extra name equal to a catalog name must give the catalog model: %+v, %v", m, err)
 	}
 	var amb *AmbiguousModelError
-	if _, err := c.MatchIn("10de:1eb", seen); !errors.As(err, &amb) || !slices.Equal(amb.Candidates, []string{"10de:1eb8", "10de:1eb9"}) {
+	if _, err := c.MatchIn("10de:1db", seen); !errors.As(err, &amb) || !slices.Equal(amb.Candidates, []string{"10de:1db4", "10de:1db9"}) {
 		t.Errorf("MatchIn(10de:1eb) = %v", err)
 	}
 	var unk *UnknownModelError
-	if _, err := c.MatchIn("zzz", seen); !errors.As(err, &unk) || !slices.Contains(unk.Known, "10de:1eb9") || slices.Contains(unk.Known, " ") {
+	if _, err := c.MatchIn("zzz", seen); !errors.As(err, &unk) || !slices.Contains(unk.Known, "10de:1db9") || slices.Contains(unk.Known, " ") {
 		t.Errorf("unknown error must list the extra names it knew: %v", err)
 	} else if n := len(unk.Known); n != len(c.Names())+2 {
 		t.Errorf("Known has %d names, want %d: %q", n, len(c.Names())+2, unk.Known)
@@ -128,18 +128,18 @@ func TestMatchIn(t *testing.T) {
 
 func FuzzMatch(f *testing.F) {
 	for _, s := range []string{"", "   ", "h100", "H100 80GB", "h100-80gb", "nvidia h100 80gb", "L40S", "rtx-6000-pro",
-		"RTX 6000", "a100", "zzz", "10de:1eb8", "NVIDIA", "nvidia nvidia", "\x00", "h\u0130100", "ǅ", strings.Repeat("-", 300)} {
+		"RTX 6000", "a100", "zzz", "10de:1db4", "NVIDIA", "nvidia nvidia", "\x00", "h\u0130100", "ǅ", strings.Repeat("-", 300)} {
 		f.Add(s)
 	}
 	c := DefaultCatalog()
 	names := c.Names()
 	f.Fuzz(func(t *testing.T, q string) {
-		m, err := c.MatchIn(q, []string{"10de:1eb8"})
+		m, err := c.MatchIn(q, []string{"10de:1db4"})
 		var amb *AmbiguousModelError
 		var unk *UnknownModelError
 		switch {
 		case err == nil:
-			if !slices.Contains(names, m.Name) && m.Name != "10de:1eb8" {
+			if !slices.Contains(names, m.Name) && m.Name != "10de:1db4" {
 				t.Fatalf("Match(%q) returned %q, which is not a known name", q, m.Name)
 			}
 		case errors.As(err, &amb):

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -87,6 +88,8 @@ type Ledger struct {
 	// never wait for a writer's fsync, just for the pointer swap.
 	mu    sync.RWMutex
 	state *state // the file after the last committed write, plus the reservations and the inventory; never modified once published
+	// writeErr is the failure of the last file write, nil once one succeeds.
+	writeErr atomic.Pointer[error]
 }
 
 // Open opens (creating it with mode 0600 if needed) the ledger file at path.
@@ -382,8 +385,11 @@ func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed 
 	case errors.Is(err, errUnchanged):
 		return fnErr
 	case err != nil:
-		return fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
+		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
+		l.writeErr.Store(&err)
+		return err
 	}
+	l.writeErr.Store(nil)
 	l.publish(next)
 	return fnErr
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/logging"
 	"github.com/gpuherd/gpuherd/systemd"
 )
 
@@ -84,7 +85,10 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.LogLevel, "log-level", d.LogLevel, "debug, info, warn or error")
 	fl.StringVar(&f.LogFormat, "log-format", d.LogFormat, "text or json")
 	fl.StringVar(&f.MetricsAddr, "metrics-addr", d.MetricsAddr, "HOST:PORT of /metrics, /healthz, /readyz (\"\" off)")
+	fl.StringVar(&f.MetricsWebConfig, "web.config.file", "", "exporter-toolkit web configuration (TLS, basic auth) of the metrics listener, as node_exporter's")
 	fl.StringSliceVar(&f.OfferedModels, "offered-models", d.OfferedModels, "models the platform offers (listed even when none is free)")
+	fl.StringSliceVar(&f.DenyDevices, "deny-devices", nil, "PCI addresses gpuherd never manages")
+	fl.StringVar(&f.FabricMode, "fabric-mode", d.FabricMode, "NVSwitch fabric: auto, none, shared-nvswitch or full-passthrough")
 	fl.StringVar(&f.GossipAddr, "gossip-addr", "", "HOST:PORT gossip listens on (\"\": run alone)")
 	fl.StringVar(&f.AdvertiseAddr, "advertise-addr", "", "IP other servers reach this one at (default: found with netlink)")
 	fl.StringVar(&f.AdvertiseInterface, "advertise-interface", "", "interface to take the advertise address from (default: the default route's)")
@@ -122,6 +126,9 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"log-format":          func() { cfg.LogFormat = f.LogFormat },
 		"metrics-addr":        func() { cfg.MetricsAddr = f.MetricsAddr },
 		"offered-models":      func() { cfg.OfferedModels = f.OfferedModels },
+		"web.config.file":     func() { cfg.MetricsWebConfig = f.MetricsWebConfig },
+		"deny-devices":        func() { cfg.DenyDevices = f.DenyDevices },
+		"fabric-mode":         func() { cfg.FabricMode = f.FabricMode },
 		"gossip-addr":         func() { cfg.GossipAddr = f.GossipAddr },
 		"advertise-addr":      func() { cfg.AdvertiseAddr = f.AdvertiseAddr },
 		"advertise-interface": func() { cfg.AdvertiseInterface = f.AdvertiseInterface },
@@ -169,6 +176,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	go notify.RunWatchdog(runCtx, a.Healthy)
 	go func() {
 		<-ctx.Done()
+		log.Info("gpuherd agent stopping: finishing requests in progress, leaving gossip if clustered", "node", cfg.NodeName)
 		notify.Stopping()
 	}()
 	hup := make(chan os.Signal, 1)
@@ -187,12 +195,18 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 			}
 		}
 	}()
-	return a.Run(runCtx, func() {
+	err = a.Run(runCtx, func() {
 		if err := notify.Ready(); err != nil {
 			log.Warn("systemd: READY=1 not sent", "err", err)
 		}
 		status()
 	})
+	if err != nil {
+		log.Error("gpuherd agent stopped on an error", "node", cfg.NodeName, "err", err)
+		return err
+	}
+	log.Info("gpuherd agent stopped: API closed; claims stay in the ledger", "node", cfg.NodeName)
+	return nil
 }
 
 // reload re-reads what can change without a restart: the log level and the
@@ -218,13 +232,40 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 	}
 }
 
+// newLogger is the agent's logger. Under systemd, with stderr connected to
+// the journal, records go to the journal natively (priorities, one field per
+// attribute, no second timestamp), or as lines with sd-daemon(3) priority
+// prefixes when the journal's socket cannot be reached; otherwise text or
+// JSON on w. Either way
+// bursts of identical warnings are rate-limited with a count.
 func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+	journal := w == io.Writer(os.Stderr) && logging.StderrIsJournal()
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if journal && a.Key == slog.TimeKey && len(groups) == 0 {
+			return slog.Attr{} // the journal stamps every line itself
+		}
+		return logging.StableValue(a)
+	}}
+	format := func(w io.Writer) slog.Handler {
+		if cfg.LogFormat == "json" {
+			return slog.NewJSONHandler(w, opts)
+		}
+		return slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	h := format(w)
+	if journal {
+		// Natively; lines with a <N> priority prefix when the journal's
+		// socket cannot be reached.
+		h = logging.NewJournal(level, logging.NewPrefixed(w, format))
+	}
+	return slog.New(logging.NewRateLimit(h, logBurst, logWindow))
 }
+
+// Identical warnings beyond logBurst per logWindow are counted, not logged.
+const (
+	logBurst  = 5
+	logWindow = 10 * time.Second
+)
 
 // offsetClock is the wall clock moved by the duration written in path (none
 // when the file is missing or empty): a clock step, for fault runs.

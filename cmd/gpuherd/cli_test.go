@@ -194,7 +194,7 @@ func TestCLIStatus(t *testing.T) {
 
 	out := ok(t, sock, "status")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	if len(lines) != 10 || lines[0] != "NODE test: 8 GPUs" {
+	if len(lines) != 10 || lines[0] != "NODE test: 8 GPUs; NVSwitch fabric: shared-nvswitch" {
 		t.Fatalf("status table:\n%s\nwant a NODE line, a header and 8 rows", out)
 	}
 	if !regexp.MustCompile(`^PCI ADDRESS\s+MODEL\s+MEMORY\s+NUMA\s+GROUP\s+DRIVER\s+STATE\s+CLAIM$`).MatchString(lines[1]) {

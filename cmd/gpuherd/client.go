@@ -115,7 +115,14 @@ func newStatusCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Status, error) { return c.Status(ctx) },
 				func(w *tabwriter.Writer, st api.Status) {
-					fmt.Fprintf(w, "NODE %s: %d GPUs\n", st.Node, len(st.GPUs))
+					fabric := ""
+					if st.Fabric != "" && st.Fabric != "none" {
+						fabric = "; NVSwitch fabric: " + st.Fabric
+					}
+					fmt.Fprintf(w, "NODE %s: %d GPUs%s\n", st.Node, len(st.GPUs), fabric)
+					if st.FabricWarning != "" {
+						fmt.Fprintf(w, "warning: %s\n", st.FabricWarning)
+					}
 					fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
 					for _, gp := range st.GPUs {
 						state := gp.State

@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -22,15 +24,20 @@ type scanGPU struct {
 }
 
 type scanReport struct {
-	SysfsRoot  string        `json:"sysfs_root"`
-	GPUs       []scanGPU     `json:"gpus"`
+	SysfsRoot string    `json:"sysfs_root"`
+	Config    string    `json:"config,omitempty"` // the configuration whose lists were applied
+	GPUs      []scanGPU `json:"gpus"`
+	// Denied are GPUs on the configuration's deny_devices: never managed.
+	Denied []string `json:"denied"`
+	// Fabric is the NVSwitch fabric mode and how it was found.
+	Fabric     agent.Fabric  `json:"fabric"`
 	NotOffered []vfio.Device `json:"not_offered"` // NVIDIA functions that are never GPUs (NVSwitches, companions)
 }
 
 func newInventoryCmd(g *globals) *cobra.Command {
 	var (
-		root, simulate string
-		allow          []string
+		root, simulate, configPath string
+		allow                      []string
 	)
 	cmd := &cobra.Command{
 		Use:   "inventory",
@@ -39,9 +46,26 @@ func newInventoryCmd(g *globals) *cobra.Command {
 its IOMMU group with every member, and whether the group can be passed through
 to a VM or why gpuherd would refuse it. Run it before enabling the service.
 --sysfs-root scans any directory laid out like /sys; --simulate scans a
-simulated profile.`,
+simulated profile. It reads the agent's configuration (--config, by default
+/etc/gpuherd/gpuherd.yaml when it exists) for allow_devices, deny_devices,
+gpu_devices, models, sysfs_root and simulate, so it shows what the agent
+would manage after an edit; flags given on the command line win.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, used, err := inventoryConfig(cmd, configPath)
+			if err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("allow-devices") {
+				cfg.AllowDevices = allow
+			}
+			if cmd.Flags().Changed("sysfs-root") {
+				cfg.SysfsRoot, cfg.Simulate = root, ""
+			}
+			if cmd.Flags().Changed("simulate") {
+				cfg.Simulate = simulate
+			}
+			root, simulate, allow = cfg.SysfsRoot, cfg.Simulate, cfg.AllowDevices
 			al, err := vfio.ParseAllowList(allow)
 			if err != nil {
 				return usagef("--allow-devices: %v", err)
@@ -61,28 +85,59 @@ simulated profile.`,
 			} else {
 				fs = vfio.NewOSFS(root, "/dev")
 			}
-			rep, err := scan(fs, al)
+			cat, err := cfg.Catalog()
 			if err != nil {
 				return err
 			}
-			rep.SysfsRoot = shown
+			gpuIDs, _ := vfio.ParseAllowList(cfg.GPUDevices)
+			rep, err := scan(fs, al, inventory.WithCatalog(cat), inventory.WithDenyAddresses(cfg.DenyDevices), inventory.WithGPUDevices(gpuIDs))
+			if err != nil {
+				return err
+			}
+			rep.SysfsRoot, rep.Config = shown, used
+			devs, err := vfio.New(fs).Devices()
+			if err != nil {
+				return err
+			}
+			rep.Fabric = agent.DetectFabric(devs, cat, cfg.FabricMode)
 			return g.show(rep, func(w *tabwriter.Writer) { printScan(w, rep) })
 		},
 	}
 	cmd.Flags().StringVar(&root, "sysfs-root", "/sys", "directory laid out like /sys")
 	cmd.Flags().StringVar(&simulate, "simulate", "", "scan a simulated profile instead")
 	cmd.Flags().StringSliceVar(&allow, "allow-devices", []string{"10de:*"}, "vendor:device IDs gpuherd may bind")
+	cmd.Flags().StringVar(&configPath, "config", "", "the agent's YAML configuration (default "+defaultConfigPath+" when it exists)")
 	return cmd
 }
 
-func scan(fs vfio.FS, allow vfio.AllowList) (scanReport, error) {
+// inventoryConfig is the agent's configuration the scan applies: the file
+// named by --config, else the packaged one when it exists, else defaults.
+func inventoryConfig(cmd *cobra.Command, path string) (agent.Config, string, error) {
+	cfg := agent.DefaultConfig()
+	if !cmd.Flags().Changed("config") {
+		if _, err := os.Stat(defaultConfigPath); err != nil {
+			return cfg, "", nil
+		}
+		path = defaultConfigPath
+	}
+	if err := agent.LoadConfigFile(path, &cfg); err != nil {
+		return cfg, "", err
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, "", err
+	}
+	return cfg, path, nil
+}
+
+func scan(fs vfio.FS, allow vfio.AllowList, opts ...inventory.Option) (scanReport, error) {
 	pci := vfio.New(fs)
-	gpus, err := inventory.New(pci).Discover()
+	inv := inventory.New(pci, opts...)
+	gpus, err := inv.Discover()
 	if err != nil {
 		return scanReport{}, err
 	}
 	binder := vfio.NewBinder(pci, vfio.WithAllowList(allow))
-	rep := scanReport{GPUs: []scanGPU{}, NotOffered: []vfio.Device{}}
+	rep := scanReport{GPUs: []scanGPU{}, NotOffered: []vfio.Device{}, Denied: []string{}}
 	isGPU := map[string]bool{}
 	for _, gp := range gpus {
 		isGPU[gp.Address] = true
@@ -102,7 +157,10 @@ func scan(fs vfio.FS, allow vfio.AllowList) (scanReport, error) {
 		return scanReport{}, err
 	}
 	for _, d := range devs {
-		if d.Vendor == vfio.VendorNVIDIA && !isGPU[d.Address] {
+		switch {
+		case inv.Denied(d.Address):
+			rep.Denied = append(rep.Denied, d.Address)
+		case d.Vendor == vfio.VendorNVIDIA && !isGPU[d.Address]:
 			rep.NotOffered = append(rep.NotOffered, d)
 		}
 	}
@@ -116,7 +174,12 @@ func printScan(w *tabwriter.Writer, rep scanReport) {
 			viable++
 		}
 	}
-	fmt.Fprintf(w, "%d NVIDIA GPU(s) in %s, %d ready for passthrough\n\n", len(rep.GPUs), rep.SysfsRoot, viable)
+	fmt.Fprintf(w, "%d NVIDIA GPU(s) in %s, %d ready for passthrough\n", len(rep.GPUs), rep.SysfsRoot, viable)
+	fmt.Fprintf(w, "NVSwitch fabric: %s (%s)\n", rep.Fabric.Mode, rep.Fabric.Why)
+	if rep.Fabric.Warning != "" {
+		fmt.Fprintf(w, "  warning: %s\n", rep.Fabric.Warning)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tNUMA\tGROUP\tDRIVER\tPASSTHROUGH")
 	for _, s := range rep.GPUs {
 		verdict := "ready"
@@ -134,6 +197,9 @@ func printScan(w *tabwriter.Writer, rep scanReport) {
 		if !s.Viable {
 			fmt.Fprintf(w, "  refused: %s\n", strings.TrimPrefix(s.Reason, "vfio: "))
 		}
+	}
+	if len(rep.Denied) > 0 {
+		fmt.Fprintf(w, "\nDenied by deny_devices in %s (never managed): %s\n", rep.Config, strings.Join(rep.Denied, ", "))
 	}
 	if len(rep.NotOffered) > 0 {
 		fmt.Fprintln(w, "\nNVIDIA functions never offered as GPUs (NVSwitches, audio/USB companions):")

@@ -133,6 +133,7 @@ it through its unix socket.`,
 		newTLSCmd(g),
 		newLedgerCmd(g),
 		newLibvirtHookCmd(g),
+		newConfigCmd(g),
 	)
 	return root
 }

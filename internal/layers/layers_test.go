@@ -24,18 +24,18 @@ const module = "github.com/gpuherd/gpuherd"
 // import only packages of an earlier entry. Several packages on one line
 // may not import each other. A new package must be placed here.
 var layers = [][]string{
-	{"agent/api"},                                 // wire types and the HTTP layer
-	{"vfio"},                                      // hardware: sysfs
-	{"vfio/vfiotest"},                             // hardware: the fake kernel
-	{"agent/inventory", "agent/sim"},              // hardware: what this server has, or simulates
-	{"agent/placement"},                           // state: choosing and ranking
-	{"agent/ledger"},                              // state: the owner's claims
-	{"gossip/gossiptest", "agent/claimtest"},      // the in-memory networks for tests
-	{"gossip", "agent/pki", "metrics", "systemd"}, // cluster view, certificates, exposition, init
-	{"agent/handoff"},                             // a claim as a hypervisor takes it; the libvirt hook
-	{"agent/names"},                               // cluster: the name registry (raft)
-	{"agent"},                                     // the protocol and the wiring
-	{"cmd/gpuherd"},                               // the binary
+	{"agent/api"},                            // wire types and the HTTP layer
+	{"vfio"},                                 // hardware: sysfs
+	{"vfio/vfiotest"},                        // hardware: the fake kernel
+	{"agent/inventory", "agent/sim"},         // hardware: what this server has, or simulates
+	{"agent/placement"},                      // state: choosing and ranking
+	{"agent/ledger"},                         // state: the owner's claims
+	{"gossip/gossiptest", "agent/claimtest"}, // the in-memory networks for tests
+	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
+	{"agent/handoff"}, // a claim as a hypervisor takes it; the libvirt hook
+	{"agent/names"},   // cluster: the name registry (raft)
+	{"agent"},         // the protocol and the wiring
+	{"cmd/gpuherd"},   // the binary
 	{"agent/internal/testdisk", "packaging", "internal/layers"}, // tests and their helpers
 }
 
