@@ -12,7 +12,7 @@ func StatusOf(code string) int {
 		return http.StatusBadRequest
 	case CodeNotFound:
 		return http.StatusNotFound
-	case CodeNotAvailable, CodeConflict, CodeLeaseExpired:
+	case CodeNotAvailable, CodeConflict, CodeLeaseExpired, CodeInUse:
 		return http.StatusConflict
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable

@@ -19,12 +19,13 @@ type GPU struct {
 	NUMANode    int      `json:"numa_node"`
 	IOMMUGroup  int      `json:"iommu_group"`
 	Driver      string   `json:"driver"`
-	State       string   `json:"state"` // free, reserved, claimed, unhealthy, drained
+	State       string   `json:"state"` // free, reserved, claimed, unhealthy, drained, returning
 	Claim       string   `json:"claim"`
 	Health      string   `json:"health,omitempty"` // why it is unhealthy
 	DrainReason string   `json:"drain_reason,omitempty"`
 	UUID        string   `json:"uuid,omitempty"`
 	Companions  []string `json:"companions,omitempty"`
+	InUseBy     *InUse   `json:"in_use_by,omitempty"` // the VM holding its VFIO group open
 }
 
 // GPU states.
@@ -56,6 +57,13 @@ type ClaimRequest struct {
 	// PreferNode is tried first when it can hold the request: a VM that
 	// restarts goes back to its old server when its GPUs are still free.
 	PreferNode string `json:"prefer_node,omitempty"`
+	// VCPUs is the VM's vCPU count, when the caller says it: outside the
+	// 8–16 per GPU the platform recommends, the answer carries a warning.
+	VCPUs int `json:"vcpus,omitempty"`
+	// SameNode keeps the claim on PreferNode, or else on the server the ID
+	// last ran on: when that server cannot hold the request the answer is
+	// not_available with what it can hold, instead of another server.
+	SameNode bool `json:"same_node,omitempty"`
 }
 
 // ResizeRequest changes a claim's GPUs (model or count).
@@ -88,6 +96,9 @@ type Claim struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
 	CommittedAt time.Time         `json:"committed_at,omitzero"`
+	// Warnings are advice about the request that did not stop it (vCPUs
+	// per GPU, the server it last ran on being full).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ModelAvailability is one model of the platform.
