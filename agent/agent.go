@@ -80,6 +80,8 @@ type Agent struct {
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
 	order  []string                 // addresses, sorted
 	fenced map[string]string        // address → why the agent stopped offering it
+
+	use vmUse // the VMs holding GPUs open (inuse.go)
 }
 
 var _ api.Service = (*Agent)(nil)
@@ -188,6 +190,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		return nil, err
 	}
 	a.pci = vfio.New(fs, vfio.WithLogger(log))
+	a.use.proc = procFor(fs, cfg.ProcRoot, o.fs != nil)
 	a.binder = vfio.NewBinder(a.pci,
 		vfio.WithAllowList(allow),
 		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
@@ -327,7 +330,7 @@ func (a *Agent) pushInventory() error {
 			Address:  g.Address,
 			Model:    g.Model,
 			NUMANode: g.NUMANode,
-			Healthy:  g.Healthy && !fenced,
+			Healthy:  g.Healthy && !fenced && !a.use.isReturning(addr),
 			Distance: g.Distance,
 		})
 	}

@@ -29,7 +29,9 @@ type attempt struct {
 	// false stops the placement with a *notVouched naming that
 	// reservation. Without vouch, the copies that concurrent coordinators
 	// may have placed are settled after the commit.
-	vouch func() bool
+	// It is asked with the server reserved on; "" asks for the home's
+	// word alone.
+	vouch func(server string) bool
 }
 
 // lookUp places a claim through its ID's home (see directory.go). It
@@ -75,15 +77,17 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 			asked := make(chan answer, 1)
 			go func() { asked <- begin() }()
 			got := false
-			vouch := func() bool {
+			vouch := func(server string) bool {
 				if !got {
 					r, got = <-asked, true
 				}
-				return r.err == nil && r.ans.State == api.DirNew
+				return r.err == nil && r.ans.State == api.DirNew && (server == "" || at.stays(recalled(at.prefer, r.ans.LastOwner), server))
 			}
 			c, err := at.placeVouched(ctx, vouch)
-			if vouch() {
-				return placed(c, err)
+			if vouch("") {
+				// Reserved elsewhere than the server the ID last ran on,
+				// which can hold it: go back there (lifecycle.go).
+				return placed(at.returnTo(ctx, recalled(at.prefer, r.ans.LastOwner), c, err))
 			}
 			var nv *notVouched
 			if errors.As(err, &nv) && !nv.held && r.err == nil && (r.ans.State == api.DirHeld || r.ans.State == api.DirPending) {
@@ -99,7 +103,13 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		ans := r.ans
 		switch ans.State {
 		case api.DirNew:
-			return placed(at.placeVouched(ctx, func() bool { return true }))
+			last := recalled(at.prefer, ans.LastOwner)
+			p := *at
+			if last != "" {
+				p.prefer = last
+			}
+			c, err := p.placeVouched(ctx, func(string) bool { return true })
+			return placed(at.notePlaced(last, c, err))
 		case api.DirHeld:
 			if len(ans.Owners) != 1 {
 				return api.Claim{}, false, nil // several copies: the slow way settles them
@@ -217,7 +227,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 
 // placeVouched places with vouch as the home's word, leaving at itself
 // as it was: the every-server path after it places without one.
-func (at *attempt) placeVouched(ctx context.Context, vouch func() bool) (api.Claim, error) {
+func (at *attempt) placeVouched(ctx context.Context, vouch func(server string) bool) (api.Claim, error) {
 	p := *at
 	p.vouch = vouch
 	return p.place(ctx)
@@ -313,7 +323,7 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
 	r, err := t.owner.Reserve(rctx, at.id, at.rr)
 	cancel()
-	if err == nil && at.vouch != nil && !at.vouch() {
+	if err == nil && at.vouch != nil && !at.vouch(t.name) {
 		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
 	}
 	if err != nil {

@@ -41,8 +41,9 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 // claim that takes one of them now binds it only after this returns. Failures
 // fence the GPU; the release itself already happened in the ledger.
 func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
+	scan := &groupScan{a: a}
 	for _, addr := range a.unclaimed(addrs) {
-		if addr == skip || a.health(addr) != "" {
+		if addr == skip || a.health(addr) != "" || a.keepWhileOpen(addr, why, scan) {
 			continue
 		}
 		start := time.Now()

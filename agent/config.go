@@ -30,6 +30,16 @@ type Config struct {
 	// SysfsRoot and DevRoot root every sysfs and /dev access (tests, containers).
 	SysfsRoot string `yaml:"sysfs_root"`
 	DevRoot   string `yaml:"dev_root"`
+	// ProcRoot is where the agent finds the processes (QEMU) that hold VFIO
+	// groups open.
+	ProcRoot string `yaml:"proc_root"`
+	// DriverCheckInterval is how often every GPU's driver is re-read and
+	// compared with the ledger (a GPU rebound behind it is put back).
+	DriverCheckInterval Duration `yaml:"driver_check_interval"`
+	// RememberReleased is how long a released claim ID's server and
+	// request are remembered: a later claim of the ID prefers that server.
+	// 0 forgets at once.
+	RememberReleased Duration `yaml:"remember_released"`
 	// Simulate runs on simulated hardware: a built-in profile name or a profile file.
 	Simulate string `yaml:"simulate"`
 	// IdleDriver is where free GPUs live: vfio-pci, nvidia or none.
@@ -138,7 +148,7 @@ const (
 // DefaultConfig is the configuration of a packaged install.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
-	return Config{
+	c := Config{
 		NodeName:         host,
 		DataDir:          DefaultDataDir,
 		Socket:           DefaultSocket,
@@ -157,6 +167,10 @@ func DefaultConfig() Config {
 		FabricMode:       FabricAuto,
 		OfferedModels:    []string{"NVIDIA L40S", "NVIDIA A100 80GB", "NVIDIA H100 80GB", "NVIDIA RTX 6000 Pro"},
 	}
+	c.ProcRoot = "/proc"
+	c.DriverCheckInterval = Duration(30 * time.Second)
+	c.RememberReleased = Duration(24 * time.Hour)
+	return c
 }
 
 // maxConfigBytes bounds the config file: it is read whole.
@@ -244,7 +258,7 @@ func (c *Config) Validate() error {
 	if err := c.validateValues(); err != nil {
 		return err
 	}
-	for _, kv := range [][2]string{{"data_dir", c.DataDir}, {"socket", c.Socket}, {"sysfs_root", c.SysfsRoot}, {"dev_root", c.DevRoot}} {
+	for _, kv := range [][2]string{{"data_dir", c.DataDir}, {"socket", c.Socket}, {"sysfs_root", c.SysfsRoot}, {"dev_root", c.DevRoot}, {"proc_root", c.ProcRoot}} {
 		if kv[1] == "" {
 			return bad(kv[0], "must not be empty")
 		}
@@ -276,6 +290,12 @@ func (c *Config) Validate() error {
 	}
 	if c.HealthInterval < Duration(time.Second) {
 		return bad("health_interval", "%s must be at least 1s", time.Duration(c.HealthInterval))
+	}
+	if c.DriverCheckInterval < Duration(time.Second) || c.DriverCheckInterval > Duration(time.Hour) {
+		return bad("driver_check_interval", "%s must be between 1s and 1h", time.Duration(c.DriverCheckInterval))
+	}
+	if c.RememberReleased < 0 || c.RememberReleased > Duration(90*24*time.Hour) {
+		return bad("remember_released", "%s must be between 0s and 2160h (90 days)", time.Duration(c.RememberReleased))
 	}
 	if c.MaxGPUsPerClaim < 1 || c.MaxGPUsPerClaim > 64 {
 		return bad("max_gpus_per_claim", "%d must be between 1 and 64", c.MaxGPUsPerClaim)

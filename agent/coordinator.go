@@ -49,8 +49,18 @@ type coordinator struct {
 // request, through any agent, returns the same claim.
 func (co *coordinator) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
 	start := time.Now()
-	c, err := co.coordinate(ctx, id, req)
+	if err := validateVCPUs(req.VCPUs); err != nil {
+		return api.Claim{}, err
+	}
+	coordinate := co.coordinate
+	if req.SameNode {
+		coordinate = co.claimSameNode
+	}
+	c, err := coordinate(ctx, id, req)
 	co.rec.ClaimDone(outcome(err), time.Since(start))
+	if err == nil {
+		c = withVCPUWarning(c, req.VCPUs)
+	}
 	return c, err
 }
 
@@ -78,6 +88,12 @@ func outcome(err error) string {
 // attempt: validate, then look the ID up at its home (attempt.lookUp) or,
 // when the home cannot vouch, on every server, then place.
 func (co *coordinator) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+	return co.coordinateOn(ctx, id, req, nil)
+}
+
+// coordinateOn is coordinate with the view's figures replaced by fresh
+// ones for the servers in fresh (by name).
+func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.ClaimRequest, fresh []placement.Server) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -89,6 +105,7 @@ func (co *coordinator) coordinate(ctx context.Context, id string, req api.ClaimR
 	if err != nil {
 		return api.Claim{}, err
 	}
+	at.view = withFresh(at.view, fresh)
 
 	// The fast way: the claim ID's home vouches that it is new, or says
 	// where it is.

@@ -47,10 +47,13 @@ type directory struct {
 	// take; they are sent again, as the ledger has them then, every second.
 	undeliveredMu sync.Mutex
 	undelivered   map[string]bool
+
+	// released: where the IDs homed here were last released (lifecycle.go).
+	released map[string]lastRelease
 }
 
 func newDirectory(now time.Time) *directory {
-	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}}
+	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}, released: map[string]lastRelease{}}
 }
 
 // rendezvous is the weight of node for claim id; the highest weight wins.
@@ -109,6 +112,7 @@ func (d *directory) apply(from string, op api.DirOp, now time.Time) {
 		}
 		e.coordinator, e.since = "", now
 	case api.DirOpGone:
+		d.noteRelease(from, op, now)
 		if e == nil {
 			return
 		}

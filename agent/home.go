@@ -43,7 +43,7 @@ func (h *home) BeginClaim(_ context.Context, id string, req api.DirBegin) (api.D
 	if ok || !vouch {
 		return api.DirAnswer{State: api.DirUnsure}, nil
 	}
-	return api.DirAnswer{State: api.DirNew}, nil
+	return api.DirAnswer{State: api.DirNew, LastOwner: d.lastOwner(id, now, time.Duration(h.cfg.RememberReleased))}, nil
 }
 
 // LookupDirectory answers where claim id is, as far as this home knows.
@@ -59,10 +59,11 @@ func (h *home) LookupDirectory(_ context.Context, id string) (api.DirAnswer, err
 	if ans, ok := d.answer(id, now, h.pendingTTL()); ok {
 		return ans, nil
 	}
+	last := d.lastOwner(id, now, time.Duration(h.cfg.RememberReleased))
 	if vouch {
-		return api.DirAnswer{State: api.DirAbsent}, nil
+		return api.DirAnswer{State: api.DirAbsent, LastOwner: last}, nil
 	}
-	return api.DirAnswer{State: api.DirUnsure}, nil
+	return api.DirAnswer{State: api.DirUnsure, LastOwner: last}, nil
 }
 
 // UpdateDirectory applies an owner's (or a coordinator's) notifications, in
@@ -92,6 +93,9 @@ func (h *home) UpdateDirectory(_ context.Context, u api.DirUpdate) error {
 		d.apply(u.From, op, now)
 	}
 	d.forget(now)
+	if len(d.released) >= maxLastReleases/2 {
+		d.forgetReleases(now, time.Duration(h.cfg.RememberReleased))
+	}
 	return nil
 }
 

@@ -109,6 +109,8 @@ func (o *owner) dirResyncAll(ctx context.Context) {
 		}
 	}
 	o.dirSend(ctx, ops)
+	// Apart: a home older than `at` refuses the batch that carries it.
+	o.dirSend(ctx, o.rememberedOps())
 }
 
 // dirRetry sends again the notifications homes did not take, as the ledger

@@ -88,6 +88,9 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		if s.read {
 			mg.Driver = s.driver
 		}
+		if a.use.isReturning(s.GPU.Address) && a.health(s.GPU.Address) == "" {
+			mg.State, mg.Healthy = metrics.StateReturning, true // kept back, not sick
+		}
 		if t, ok := tele[s.GPU.Address]; ok && mg.Driver == "nvidia" {
 			mt := metrics.Telemetry(t)
 			mg.Telemetry = &mt

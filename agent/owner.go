@@ -188,7 +188,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	)
 	if reservationOnly {
 		c, err = o.ledger.AbortReservation(id, o.now())
-	} else {
+	} else if err = o.releasable(ctx, id); err == nil {
 		c, err = o.ledger.Release(id, o.now())
 	}
 	if err != nil {
@@ -199,6 +199,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	} else {
 		o.rec.Reservation(ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
+		o.remember(c)
 	}
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock := o.locks.lock(c.GPUs...)

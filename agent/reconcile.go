@@ -19,6 +19,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.log.Warn("reconcile: dropped a reservation an older gpuherd left in the ledger file", "claim", c.ID, "coordinator", c.Coordinator,
 			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.now()))
 	}
+	a.adoptRunningVMs()
 	claims := a.ledger.List()
 	held := map[string]string{}
 	for _, c := range claims {

@@ -51,6 +51,10 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer sweep.Stop()
 	health := time.NewTicker(time.Duration(a.cfg.HealthInterval))
 	defer health.Stop()
+	drivers := time.NewTicker(time.Duration(a.cfg.DriverCheckInterval))
+	defer drivers.Stop()
+	returns := time.NewTicker(returnCheckInterval)
+	defer returns.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -73,6 +77,10 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			a.CheckHealth()
 		case <-tele.C:
 			a.refreshTelemetry()
+		case <-drivers.C:
+			a.CheckDrivers(ctx, nil)
+		case <-returns.C:
+			a.CheckReturning(ctx)
 		}
 	}
 }

@@ -16,6 +16,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
+	a.annotateUse(st.GPUs)
 	return st, nil
 }
 

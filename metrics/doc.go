@@ -106,6 +106,19 @@
 //	gpuherd_vfio_operation_errors_total{op}
 //	    counter: binds and releases that failed.
 //
+// # VMs using GPUs
+//
+//	gpuherd_driver_changes_unexpected_total{pci_address,driver}
+//	    counter: GPUs the driver check found on a driver the ledger does not
+//	    expect (driver: the one found, "none" for no driver), e.g. rebound
+//	    to nvidia by libvirt's managed='yes' at VM stop; each was put back
+//	    (or fenced when it could not be).
+//	gpuherd_claims_adopted_total
+//	    counter: claims the agent created at start for GPUs a running VM
+//	    held open while no claim did (adopted-<node>-<domain or pid>).
+//	gpuherd_releases_refused_in_use_total
+//	    counter: releases refused because a VM held the claim's GPUs open.
+//
 // # Gossip
 //
 // Absent while the agent runs without a cluster.

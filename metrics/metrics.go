@@ -16,6 +16,7 @@ const namespace = "gpuherd"
 type Metrics struct {
 	reg    *prometheus.Registry
 	events *events
+	vm     *vmEvents
 	log    *slog.Logger
 }
 
@@ -55,6 +56,7 @@ func New(src Source, opts ...Option) *Metrics {
 	m := &Metrics{
 		reg:    prometheus.NewRegistry(),
 		events: newEvents(),
+		vm:     newVMEvents(),
 		log:    cfg.log.With("component", "metrics"),
 	}
 	// MustRegister: the collectors are fixed at compile time, so a clash is
@@ -62,6 +64,7 @@ func New(src Source, opts ...Option) *Metrics {
 	// condition.
 	m.reg.MustRegister(newSnapshotCollector(src))
 	m.reg.MustRegister(m.events.collectors()...)
+	m.reg.MustRegister(m.vm.collectors()...)
 	if cfg.runtime {
 		m.reg.MustRegister(
 			collectors.NewGoCollector(),

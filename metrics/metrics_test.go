@@ -236,6 +236,7 @@ gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="dra
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="free"} 0
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="quarantined"} 1
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="reserved"} 0
+gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="returning"} 0
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="unhealthy"} 0
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpuherd_gpu_state"); err != nil {

@@ -45,12 +45,15 @@ const (
 	StateClaimed   = "claimed"
 	StateUnhealthy = "unhealthy"
 	StateDrained   = "drained"
+	// StateReturning: released, but a VM still holds its VFIO group open;
+	// it goes to the idle driver once the VM lets go.
+	StateReturning = "returning"
 )
 
 // states lists every GPU state in a fixed order, so that each GPU always has
 // the same gpu_state series and a query for a state that no GPU is in still
 // finds zeros rather than nothing.
-var states = []string{StateFree, StateReserved, StateClaimed, StateUnhealthy, StateDrained}
+var states = []string{StateFree, StateReserved, StateClaimed, StateUnhealthy, StateDrained, StateReturning}
 
 // GPU is one GPU of this server.
 type GPU struct {

@@ -34,6 +34,9 @@ var metricLabels = map[string][]string{
 	"gpuherd_claim_lookups_total":               {"path"},
 	"gpuherd_vfio_operation_duration_seconds":   {"op"},
 	"gpuherd_vfio_operation_errors_total":       {"op"},
+	"gpuherd_driver_changes_unexpected_total":   {"pci_address", "driver"},
+	"gpuherd_claims_adopted_total":              {},
+	"gpuherd_releases_refused_in_use_total":     {},
 	"gpuherd_gossip_members":                    {"state"},
 	"gpuherd_gossip_health_score":               {},
 	"gpuherd_ledger_claims":                     {"state"},
@@ -142,7 +145,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdGPUUnhealthy", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
+	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts = %v, want %v", alerts, want)
 	}

@@ -58,6 +58,12 @@ type Kernel struct {
 	holds   map[string]chan struct{} // closed by Unhold
 	writes  []Write
 
+	// Simulated processes holding VFIO groups open (kernel_openers.go).
+	opens       []*fakeOpen
+	nextFD      int
+	closed      chan struct{} // closed when a group is closed; nil when nobody waits
+	unbindsOpen int
+
 	lockMu sync.Mutex
 	locks  map[string]chan struct{} // per-device one-slot semaphores: the kernel's device_lock
 }

@@ -125,6 +125,7 @@ func (k *Kernel) doWrite(name string, w kwrite) error {
 		if hold != nil {
 			<-hold // NVRM: "Attempting to remove device ... with non-zero usage count"
 		}
+		k.waitGroupClosed(w.addr) // vfio-pci's remove waits for the VM to let go
 	}
 
 	k.mu.Lock()

@@ -73,7 +73,7 @@ func (c *Client) Claims(ctx context.Context) ([]Claim, error) {
 // Release frees a claim's GPUs.
 func (c *Client) Release(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, c.do(ctx, http.MethodDelete, "/claims/"+segment(id), nil, &v)
+	return v, c.do(ctx, http.MethodDelete, "/claims/"+segment(id), releaseBody(ctx), &v)
 }
 
 // Drain stops new claims on a GPU.

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"net/http"
+	"time"
 )
 
 // The claim directory: each claim ID has a home server, chosen by rendezvous
@@ -36,6 +37,10 @@ type DirAnswer struct {
 	State       string   `json:"state"`
 	Owners      []string `json:"owners,omitempty"`      // DirHeld
 	Coordinator string   `json:"coordinator,omitempty"` // DirPending
+	// LastOwner (DirNew, and lookups of an ID held nowhere): the server the
+	// ID was last released on, within remember_released; a claim without a
+	// preferred server goes back there.
+	LastOwner string `json:"last_owner,omitempty"`
 }
 
 // DirUpdate tells a home where claims are now, in order. Owners send one
@@ -51,6 +56,9 @@ type DirUpdate struct {
 type DirOp struct {
 	ID string `json:"id"`
 	Op string `json:"op"` // DirOpHeld, DirOpGone or DirOpAbandon
+	// At is when a DirOpGone's claim was released, when the owner re-sends
+	// one it remembers; zero means now.
+	At time.Time `json:"at,omitzero"`
 }
 
 // DirOp kinds.

@@ -22,6 +22,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"gpus":[{"model":"L40S","count":1}]}`,
 		`{"nodes":3,"gpus":[{"model":"A100 80GB","count":1}]}`,
 		`{"reason":"fan"}`,
+		`{"force":true}`, `{"force":"yes"}`,
 		`{"items":[{"model":"NVIDIA H100 80GB","count":1}],"coordinator":"gpu-2"}`,
 		`{}`, ``, `null`, `[]`, `"x"`, `{"gpus":null}`, `{"gpus":[{"count":"2"}]}`,
 		`{"gpus":[{"count":1e400}]}`, `{"gpus":[{"count":-9223372036854775809}]}`,
@@ -35,7 +36,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add(uint8(2), []byte(`{"nodes":1}`), "")
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte, contentType string) {
 		var v any
-		switch kind % 6 {
+		switch kind % 7 {
 		case 0:
 			v = &ClaimRequest{}
 		case 1:
@@ -46,6 +47,8 @@ func FuzzDecodeRequest(f *testing.F) {
 			v = &DrainRequest{}
 		case 4:
 			v = &ServerDrainRequest{}
+		case 5:
+			v = &ReleaseRequest{}
 		default:
 			v = &ReserveRequest{}
 		}

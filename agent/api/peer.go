@@ -58,7 +58,12 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 		h.reply(w, r, v, err)
 	})
 	mux.HandleFunc("DELETE "+p+"/claims/{id}", func(w http.ResponseWriter, r *http.Request) {
-		v, err := o.Abort(r.Context(), r.PathValue("id"))
+		ctx, err := releaseContext(w, r)
+		if err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		v, err := o.Abort(ctx, r.PathValue("id"))
 		h.reply(w, r, v, err)
 	})
 	mux.HandleFunc("GET "+p+"/claims/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -145,7 +150,7 @@ func (p *PeerClient) Commit(ctx context.Context, id string) (Claim, error) {
 // Abort drops the claim on the owner.
 func (p *PeerClient) Abort(ctx context.Context, id string) (Claim, error) {
 	var v Claim
-	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+segment(id), nil, &v)
+	return v, p.c.do(ctx, http.MethodDelete, "/peer/claims/"+segment(id), releaseBody(ctx), &v)
 }
 
 // AbortReservation drops the owner's reservation, never a committed claim.

@@ -135,7 +135,12 @@ func (h *handler) claim(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) release(w http.ResponseWriter, r *http.Request) {
-	v, err := h.svc.Release(r.Context(), r.PathValue("id"))
+	ctx, err := releaseContext(w, r)
+	if err != nil {
+		h.reply(w, r, nil, err)
+		return
+	}
+	v, err := h.svc.Release(ctx, r.PathValue("id"))
 	h.reply(w, r, v, err)
 }
 

@@ -21,12 +21,13 @@ type GPU struct {
 	NUMANode        int      `json:"numa_node"`
 	IOMMUGroup      int      `json:"iommu_group"`
 	Driver          string   `json:"driver"`
-	State           string   `json:"state"` // free, reserved, claimed, unhealthy, drained
+	State           string   `json:"state"` // free, reserved, claimed, unhealthy, drained, returning
 	Claim           string   `json:"claim"`
 	Health          string   `json:"health,omitempty"` // why it is unhealthy
 	DrainReason     string   `json:"drain_reason,omitempty"`
 	UUID            string   `json:"uuid,omitempty"`
 	Companions      []string `json:"companions,omitempty"`
+	InUseBy         *InUse   `json:"in_use_by,omitempty"` // the VM holding its VFIO group open
 }
 
 // GPU states.
@@ -62,6 +63,13 @@ type ClaimRequest struct {
 	// PreferNode is tried first when it can hold the request: a VM that
 	// restarts goes back to its old server when its GPUs are still free.
 	PreferNode string `json:"prefer_node,omitempty"`
+	// VCPUs is the VM's vCPU count, when the caller says it: outside the
+	// 8–16 per GPU the platform recommends, the answer carries a warning.
+	VCPUs int `json:"vcpus,omitempty"`
+	// SameNode keeps the claim on PreferNode, or else on the server the ID
+	// last ran on: when that server cannot hold the request the answer is
+	// not_available with what it can hold, instead of another server.
+	SameNode bool `json:"same_node,omitempty"`
 }
 
 // ResizeRequest changes a claim's GPUs (model or count).
@@ -105,6 +113,9 @@ type Claim struct {
 	// Domain is the VM that runs on the claim, as the libvirt hook
 	// reported it; absent when none does.
 	Domain *DomainUse `json:"domain,omitempty"`
+	// Warnings are advice about the request that did not stop it (vCPUs
+	// per GPU, the server it last ran on being full).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // DomainUse is the libvirt domain running on a claim.
@@ -197,7 +208,7 @@ const (
 	CodeInternal     = "internal"        // 500
 	CodeUnavailable  = "unavailable"     // 503: the agent cannot serve this now
 	CodeNotClaimed   = "not_claimed"     // 409: a domain names GPUs its claim does not hold; PCIAddresses lists them
-	CodeInUse        = "in_use"          // 409: the claim is in use by another VM
+	CodeInUse        = "in_use"          // 409: the claim is in use by another VM, or a release would take GPUs from a VM using them
 	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
 )
 

@@ -85,30 +85,23 @@ type Alternative struct {
 	Servers int
 }
 
-// Alternatives proposes what the user could have instead of want: the same
-// counts of another model (for a single-model request), then the largest
-// count of each requested model that one server can still hold. Only
+// Alternatives proposes what the user could have instead of want. For one
+// model: the same count of another model, then the largest count of the
+// model that one server can still hold. For several models: the
+// combinations that one server can hold now (combinations.go). Only
 // alternatives that fit on one server, by this view, are offered.
 func Alternatives(servers []Server, want []Want, models []string) []Alternative {
-	var out []Alternative
-	count := func(w []Want) int {
-		n := 0
-		for _, s := range servers {
-			if s.fits(w) {
-				n++
-			}
-		}
-		return n
+	if len(want) > 1 {
+		return combinations(servers, want, models)
 	}
-	if len(want) == 1 {
-		for _, m := range models {
-			if m == want[0].Model {
-				continue
-			}
-			alt := []Want{{Model: m, Count: want[0].Count}}
-			if n := count(alt); n > 0 {
-				out = append(out, Alternative{Items: alt, Servers: n})
-			}
+	var out []Alternative
+	for _, m := range models {
+		if m == want[0].Model {
+			continue
+		}
+		alt := []Want{{Model: m, Count: want[0].Count}}
+		if n := fitCount(servers, alt); n > 0 {
+			out = append(out, Alternative{Items: alt, Servers: n})
 		}
 	}
 	for _, w := range want {
@@ -121,8 +114,19 @@ func Alternatives(servers []Server, want []Want, models []string) []Alternative 
 		best = min(best, w.Count-1)
 		if best >= 1 {
 			alt := []Want{{Model: w.Model, Count: best}}
-			out = append(out, Alternative{Items: alt, Servers: count(alt)})
+			out = append(out, Alternative{Items: alt, Servers: fitCount(servers, alt)})
 		}
 	}
 	return out
+}
+
+// fitCount is how many servers can hold all of w.
+func fitCount(servers []Server, w []Want) int {
+	n := 0
+	for _, s := range servers {
+		if s.fits(w) {
+			n++
+		}
+	}
+	return n
 }

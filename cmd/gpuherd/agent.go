@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"strings"
@@ -70,6 +71,7 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.SocketGroup, "socket-group", "", "group allowed to use the socket (mode 0660)")
 	fl.StringVar(&f.SysfsRoot, "sysfs-root", d.SysfsRoot, "root of sysfs")
 	fl.StringVar(&f.DevRoot, "dev-root", d.DevRoot, "root of /dev")
+	addVMFlags(fl, &f, d)
 	fl.StringVar(&f.Simulate, "simulate", "", "run on simulated hardware: a profile name or file")
 	fl.StringVar(&f.IdleDriver, "idle-driver", d.IdleDriver, "driver of free GPUs: vfio-pci, nvidia or none")
 	fl.StringSliceVar(&f.AllowDevices, "allow-devices", d.AllowDevices, "vendor:device IDs gpuherd may bind")
@@ -140,6 +142,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"tls-cert":            func() { cfg.TLSCert = f.TLSCert },
 		"tls-key":             func() { cfg.TLSKey = f.TLSKey },
 	}
+	maps.Copy(set, vmFlagSetters(f, cfg))
 	fl.Visit(func(p *pflag.Flag) {
 		if apply, ok := set[p.Name]; ok {
 			apply()

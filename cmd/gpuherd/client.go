@@ -67,15 +67,17 @@ func (g *globals) fail(err error) error {
 	fmt.Fprintln(g.stderr, "gpuherd: "+ae.Message)
 	fmt.Fprintln(g.stderr, "Select an alternative GPU:")
 	for _, alt := range ae.Alternatives {
-		fmt.Fprintf(g.stderr, "  --gpu %q   (fits on %d server(s))\n", gpuFlags(alt.GPUs), alt.Servers)
+		fmt.Fprintf(g.stderr, "  %s   (fits on %d server(s))\n", gpuFlags(alt.GPUs), alt.Servers)
 	}
 	return &printedError{err: err}
 }
 
+// gpuFlags writes items as the claim flags that ask for them:
+// --gpu "NVIDIA A100 80GB:1" --gpu "NVIDIA L40S:1".
 func gpuFlags(items []api.Item) string {
 	var parts []string
 	for _, it := range items {
-		parts = append(parts, fmt.Sprintf("%s:%d", it.Model, it.Count))
+		parts = append(parts, fmt.Sprintf("--gpu %q", fmt.Sprintf("%s:%d", it.Model, it.Count)))
 	}
 	return strings.Join(parts, " ")
 }
@@ -131,6 +133,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 						} else if gp.DrainReason != "" {
 							state += " (" + gp.DrainReason + ")"
 						}
+						state += inUseNote(gp.InUseBy)
 						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
 							intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
 					}
@@ -144,6 +147,8 @@ func newClaimCmd(g *globals) *cobra.Command {
 		gpus, labels []string
 		prefer       string
 		ho           handoffFlags
+		vcpus        int
+		sameNode     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
@@ -160,13 +165,20 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 				return err
 			}
 			req.PreferNode = prefer
+			if vcpus < 0 || cmd.Flags().Changed("vcpus") && vcpus == 0 {
+				return usagef("--vcpus %d: give the VM's vCPU count, at least 1", vcpus)
+			}
+			req.VCPUs = vcpus
+			req.SameNode = sameNode
 			return callClaim(g, cmd, ho, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Claim(ctx, args[0], req) })
 		},
 	}
 	ho.flags(cmd)
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
-	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (a VM restarting on its old server)")
+	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (default: the server the ID last ran on, when remembered)")
+	cmd.Flags().IntVar(&vcpus, "vcpus", 0, "the VM's vCPUs: warns outside 8-16 per GPU")
+	cmd.Flags().BoolVar(&sameNode, "same-node", false, "stay on --prefer-node, or on the server the ID last ran on: not available (with alternatives) when it is full")
 	return cmd
 }
 
@@ -236,17 +248,26 @@ func printClaim(w io.Writer, cl api.Claim) {
 }
 
 func newReleaseCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "release ID",
 		Short: "Release a claim; its GPUs go back to the idle driver",
-		Args:  exactArgs(1, "one claim ID"),
+		Long: `Release the claim ID wherever it is held; its GPUs go back to the idle driver.
+A claim whose GPUs a running VM holds open is not released (exit code 6) unless
+--force: the GPUs are then offered to nobody, and stay on vfio-pci, until the VM
+lets go of them.`,
+		Args: exactArgs(1, "one claim ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Release(ctx, args[0]) },
+			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) {
+				return c.ReleaseWith(ctx, args[0], api.ReleaseRequest{Force: force})
+			},
 				func(w *tabwriter.Writer, cl api.Claim) {
 					fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", cl.ID, cl.Node, len(cl.GPUs))
 				})
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "release even while a VM uses the GPUs (they return once it stops)")
+	return cmd
 }
 
 func newGetCmd(g *globals) *cobra.Command {

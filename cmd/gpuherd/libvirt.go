@@ -87,7 +87,7 @@ func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context
 	switch g.output {
 	case outLibvirt, outLibvirtDomain, outQEMU:
 	default:
-		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
+		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl); g.warn(cl.Warnings) })
 	}
 	if ho.guestBus < 1 || ho.guestBus > 0xff {
 		return usagef("--guest-bus %d: use 1 to 255", ho.guestBus)
@@ -100,6 +100,7 @@ func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context
 	if err != nil {
 		return g.fail(err)
 	}
+	g.warn(cl.Warnings)
 	var out []byte
 	switch g.output {
 	case outLibvirt:

@@ -82,6 +82,8 @@ func exitCode(err error) int {
 			return exitNotAvailable
 		case api.CodeInvalid, api.CodeUnknownModel:
 			return exitUsage
+		case api.CodeInUse:
+			return exitInUse
 		}
 		return exitError
 	case isCobraUsage(err):

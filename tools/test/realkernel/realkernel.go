@@ -62,6 +62,8 @@ func run(w io.Writer) error {
 	partVFIO(c, m)
 	c.section("part 2: the gpuherd agent")
 	partAgent(c, m)
+	c.section("part 3: a device in use by a VFIO consumer")
+	partInUse(c, m)
 	fmt.Fprintf(w, "\nREALKERNEL: counts: checks passed=%d failed=%d; kernel driver changes: bound to vfio-pci=%d, unbound from vfio-pci=%d; VFIO group opens=%d; agent starts=%d; took %s\n",
 		c.passed, c.failed, c.bound, c.unbound, c.opens, c.starts, time.Since(start).Round(time.Millisecond))
 	if c.failed > 0 {

@@ -11,6 +11,9 @@ import (
 // (run.sh sets GPUHERD_REAL_KERNEL_EXIT=1): 0 for pass, 1 for fail, so
 // that QEMU exits 1 or 3.
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(consumerEnv); spec != "" {
+		consumerMain(spec)
+	}
 	code := m.Run()
 	if os.Getenv("GPUHERD_REAL_KERNEL_EXIT") == "1" {
 		v := uint8(0)

@@ -1,0 +1,364 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/vfio"
+)
+
+// A GPU in use is never moved. A VM's QEMU holds its GPUs' VFIO groups
+// (/dev/vfio/N) open from start to stop; the agent finds those processes
+// in /proc (vfio.ScanOpeners) and:
+//   - refuses to release a claim whose GPUs are open (409 in_use) unless
+//     the release is forced;
+//   - never returns an open GPU to the idle driver: it stays "returning",
+//     offered to nobody, until the group is closed (checkReturning);
+//   - at start, adopts the GPUs of a VM that runs without a claim
+//     (adoptRunningVMs), so they are never offered to anyone else.
+
+const (
+	// returnCheckInterval is how often GPUs kept back while open are
+	// looked at again: one /proc scan, only while there are any.
+	returnCheckInterval = time.Second
+	// returnWarnEvery is how often a GPU still held open after its release
+	// is logged again.
+	returnWarnEvery = 5 * time.Minute
+)
+
+// vmUse is what the agent knows of the VMs using its GPUs.
+type vmUse struct {
+	proc vfio.ProcFS
+
+	mu        sync.Mutex
+	returning map[string]*returning // by PCI address
+}
+
+// returning is a free GPU kept back from the idle driver while a process
+// holds its VFIO group open.
+type returning struct {
+	since  time.Time
+	why    string
+	by     vfio.Opener // zero when /proc could not be read
+	warned time.Time
+}
+
+// procFor picks where the agent looks for VFIO users: the simulated
+// machine's own /proc when it runs on one (the host's processes are not
+// the simulation's), none on another injected sysfs (a test's: the host's
+// processes are not its either), the configured proc root otherwise.
+func procFor(fs vfio.FS, root string, injected bool) vfio.ProcFS {
+	if k, ok := fs.(interface{ Proc() vfio.ProcFS }); ok {
+		return k.Proc()
+	}
+	if injected {
+		return noProcs{}
+	}
+	return vfio.NewOSProc(root)
+}
+
+// noProcs is a /proc without processes.
+type noProcs struct{}
+
+func (noProcs) ReadDir(string) ([]string, error) { return nil, nil }
+func (noProcs) Readlink(string) (string, error)  { return "", os.ErrNotExist }
+func (noProcs) ReadFile(string) ([]byte, error)  { return nil, os.ErrNotExist }
+
+// openGroups returns the processes holding each VFIO group open. With an
+// error, what it found (nil when /proc could not be read at all): the
+// callers then act as if every other group were open.
+func (a *Agent) openGroups() (map[int][]vfio.Opener, error) {
+	open, err := vfio.ScanOpeners(a.use.proc)
+	if err != nil {
+		return open, fmt.Errorf("finding the VMs that use GPUs (proc_root %s): %w", a.cfg.ProcRoot, err)
+	}
+	return open, nil
+}
+
+// userOf returns the process holding the GPU at addr's group open.
+func (a *Agent) userOf(addr string, open map[int][]vfio.Opener) (vfio.Opener, bool) {
+	g, ok := a.gpu(addr)
+	if !ok || g.IOMMUGroup < 0 || len(open[g.IOMMUGroup]) == 0 {
+		return vfio.Opener{}, false
+	}
+	return open[g.IOMMUGroup][0], true
+}
+
+// refuseInUse is the answer to a release of claim id while a VM holds any
+// of its GPUs open, or nil. A /proc that cannot be read refuses too: the
+// agent cannot tell, and --force is the operator's way past it.
+func (a *Agent) refuseInUse(id string, gpus []string) error {
+	used, err := a.usedBy(gpus)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: cannot tell whether a VM uses its GPUs: %v; retry, or release with --force", id, err)}
+	}
+	if len(used) == 0 {
+		return nil
+	}
+	a.metrics.ReleaseRefusedInUse()
+	a.log.Warn("release refused: a VM uses the claim's GPUs", "claim", id, "in_use", strings.Join(used, "; "))
+	return &api.Error{Code: api.CodeInUse,
+		Message: fmt.Sprintf("claim %s: %s; stop the VM first, or release with --force", id, strings.Join(used, "; "))}
+}
+
+// usedBy describes, for people, each GPU of gpus a process holds open.
+// An incomplete scan is an error only when it found none of them open.
+func (a *Agent) usedBy(gpus []string) ([]string, error) {
+	open, err := a.openGroups()
+	var used []string
+	for _, addr := range gpus {
+		if o, ok := a.userOf(addr, open); ok {
+			used = append(used, fmt.Sprintf("GPU %s is in use by %s", addr, o))
+		}
+	}
+	if len(used) == 0 && err != nil {
+		return nil, err
+	}
+	return used, nil
+}
+
+// groupScan scans /proc once, on first use: toIdleLocked needs it only
+// when there is a GPU to return.
+type groupScan struct {
+	a    *Agent
+	done bool
+	open map[int][]vfio.Opener
+	err  error
+}
+
+func (s *groupScan) get() (map[int][]vfio.Opener, error) {
+	if !s.done {
+		s.open, s.err = s.a.openGroups()
+		s.done = true
+	}
+	return s.open, s.err
+}
+
+// keepWhileOpen reports whether the free GPU at addr must not go to the
+// idle driver yet: a process holds its group open (or /proc could not be
+// read). It is then kept back as returning, offered to no claim, and
+// checkReturning returns it once the group is closed. The caller holds
+// the GPU's device lock.
+func (a *Agent) keepWhileOpen(addr, why string, scan *groupScan) bool {
+	open, err := scan.get()
+	by, ok := a.userOf(addr, open)
+	if !ok && err == nil {
+		return false
+	}
+	a.use.mu.Lock()
+	if a.use.returning == nil {
+		a.use.returning = map[string]*returning{}
+	}
+	old, was := a.use.returning[addr]
+	now := a.now()
+	r := &returning{since: now, why: why, by: by, warned: now}
+	if was {
+		r.since, r.warned = old.since, old.warned
+	}
+	a.use.returning[addr] = r
+	a.use.mu.Unlock()
+	if !ok {
+		a.log.Error("GPU kept from the idle driver: cannot tell whether a VM still uses it", "pci_address", addr, "why", why, "err", err)
+	} else if !was {
+		a.log.Warn("GPU kept from the idle driver while a VM holds its VFIO group open; it returns once the VM lets go",
+			"pci_address", addr, "why", why, "pid", by.PID, "comm", by.Comm, "domain", by.Domain)
+	}
+	if !was {
+		if err := a.pushInventory(); err != nil {
+			a.log.Error("keeping GPU back", "pci_address", addr, "err", err)
+		}
+	}
+	return true
+}
+
+// isReturning reports whether the GPU at addr is kept back while open.
+func (u *vmUse) isReturning(addr string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_, ok := u.returning[addr]
+	return ok
+}
+
+func (u *vmUse) returningAddrs() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []string
+	for addr := range u.returning {
+		out = append(out, addr)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// CheckReturning returns to the idle driver every GPU kept back whose VFIO
+// group is closed now; those still open stay, logged again every
+// returnWarnEvery.
+func (a *Agent) CheckReturning(ctx context.Context) {
+	addrs := a.use.returningAddrs()
+	if len(addrs) == 0 {
+		return
+	}
+	open, err := a.openGroups()
+	if err != nil {
+		// A partial picture cannot say a group is closed.
+		a.log.Error("GPUs kept from the idle driver: cannot tell whether VMs still use them", "gpus", addrs, "err", err)
+		return
+	}
+	returned := false
+	for _, addr := range addrs {
+		if o, ok := a.userOf(addr, open); ok {
+			a.use.mu.Lock()
+			r := a.use.returning[addr]
+			warn := r != nil && a.now().Sub(r.warned) >= returnWarnEvery
+			if r != nil {
+				r.by = o
+				if warn {
+					r.warned = a.now()
+				}
+			}
+			a.use.mu.Unlock()
+			if warn {
+				a.log.Warn("GPU still held open after its release; stop the VM to return it", "pci_address", addr,
+					"pid", o.PID, "comm", o.Comm, "domain", o.Domain, "since", r.since)
+			}
+			continue
+		}
+		unlock := a.locks.lock(addr)
+		a.use.mu.Lock()
+		r := a.use.returning[addr]
+		delete(a.use.returning, addr)
+		a.use.mu.Unlock()
+		why := "VFIO group closed"
+		if r != nil {
+			why = r.why + ", after its VFIO group was closed"
+		}
+		a.toIdleLocked(ctx, why, []string{addr}, "")
+		if err := a.pushInventory(); err != nil { // offered again at once
+			a.log.Error("returning GPUs", "err", err)
+		}
+		unlock()
+		if !a.use.isReturning(addr) {
+			a.log.Info("GPU returned: its VFIO group was closed", "pci_address", addr)
+		}
+		returned = true
+	}
+	if returned {
+		a.changed()
+	}
+}
+
+// annotateUse adds to a status what the ledger cannot say: which process
+// holds each GPU open, and the GPUs kept back while open.
+func (a *Agent) annotateUse(gpus []api.GPU) {
+	open, err := a.openGroups()
+	if err != nil {
+		a.log.Warn("status: cannot tell which VMs use GPUs", "err", err)
+	}
+	for i := range gpus {
+		g := &gpus[i]
+		if o, ok := a.userOf(g.PCIAddress, open); ok {
+			g.InUseBy = &api.InUse{PID: o.PID, Comm: o.Comm, Domain: o.Domain}
+		}
+		a.use.mu.Lock()
+		r := a.use.returning[g.PCIAddress]
+		a.use.mu.Unlock()
+		if r != nil && g.State == api.StateUnhealthy && a.health(g.PCIAddress) == "" {
+			g.State = api.StateReturning
+			g.Health = ""
+		}
+	}
+}
+
+// adoptedID names the claim adopted for the VM o on node: the domain when
+// QEMU's command line names it, otherwise the PID. The node keeps it
+// unique on the platform; bytes a claim ID may not hold become '-'.
+func adoptedID(node string, o vfio.Opener) string {
+	who := "pid" + strconv.Itoa(o.PID)
+	if o.Domain != "" {
+		who = o.Domain
+	}
+	b := []byte("adopted-" + node + "-" + who)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > ledger.MaxIDLen {
+		b = b[:ledger.MaxIDLen]
+	}
+	return string(b)
+}
+
+// adoptRunningVMs, at start, takes the GPUs that a running VM holds open
+// while no claim does (a VM started before gpuherd, or outside it) into a
+// committed claim per VM, adopted-<node>-<domain or pid>, so that they are
+// never offered to anyone else nor moved. Each is logged and counted: the
+// operator names it in the platform, or releases it (--force while the VM
+// runs) when the VM is not meant to keep its GPUs.
+func (a *Agent) adoptRunningVMs() {
+	open, err := a.openGroups()
+	if err != nil {
+		a.log.Error("reconcile: cannot tell which VMs use GPUs; free GPUs stay on their drivers until it can", "err", err)
+	}
+	if len(open) == 0 {
+		return
+	}
+	now := a.now()
+	held := map[string]bool{}
+	for _, c := range a.ledger.List() {
+		if c.Live(now) {
+			for _, g := range c.GPUs {
+				held[g] = true
+			}
+		}
+	}
+	a.mu.RLock()
+	order := slices.Clone(a.order)
+	a.mu.RUnlock()
+	type vm struct {
+		by   vfio.Opener
+		gpus []string
+	}
+	var vms []*vm
+	byPID := map[int]*vm{}
+	for _, addr := range order {
+		o, ok := a.userOf(addr, open)
+		if !ok || held[addr] {
+			continue
+		}
+		v := byPID[o.PID]
+		if v == nil {
+			v = &vm{by: o}
+			byPID[o.PID] = v
+			vms = append(vms, v)
+		}
+		v.gpus = append(v.gpus, addr)
+	}
+	for _, v := range vms {
+		id := adoptedID(a.cfg.NodeName, v.by)
+		for n := 2; ; n++ {
+			if _, err := a.ledger.Get(id); err != nil {
+				break
+			}
+			id = fmt.Sprintf("%s-%d", adoptedID(a.cfg.NodeName, v.by), n)
+		}
+		c, err := a.ledger.Adopt(id, v.gpus, nil, now)
+		if err != nil {
+			a.log.Error("reconcile: a running VM holds GPUs no claim holds, and adopting them failed; they are not offered while it runs",
+				"gpus", v.gpus, "pid", v.by.PID, "domain", v.by.Domain, "err", err)
+			continue
+		}
+		a.metrics.ClaimAdopted()
+		a.log.Warn("reconcile: adopted the GPUs of a running VM as a claim; keep it under this ID, or release it once the VM is stopped",
+			"claim", c.ID, "gpus", c.GPUs, "pid", v.by.PID, "comm", v.by.Comm, "domain", v.by.Domain)
+	}
+}

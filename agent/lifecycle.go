@@ -1,0 +1,210 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// The VM's life cycle: stopping a VM releases its claim; starting it again
+// claims the same ID. The owner remembers a released claim (its ledger,
+// for remember_released) and tells the ID's home, which remembers the
+// server in memory; a later claim of the ID without a preferred server
+// goes back there when that server can hold it, and says so in a warning
+// when it cannot. The owners re-send what they remember when the homes
+// move, so the memory survives a home's restart.
+
+// vCPU guidance of the platform: 8 to 16 vCPUs per GPU.
+const (
+	minVCPUsPerGPU = 8
+	maxVCPUsPerGPU = 16
+)
+
+// vcpuWarning is the advice for a VM of vcpus vCPUs with gpus GPUs, or "".
+func vcpuWarning(vcpus, gpus int) string {
+	if vcpus <= 0 || gpus <= 0 {
+		return ""
+	}
+	lo, hi := minVCPUsPerGPU*gpus, maxVCPUsPerGPU*gpus
+	if vcpus >= lo && vcpus <= hi {
+		return ""
+	}
+	return fmt.Sprintf("%d vCPUs for %d GPU(s) is %.1f per GPU; the platform recommends %d to %d per GPU (%d to %d vCPUs for this VM)",
+		vcpus, gpus, float64(vcpus)/float64(gpus), minVCPUsPerGPU, maxVCPUsPerGPU, lo, hi)
+}
+
+// validateVCPUs refuses a vCPU count no VM can have.
+func validateVCPUs(vcpus int) error {
+	if vcpus < 0 || vcpus > 4096 {
+		return api.Invalid("vcpus", "%d: must be between 1 and 4096, or left out", vcpus)
+	}
+	return nil
+}
+
+// withVCPUWarning adds the vCPU advice to a granted claim.
+func withVCPUWarning(c api.Claim, vcpus int) api.Claim {
+	n := 0
+	for _, it := range c.Items {
+		n += it.Count
+	}
+	if w := vcpuWarning(vcpus, n); w != "" {
+		c.Warnings = append(c.Warnings, w)
+	}
+	return c
+}
+
+// recalled is the server a claim goes back to: the one it last ran on,
+// unless the caller named one.
+func recalled(prefer, last string) string {
+	if prefer != "" {
+		return ""
+	}
+	return last
+}
+
+// stays reports whether a reservation on server may be committed as far
+// as last, the server the ID last ran on, is concerned: nothing is
+// remembered, it is that server, or that server cannot hold the request
+// by this attempt's view.
+func (at *attempt) stays(last, server string) bool {
+	if last == "" || last == server {
+		return true
+	}
+	t, ok := targetNamed(at.view, last)
+	if !ok {
+		return true
+	}
+	return len(placement.Rank([]placement.Server{t.server}, at.want, "", nil)) == 0
+}
+
+// returnTo finishes a placement whose ID's home vouched for it: when it
+// reserved elsewhere than last while last can hold it, the reservation is
+// dropped and the claim placed with last first (other servers still follow
+// if last refuses).
+func (at *attempt) returnTo(ctx context.Context, last string, c api.Claim, err error) (api.Claim, error) {
+	var nv *notVouched
+	if !errors.As(err, &nv) {
+		return at.notePlaced(last, c, err)
+	}
+	if nv.held {
+		// The owner already held it committed (a retry): that is the claim.
+		return at.commit(ctx, nv.t)
+	}
+	at.abortReservation(ctx, nv.t)
+	at.log.Info("claim goes back to the server it last ran on", "claim", at.id, "node", last, "reserved_first_on", nv.t.name)
+	p := *at
+	p.prefer = last
+	c, err = p.placeVouched(ctx, func(string) bool { return true })
+	return at.notePlaced(last, c, err)
+}
+
+// notePlaced warns when a claim of a remembered ID was placed elsewhere
+// than last, the server it last ran on.
+func (at *attempt) notePlaced(last string, c api.Claim, err error) (api.Claim, error) {
+	if err != nil || last == "" || c.Node == last {
+		return c, err
+	}
+	c.Warnings = append(c.Warnings, fmt.Sprintf("claim %s last ran on %s, which cannot hold %s now; placed on %s", at.id, last, api.DescribeItems(c.Items), c.Node))
+	return c, nil
+}
+
+// releasable is nil when claim id may be released now: no VM holds its
+// GPUs open, or the release is forced (api.Forced).
+func (o *owner) releasable(ctx context.Context, id string) error {
+	c, err := o.ledger.Get(id)
+	if err != nil {
+		return nil // the release itself answers not found
+	}
+	if api.Forced(ctx) {
+		if used, _ := o.usedBy(c.GPUs); len(used) > 0 {
+			o.log.Warn("release forced while a VM uses the claim's GPUs; they return to the idle driver once it lets go", "claim", id, "in_use", used)
+		}
+		return nil
+	}
+	return o.refuseInUse(id, c.GPUs)
+}
+
+// remember records a released committed claim in the ledger, for
+// remember_released.
+func (o *owner) remember(c ledger.Claim) {
+	if c.State != ledger.StateCommitted {
+		return
+	}
+	if err := o.ledger.Remember(c, o.now(), time.Duration(o.cfg.RememberReleased)); err != nil {
+		o.log.Warn("released claim not remembered; a later claim of its ID may go to another server", "claim", c.ID, "err", err)
+	}
+}
+
+// rememberedOps are the released claims this owner remembers, as directory
+// notifications: sent again with every resync so that an ID's new home
+// knows where it last ran.
+func (o *owner) rememberedOps() []api.DirOp {
+	keep := time.Duration(o.cfg.RememberReleased)
+	if keep <= 0 {
+		return nil
+	}
+	rs, err := o.ledger.RecallAll(o.now(), keep)
+	if err != nil {
+		o.log.Warn("released claims not re-sent to their homes", "err", err)
+		return nil
+	}
+	ops := make([]api.DirOp, 0, len(rs))
+	for _, r := range rs {
+		if _, err := o.ledger.Get(r.ID); err == nil {
+			continue // held here again
+		}
+		ops = append(ops, api.DirOp{ID: r.ID, Op: api.DirOpGone, At: r.ReleasedAt})
+	}
+	return ops
+}
+
+// lastRelease is where, as its home, this agent last heard a claim ID was
+// released.
+type lastRelease struct {
+	node string
+	at   time.Time
+}
+
+// maxLastReleases bounds the releases a home remembers.
+const maxLastReleases = 100000
+
+// noteRelease records, at the home, that from released op.ID (at op.At, or
+// now when the owner did not say). A later release wins over an earlier
+// one whatever order they arrive in.
+func (d *directory) noteRelease(from string, op api.DirOp, now time.Time) {
+	at := op.At
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
+	if old, ok := d.released[op.ID]; ok && old.at.After(at) {
+		return
+	}
+	if len(d.released) >= maxLastReleases {
+		d.forgetReleases(now, 0)
+	}
+	d.released[op.ID] = lastRelease{node: from, at: at}
+}
+
+// lastOwner is the server claim id was last released on, if within keep.
+func (d *directory) lastOwner(id string, now time.Time, keep time.Duration) string {
+	r, ok := d.released[id]
+	if !ok || now.Sub(r.at) >= keep {
+		return ""
+	}
+	return r.node
+}
+
+// forgetReleases drops releases older than keep (all of them for keep 0
+// when the map is full: the owners re-send theirs at the next resync).
+func (d *directory) forgetReleases(now time.Time, keep time.Duration) {
+	for id, r := range d.released {
+		if keep == 0 || now.Sub(r.at) >= keep {
+			delete(d.released, id)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
+
+// A VM stopped and started again (release, then claim of the same ID with
+// no server named) goes back to the server it ran on, even when best fit
+// would pick another; when that server is full, it goes elsewhere and the
+// answer says so.
+func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
+	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	one := api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}
+	id := "vm-restart"
+
+	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: one.GPUs, PreferNode: "c"})
+	if err != nil || cl.Node != "c" {
+		t.Fatalf("first start: %+v, %v; want on c", cl, err)
+	}
+	// Best fit now prefers a and b: they have fewer GPUs free than c.
+	for _, x := range []*Agent{a, b} {
+		for _, other := range []string{"other-1", "other-2"} {
+			oid := other + "-" + x.cfg.NodeName
+			if got, err := x.Claim(ctx, oid, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, PreferNode: x.cfg.NodeName}); err != nil || got.Node != x.cfg.NodeName {
+				t.Fatalf("claim %s: %+v, %v", oid, got, err)
+			}
+		}
+	}
+	if _, err := b.Release(ctx, id); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	home := homeOf(id, a.targets()).name
+	homeAgent := map[string]*Agent{"a": a, "b": b, "c": c}[home]
+	waitFor(t, "the home to learn where "+id+" was released", 5*time.Second, func() bool {
+		homeAgent.dir.mu.Lock()
+		defer homeAgent.dir.mu.Unlock()
+		return homeAgent.dir.lastOwner(id, homeAgent.now(), time.Hour) == "c"
+	})
+	if r, ok, err := c.ledger.Recall(id, c.now(), time.Hour); err != nil || !ok || api.DescribeItems(apiItems(r.Items)) != "1x NVIDIA H100 80GB" {
+		t.Fatalf("the owner's ledger remembers %+v, %v, %v", r, ok, err)
+	}
+
+	for i := range 5 { // ties between a and b are random: try a few times
+		cl, err = a.Claim(ctx, id, one)
+		if err != nil || cl.Node != "c" || len(cl.Warnings) != 0 {
+			t.Fatalf("start %d without a preferred server: %+v, %v; want back on c, no warning", i+2, cl, err)
+		}
+		if _, err := a.Release(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the home to learn the release", 5*time.Second, func() bool {
+			ans, err := homeAgent.LookupDirectory(ctx, id)
+			return err == nil && ans.State == api.DirAbsent
+		})
+	}
+
+	// c fills up meanwhile: the VM starts elsewhere, with a warning.
+	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 8}}, PreferNode: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err = b.Claim(ctx, id, one)
+	if err != nil || cl.Node == "c" {
+		t.Fatalf("start with c full: %+v, %v", cl, err)
+	}
+	want := "claim vm-restart last ran on c, which cannot hold 1x NVIDIA H100 80GB now; placed on " + cl.Node
+	if len(cl.Warnings) != 1 || cl.Warnings[0] != want {
+		t.Errorf("warnings = %q, want %q", cl.Warnings, want)
+	}
+	// A preferred server named by the caller wins over the memory.
+	if _, err := a.Release(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Release(ctx, "filler"); err != nil {
+		t.Fatal(err)
+	}
+	cl, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: one.GPUs, PreferNode: "a"})
+	if err != nil || cl.Node != "a" || len(cl.Warnings) != 0 {
+		t.Fatalf("start with --prefer-node a: %+v, %v", cl, err)
+	}
+}
+
+// The home keeps the latest release whatever order the notices arrive in
+// (an owner re-sends what it remembers at every resync), and forgets it
+// after remember_released.
+func TestDirectoryRemembersTheLatestRelease(t *testing.T) {
+	d := newDirectory(time.Unix(1000, 0))
+	now := time.Unix(2000, 0)
+	d.apply("b", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone, At: now.Add(-time.Hour)}, now) // a's resync of an older release
+	if got := d.lastOwner("vm-1", now, 24*time.Hour); got != "b" {
+		t.Errorf("last owner = %q, want b (the latest release)", got)
+	}
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone, At: now.Add(time.Hour)}, now) // from the future: now
+	if got := d.lastOwner("vm-1", now.Add(time.Minute), 24*time.Hour); got != "a" {
+		t.Errorf("last owner = %q, want a", got)
+	}
+	if got := d.lastOwner("vm-1", now.Add(25*time.Hour), 24*time.Hour); got != "" {
+		t.Errorf("after remember_released: %q, want forgotten", got)
+	}
+	if got := d.lastOwner("vm-1", now, 0); got != "" {
+		t.Errorf("remember_released 0: %q, want nothing", got)
+	}
+}
+
+func TestVCPUWarning(t *testing.T) {
+	for _, tc := range []struct {
+		vcpus, gpus int
+		warn        bool
+	}{{0, 2, false}, {8, 1, false}, {16, 1, false}, {7, 1, true}, {17, 1, true}, {16, 2, false}, {32, 2, false}, {33, 2, true}, {8, 0, false}} {
+		if got := vcpuWarning(tc.vcpus, tc.gpus); (got != "") != tc.warn || (tc.warn && !strings.Contains(got, "8 to 16 per GPU")) {
+			t.Errorf("vcpuWarning(%d, %d) = %q, want a warning: %v", tc.vcpus, tc.gpus, got, tc.warn)
+		}
+	}
+}
+
+// A release through another agent reaches the owner's in-use rule, and a
+// forced one carries its force to the owner.
+func TestClusterReleaseOfAGPUInUseThroughAnotherAgent(t *testing.T) {
+	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	cl, err := a.Claim(ctx, "vm-b", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, PreferNode: "c"})
+	if err != nil || cl.Node != "c" {
+		t.Fatalf("claim: %+v, %v", cl, err)
+	}
+	g := cl.GPUs[0]
+	stop, err := c.sim.Kernel.OpenGroup(g.IOMMUGroup, qemu(4242, "vm-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	_, err = a.Release(ctx, "vm-b")
+	if e := apiErr(t, err); e.Code != api.CodeInUse || e.HTTPStatus() != 409 || !strings.Contains(e.Message, "pid 4242 (qemu-system-x86, domain vm-b)") {
+		t.Fatalf("release through a while the VM runs on c: %+v", e)
+	}
+	if _, err := b.Release(api.WithForce(ctx), "vm-b"); err != nil {
+		t.Fatalf("forced release through b: %v", err)
+	}
+	if st := gpuStatus(t, c, g.PCIAddress); st.State != api.StateReturning {
+		t.Fatalf("on c after the forced release: %+v, want returning", st)
+	}
+	stop()
+	c.CheckReturning(ctx)
+	if st := gpuStatus(t, c, g.PCIAddress); st.State != api.StateFree || st.Driver != "nvidia" {
+		t.Fatalf("on c once the VM let go: %+v, want free on nvidia", st)
+	}
+}
+
+// same_node: a VM that must restart where it ran (its disks are there)
+// gets "not available" with what that server can hold when it is full,
+// and is never placed elsewhere.
+func TestClusterSameNodeOffersAlternativesInsteadOfMoving(t *testing.T) {
+	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	two := []api.Item{{Model: "H100 80GB", Count: 2}}
+	if cl, err := a.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, PreferNode: "c"}); err != nil || cl.Node != "c" {
+		t.Fatalf("first start: %+v, %v", cl, err)
+	}
+	if _, err := a.Release(ctx, "vm-s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}, PreferNode: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	home := map[string]*Agent{"a": a, "b": b, "c": c}[homeOf("vm-s", a.targets()).name]
+	waitFor(t, "the home to learn the release", 5*time.Second, func() bool {
+		ans, err := home.LookupDirectory(ctx, "vm-s")
+		return err == nil && ans.LastOwner == "c"
+	})
+
+	_, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, SameNode: true})
+	e := apiErr(t, err)
+	want := "The following GPUs are not available: 2x NVIDIA H100 80GB on c, where claim vm-s must stay"
+	if e.Code != api.CodeNotAvailable || e.Message != want {
+		t.Fatalf("same-node claim with c full: %s %q, want not_available %q", e.Code, e.Message, want)
+	}
+	if len(e.Alternatives) != 1 || api.DescribeItems(e.Alternatives[0].GPUs) != "1x NVIDIA H100 80GB" {
+		t.Errorf("alternatives = %+v, want what c can hold: 1x NVIDIA H100 80GB", e.Alternatives)
+	}
+	if _, err := a.Get(ctx, "vm-s"); !isCode(err, api.CodeNotFound) {
+		t.Errorf("vm-s after the refused same-node claim: %v, want not found anywhere", err)
+	}
+	// Without same_node it moves, with a warning.
+	if cl, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two}); err != nil || cl.Node == "c" || len(cl.Warnings) != 1 {
+		t.Fatalf("claim without same_node: %+v, %v", cl, err)
+	}
+	if _, err := b.Release(ctx, "vm-s"); err != nil {
+		t.Fatal(err)
+	}
+	// With room on c again, same_node puts it there.
+	if _, err := c.Release(ctx, "filler"); err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := a.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, PreferNode: "c", SameNode: true}); err != nil || cl.Node != "c" {
+		t.Fatalf("same-node claim with room on c: %+v, %v", cl, err)
+	}
+}
