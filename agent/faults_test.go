@@ -27,8 +27,12 @@ import (
 // where clients make calls, the porcupine check of what they saw.
 
 // faultLease is the reservation lease of the fault tests: short, so that
-// an abandoned reservation expires within the test.
-const faultLease = 2 * time.Second
+// an abandoned reservation expires within the test, yet long enough that a
+// reserve or commit starved of CPU still finishes within it. At 2 s, runs
+// of go test -race on a loaded 2-core machine failed now and then with a
+// lease that expired inside a call ("reservation lease expired", or the
+// reservation already swept: "not found on this server").
+const faultLease = 4 * time.Second
 
 // startShortLease is tc.start with the fault tests' short lease (and so
 // a sweep every half second).
