@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,6 +29,12 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	start := time.Now()
 	res, err := a.binder.Bind(ctx, addr)
 	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
+	if errors.Is(err, vfio.ErrGroupNotViable) {
+		// Refused before any write: the group changed since it was
+		// looked at. Unusable, not broken.
+		a.refreshReadiness(context.WithoutCancel(ctx), why, []string{addr})
+		return err
+	}
 	if err != nil {
 		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
 		return err
@@ -43,14 +50,14 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
 	scan := &groupScan{a: a}
 	for _, addr := range a.unclaimed(addrs) {
-		if addr == skip || a.health(addr) != "" || a.keepWhileOpen(addr, why, scan) {
-			continue
+		if addr == skip || a.health(addr) != "" || a.unusable(addr) != "" || a.keepWhileOpen(addr, why, scan) {
+			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
 		}
 		start := time.Now()
 		res, err := a.binder.Release(ctx, addr, a.policy)
 		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
 		if err != nil {
-			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
+			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))
 			continue
 		}
 		logChanges(a, why, res)

@@ -121,7 +121,8 @@ func (b *Binder) Release(ctx context.Context, addr string, policy IdlePolicy) (R
 	if _, err := ParseIdlePolicy(string(policy)); err != nil {
 		return Result{}, err
 	}
-	return b.apply(ctx, "release", addr, policy)
+	// Named after what it does, not why: at start, nothing was claimed.
+	return b.apply(ctx, "move to idle driver "+string(policy), addr, policy)
 }
 
 // target is the state a move leaves a device in.
