@@ -18,6 +18,9 @@ type bindFailure struct {
 }
 
 func (b *bindFailure) Error() string {
+	if errors.Is(b.err, vfio.ErrGroupNotViable) {
+		return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci: its IOMMU group changed and cannot be passed through now (the GPU is unusable; nothing of its group was written): %v", b.claim, b.addr, b.err)
+	}
 	return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci and was fenced off: %v", b.claim, b.addr, b.err)
 }
 
@@ -31,8 +34,9 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
 	if errors.Is(err, vfio.ErrGroupNotViable) {
 		// Refused before any write: the group changed since it was
-		// looked at. Unusable, not broken.
-		a.refreshReadiness(context.WithoutCancel(ctx), why, []string{addr})
+		// looked at. Unusable, not broken. (The device lock is held:
+		// nothing may be moved from here.)
+		a.noteReadiness(why, []string{addr})
 		return err
 	}
 	if err != nil {

@@ -146,6 +146,19 @@ func (a *Agent) refreshReadiness(ctx context.Context, why string, addrs []string
 	a.changed()
 }
 
+// noteReadiness re-reads the verdict of addrs and takes the GPUs that
+// became unusable out of the offer, moving nothing: the caller may hold
+// their device locks (refreshReadiness, which also moves GPUs that became
+// ready to the idle driver, takes them).
+func (a *Agent) noteReadiness(why string, addrs []string) {
+	if changed, _ := a.assessGPUs(addrs, why); len(changed) > 0 {
+		if err := a.pushInventory(); err != nil {
+			a.log.Error("readiness: handing the inventory to the ledger", "err", err)
+		}
+		a.changed()
+	}
+}
+
 // gpusTouchedBy returns the GPUs whose IOMMU group holds one of addrs, now
 // or at the last look (a removed device is no longer in any group).
 func (a *Agent) gpusTouchedBy(addrs []string) []string {
@@ -219,12 +232,7 @@ func (a *Agent) lookBeforeBind(claim string, addrs []string) error {
 	if refused == nil {
 		return nil
 	}
-	if changed, _ := a.assessGPUs(addrs, "claim "+claim); len(changed) > 0 {
-		if err := a.pushInventory(); err != nil {
-			a.log.Error("readiness: handing the inventory to the ledger", "err", err)
-		}
-		a.changed()
-	}
+	a.noteReadiness("claim "+claim, addrs)
 	a.log.Warn("claim refused before any driver change", "claim", claim, "pci_address", refused.addr, "reason", refused.verdict.Reason())
 	return refused
 }

@@ -140,10 +140,17 @@ func readinessFollows(c *checker, m *machine, a *runningAgent, last map[*dev]str
 	if !c.noErr(writeSys("bus/pci/devices/"+m.nic.Address+"/driver/unbind", m.nic.Address), "%s: echo %s > .../driver/unbind", step, m.nic.Address) {
 		return
 	}
+	unbound := time.Now() // the write returns once virtio-net's remove is done
 	polled, ok := waitState(m.eduN.Address, api.StateFree, 20*time.Second)
-	c.check(ok, "%s: %s free without a restart, seen by status after %s", step, m.eduN.name, polled.Round(time.Millisecond))
+	c.check(ok, "%s: %s free without a restart, seen by status %s after the unbind returned (%s after it was written)",
+		step, m.eduN.name, time.Since(unbound).Round(time.Millisecond), polled.Round(time.Millisecond))
+	if seen, ok := logDelay(a.log, "PCI change: re-reading IOMMU groups", t0); ok {
+		fmt.Fprintf(c.w, "      (the agent read the uevent %s after the unbind was written, %s after it returned)\n",
+			seen.Round(time.Millisecond), (seen - unbound.Sub(t0)).Round(time.Millisecond))
+	}
 	if logged, ok := logDelay(a.log, "GPU can be passed through again; offered", t0); ok {
-		fmt.Fprintf(c.w, "      (the agent logged the GPU offered %s after the unbind)\n", logged.Round(time.Millisecond))
+		fmt.Fprintf(c.w, "      (the agent logged the GPU offered %s after the unbind was written, %s after it returned)\n",
+			logged.Round(time.Millisecond), (logged - unbound.Sub(t0)).Round(time.Millisecond))
 	}
 	c.check(syscall.Kill(pid, 0) == nil, "%s: the same agent process (pid %d) still runs", step, pid)
 	c.expectKernel(step, m, map[*dev]string{m.nic: ""}, last)

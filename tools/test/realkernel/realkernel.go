@@ -171,6 +171,7 @@ func findMachine() (*machine, error) {
 			nd.name, m.eduA = "edu", nd
 		case id == idEdu:
 			shared = append(shared, nd)
+			continue
 		case id == idTestdev:
 			nd.name, m.testdev = "pci-testdev", nd
 		case id == idRNG:
