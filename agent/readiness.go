@@ -84,7 +84,11 @@ func (a *Agent) assessGPUs(addrs []string, why string) (changed, nowReady []stri
 		a.pass.mu.Lock()
 		old, seen := a.pass.verdicts[addr]
 		a.pass.verdicts[addr] = v
-		a.pass.members[addr] = members
+		if members != nil {
+			// Kept when the group could not be read: a removal must
+			// still find the GPU it concerns.
+			a.pass.members[addr] = members
+		}
 		a.pass.mu.Unlock()
 		if seen && old.Equal(v) {
 			continue

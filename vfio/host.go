@@ -1,6 +1,7 @@
 package vfio
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 )
@@ -88,6 +89,10 @@ func (p *PCI) ResetFacts(addr string) ResetFacts {
 	return ResetFacts{}
 }
 
+// groupReadAttempts bounds the re-reads of a group that changed while it
+// was read.
+const groupReadAttempts = 3
+
 // ReadinessConfig is the configuration Readiness applies.
 type ReadinessConfig struct {
 	Allow                 AllowList
@@ -111,7 +116,15 @@ func (p *PCI) Readiness(addr string, cfg ReadinessConfig, host *HostFacts) (Verd
 		in.Host = p.ReadHostFacts()
 	}
 	if d.IOMMUGroup >= 0 {
-		in.Members, in.MembersErr = p.GroupMembers(d.IOMMUGroup)
+		// A member that vanishes (or joins) between listing the group and
+		// reading it is a hot-plug under way, not a broken group: read it
+		// again; the uevent of the change follows anyway.
+		for range groupReadAttempts {
+			in.Members, in.MembersErr = p.GroupMembers(d.IOMMUGroup)
+			if in.MembersErr == nil || !(errors.Is(in.MembersErr, ErrVanished) || errors.Is(in.MembersErr, ErrMalformed)) {
+				break
+			}
+		}
 	}
 	return Assess(in), nil
 }
