@@ -339,7 +339,11 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 						if m.Available {
 							avail = "Available"
 						}
-						fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", m.Model, avail, m.Free, m.Total, m.MaxFreeOnOneServer)
+						total := fmt.Sprint(m.Total)
+						if m.Unusable > 0 {
+							total += fmt.Sprintf(" (%d unusable)", m.Unusable)
+						}
+						fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", m.Model, avail, m.Free, total, m.MaxFreeOnOneServer)
 					}
 				})
 		},
