@@ -2,13 +2,20 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -63,4 +70,104 @@ func TestInventoryAndStatusAgree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReloadAppliesAllowList: `systemctl reload` (SIGHUP) with an edited
+// allow_devices reads every IOMMU group again in the running agent: the
+// L40S of the mixed profile, blocked by the NVMe drive in its group, is
+// offered once the drive is allow-listed, and unusable again when the
+// entry goes.
+func TestReloadAppliesAllowList(t *testing.T) {
+	dir := t.TempDir()
+	notifyPath := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msgs := make(chan string, 64)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- string(buf[:n])
+		}
+	}()
+	socket := filepath.Join(dir, "api.sock")
+	cfgPath := filepath.Join(dir, "gpuherd.yaml")
+	writeCfg := func(allow string) {
+		t.Helper()
+		y := fmt.Sprintf("node_name: reload\nsimulate: mixed\nidle_driver: nvidia\ndata_dir: %s\nsocket: %s\nallow_devices: [%s]\n",
+			filepath.Join(dir, "data"), socket, allow)
+		if err := os.WriteFile(cfgPath, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCfg(`"10de:*"`)
+	c := startChildEnv(t, "agent.log", []string{"NOTIFY_SOCKET=" + notifyPath}, "agent", "--config", cfgPath)
+	await := func(prefix string) {
+		t.Helper()
+		timeout := time.After(startTimeout)
+		for {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					t.Fatalf("notify socket closed before %q", prefix)
+				}
+				if strings.HasPrefix(m, prefix) {
+					return
+				}
+			case <-c.exited:
+				t.Fatalf("agent exited before sending %q:\n%s", prefix, c.output())
+			case <-timeout:
+				t.Fatalf("no %q from the agent within %s:\n%s", prefix, startTimeout, c.output())
+			}
+		}
+	}
+	await("READY=1")
+	client := api.NewClient(socket)
+	defer client.Close()
+	state := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := client.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range st.GPUs {
+			if g.PCIAddress == "0000:e1:00.0" {
+				return g.State
+			}
+		}
+		t.Fatalf("no L40S at 0000:e1:00.0: %+v", st.GPUs)
+		return ""
+	}
+	if s := state(); s != "unusable" {
+		t.Fatalf("at start the L40S sharing its group with the NVMe is %q", s)
+	}
+	reload := func() {
+		t.Helper()
+		if err := c.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		await("RELOADING=1")
+		await("READY=1")
+	}
+	writeCfg(`"10de:*", "144d:a808"`)
+	reload()
+	if s := state(); s != "free" {
+		t.Errorf("after allow-listing the NVMe and reloading: %q, want free\n%s", s, c.output())
+	}
+	writeCfg(`"10de:*"`)
+	reload()
+	if s := state(); s != "unusable" {
+		t.Errorf("after removing the entry and reloading: %q, want unusable", s)
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	<-c.exited
 }
