@@ -241,9 +241,9 @@ func memberBlocks(group int, gpu, m Device, allow AllowList) *memberProblem {
 				what = fmt.Sprintf("a function of the same card, not on allow_devices (%s), bound to a host driver", allow)
 			}
 			return &memberProblem{what: what,
-				fix: fmt.Sprintf("if the host does not need it, unbind it (echo %s > /sys/bus/pci/devices/%s/driver/unbind, or blacklist %s); "+
+				fix: fmt.Sprintf("if the host does not need it, unbind it (echo %s > /sys/bus/pci/devices/%s/driver/unbind; writing none to its driver_override first keeps every driver off it until reboot); "+
 					"or move the GPU to a slot with its own IOMMU group (a switch port with ACS); or add %04x:%04x to allow_devices if gpuherd may give it to the VM too; %s",
-					m.Address, m.Address, m.Driver, m.Vendor, m.Device, reloadHint)}
+					m.Address, m.Address, m.Vendor, m.Device, reloadHint)}
 		}
 	}
 	return nil
