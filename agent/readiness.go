@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 
@@ -201,82 +199,6 @@ func (a *Agent) ReloadReadiness(ctx context.Context, allow vfio.AllowList, allow
 	a.pass.mu.Unlock()
 	a.refreshReadiness(ctx, "configuration reloaded", a.addresses())
 	a.Resync() // the other PCI handlers re-read too
-}
-
-// notReadyFailure is a claim refused before it changed anything: a GPU it
-// would bind cannot be passed through now.
-type notReadyFailure struct {
-	claim, addr string
-	verdict     vfio.Verdict
-}
-
-func (f *notReadyFailure) Error() string {
-	return fmt.Sprintf("claim %s: GPU %s cannot be passed through: %s; no driver binding on this server was changed, and other servers may still serve the request",
-		f.claim, f.addr, f.verdict.Reason())
-}
-
-// lookBeforeBind checks, with a fresh read, every GPU a claim would bind,
-// before any of them is touched. A GPU found unusable is taken out of the
-// offer at once. The caller holds the GPUs' device locks.
-func (a *Agent) lookBeforeBind(claim string, addrs []string) error {
-	a.pass.mu.RLock()
-	cfg := a.pass.cfg
-	a.pass.mu.RUnlock()
-	host := a.pci.ReadHostFacts()
-	var refused *notReadyFailure
-	for _, addr := range addrs {
-		v, err := a.pci.Readiness(addr, cfg, &host)
-		if err != nil || v.Ready() {
-			continue // unreadable: the bind fails and fences it, as before
-		}
-		if refused == nil {
-			refused = &notReadyFailure{claim: claim, addr: addr, verdict: v}
-		}
-	}
-	if refused == nil {
-		return nil
-	}
-	a.noteReadiness("claim "+claim, addrs)
-	a.log.Warn("claim refused before any driver change", "claim", claim, "pci_address", refused.addr, "reason", refused.verdict.Reason())
-	return refused
-}
-
-// refusedError is the owner's answer to a reservation that failed: when a
-// GPU was refused for readiness on the way, a "not available" says which
-// GPU and which device blocked it, so the coordinator moves on to another
-// server and the operator reading it knows what to fix.
-func (a *Agent) refusedError(err error, refused *notReadyFailure) error {
-	ae, ok := a.apiError(err).(*api.Error)
-	if !ok || refused == nil || ae.Code != api.CodeNotAvailable {
-		return a.apiError(err)
-	}
-	out := *ae
-	out.Refusals = []string{a.cfg.NodeName + ": " + refused.Error()}
-	if !errors.As(err, new(*notReadyFailure)) {
-		out.Message = ae.Message + " on " + a.cfg.NodeName + ": " + refused.Error()
-	}
-	return &out
-}
-
-// refusalsOf returns the refusals an owner's "not available" carries.
-func refusalsOf(err error) []string {
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Refusals
-	}
-	return nil
-}
-
-// withRefusals adds the owners' refusals to the coordinator's final "not
-// available", so the caller learns which GPU and device blocked it.
-func withRefusals(err error, refusals []string) error {
-	var ae *api.Error
-	if len(refusals) == 0 || !errors.As(err, &ae) {
-		return err
-	}
-	out := *ae
-	out.Refusals = append(slices.Clone(ae.Refusals), refusals...)
-	return &out
 }
 
 // whyNotOffered is why a GPU is unhealthy, else why it is unusable, else "".

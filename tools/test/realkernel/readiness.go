@@ -142,8 +142,8 @@ func readinessFollows(c *checker, m *machine, a *runningAgent, last map[*dev]str
 	}
 	unbound := time.Now() // the write returns once virtio-net's remove is done
 	polled, ok := waitState(m.eduN.Address, api.StateFree, 20*time.Second)
-	c.check(ok, "%s: %s free without a restart, seen by status %s after the unbind returned (%s after it was written)",
-		step, m.eduN.name, time.Since(unbound).Round(time.Millisecond), polled.Round(time.Millisecond))
+	c.check(ok, "%s: %s free without a restart, seen by status %s after the unbind returned (%s after it was written; each status is a CLI run)",
+		step, m.eduN.name, polled.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
 	if seen, ok := logDelay(a.log, "PCI change: re-reading IOMMU groups", t0); ok {
 		fmt.Fprintf(c.w, "      (the agent read the uevent %s after the unbind was written, %s after it returned)\n",
 			seen.Round(time.Millisecond), (seen - unbound.Sub(t0)).Round(time.Millisecond))
