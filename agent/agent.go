@@ -76,7 +76,7 @@ type Agent struct {
 	started    atomic.Bool  // New has finished: every field is set
 	fabric     fabricState  // the NVSwitch fabric mode (fabric.go)
 
-	pass   passState           // passthrough readiness per GPU (readiness.go)
+	pass   passState           // passthrough readiness per GPU (passthrough.go)
 	watch  pciWatch            // PCI uevents and their handlers (watch.go)
 	events vfio.PCIEventSource // nil: groups are re-read on reload only
 

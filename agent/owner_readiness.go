@@ -9,7 +9,7 @@ import (
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
-// The claim protocol's side of readiness (readiness.go keeps the verdicts):
+// The claim protocol's side of readiness (passthrough.go keeps the verdicts):
 // an owner looks at every group a claim would bind before it touches any
 // (owner.lookBeforeBind), and says which GPU and device refused it; a
 // coordinator passes the owners' refusals on with its final "not
