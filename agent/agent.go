@@ -170,6 +170,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.watch.resync = make(chan struct{}, 1)
+	a.OnPCIChange(a.checkDriversOnEvents)
 	a.dir = newDirectory(a.now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {

@@ -55,8 +55,23 @@ type readinessAgent struct {
 
 func newReadinessAgent(t *testing.T, k *vfio.Kernel, idle string, run bool) *readinessAgent {
 	t.Helper()
+	return newReadinessAgentConfig(t, k, idle, run, nil)
+}
+
+// newReadinessAgentWith is a running readiness agent with its
+// configuration adjusted.
+func newReadinessAgentWith(t *testing.T, k *vfio.Kernel, idle string, adjust func(*Config)) *readinessAgent {
+	t.Helper()
+	return newReadinessAgentConfig(t, k, idle, true, adjust)
+}
+
+func newReadinessAgentConfig(t *testing.T, k *vfio.Kernel, idle string, run bool, adjust func(*Config)) *readinessAgent {
+	t.Helper()
 	cfg := testConfig(t, t.TempDir())
 	cfg.IdleDriver = idle
+	if adjust != nil {
+		adjust(&cfg)
+	}
 	ra := &readinessAgent{k: k, changes: make(chan struct{}, 1), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(ra.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a, err := New(context.Background(), cfg, log, WithSysfs(k, nil), WithOnChange(func() {

@@ -137,3 +137,25 @@ func (a *Agent) handlePCI(ctx context.Context, batch []vfio.PCIEvent, resync boo
 		h(ctx, batch)
 	}
 }
+
+// checkDriversOnEvents runs the driver check (driverwatch.go) for the GPUs
+// whose IOMMU group a batch touched, and for every GPU after lost events or
+// a reload, so that a GPU rebound behind the ledger is put back at once
+// rather than at the next driver_check_interval. The agent's own binds
+// cause events too: the check takes each GPU's device lock, so it looks
+// only after such a move is done, and then finds nothing to do.
+func (a *Agent) checkDriversOnEvents(ctx context.Context, events []vfio.PCIEvent) {
+	if len(events) == 0 {
+		a.CheckDrivers(ctx, nil)
+		return
+	}
+	var addrs []string
+	for _, ev := range events {
+		if ev.Address != "" {
+			addrs = append(addrs, ev.Address)
+		}
+	}
+	if gpus := a.gpusTouchedBy(addrs); len(gpus) > 0 {
+		a.CheckDrivers(ctx, gpus)
+	}
+}

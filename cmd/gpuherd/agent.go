@@ -214,7 +214,8 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 }
 
 // reload re-reads what can change without a restart: the log level, the
-// gossip keys (key rotation), allow_devices and allow_unsafe_interrupts. Anything else needs a restart, and says so.
+// gossip keys (key rotation), allow_devices and allow_unsafe_interrupts.
+// Anything else needs a restart, and says so.
 func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath string, flags func(*agent.Config) error) {
 	cfg := agent.DefaultConfig()
 	if configPath != "" {
