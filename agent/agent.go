@@ -76,6 +76,10 @@ type Agent struct {
 	started    atomic.Bool  // New has finished: every field is set
 	fabric     fabricState  // the NVSwitch fabric mode (fabric.go)
 
+	pass   passState           // passthrough readiness per GPU (passthrough.go)
+	watch  pciWatch            // PCI uevents and their handlers (watch.go)
+	events vfio.PCIEventSource // nil: groups are re-read on reload only
+
 	mu     sync.RWMutex
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
 	order  []string                 // addresses, sorted
@@ -98,7 +102,12 @@ type options struct {
 	gossipTune func(*memberlist.Config)
 	onChange   func()
 	peerNet    PeerNetwork
+	events     vfio.PCIEventSource
 }
+
+// WithPCIEvents replaces the source of PCI uevents (by default the kernel's
+// netlink socket, or the simulated kernel itself).
+func WithPCIEvents(src vfio.PCIEventSource) Option { return func(o *options) { o.events = src } }
 
 // WithOnChange calls f (which must be quick) whenever this server's
 // capacity may have changed; the systemd STATUS line follows it.
@@ -160,6 +169,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
+	a.watch.resync = make(chan struct{}, 1)
+	a.OnPCIChange(a.checkDriversOnEvents)
 	a.dir = newDirectory(a.now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
@@ -191,6 +202,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	}
 	a.pci = vfio.New(fs, vfio.WithLogger(log))
 	a.use.proc = procFor(fs, cfg.ProcRoot, o.fs != nil)
+	a.events = o.events
+	if src, ok := fs.(vfio.PCIEventSource); ok && a.events == nil {
+		a.events = src // the simulated kernel tells of its own changes
+	} else if a.events == nil {
+		a.events = vfio.NetlinkUevents{Log: log}
+	}
 	a.binder = vfio.NewBinder(a.pci,
 		vfio.WithAllowList(allow),
 		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
@@ -215,6 +232,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a.inv = inventory.New(a.pci, invOpts...)
 	a.setPhase(phaseDiscovering)
 	if err := a.discover(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if err := a.initReadiness(allow); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -331,6 +352,7 @@ func (a *Agent) pushInventory() error {
 			Model:    g.Model,
 			NUMANode: g.NUMANode,
 			Healthy:  g.Healthy && !fenced && !a.use.isReturning(addr),
+			Unusable: a.unusable(addr) != "",
 			Distance: g.Distance,
 		})
 	}

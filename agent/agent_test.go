@@ -397,27 +397,6 @@ func TestConcurrentClaimersNeverShareAGPU(t *testing.T) {
 	t.Logf("concurrent claimers: %d granted, %d not available, 0 GPUs shared", granted, refused)
 }
 
-func TestNonViableGroupIsFencedAtStart(t *testing.T) {
-	dir := t.TempDir()
-	cfg := testConfig(t, dir)
-	cfg.IdleDriver = "vfio-pci"
-	m := machine(t, "mixed", dir)
-	a := startAgent(t, cfg, m, nil)
-	defer a.Close()
-	st, _ := a.Status(context.Background())
-	var fenced []api.GPU
-	for _, g := range st.GPUs {
-		if g.State == api.StateUnhealthy {
-			fenced = append(fenced, g)
-		} else if g.Driver != vfio.DriverVFIO {
-			t.Errorf("free GPU %s on %q with idle driver vfio-pci", g.PCIAddress, g.Driver)
-		}
-	}
-	if len(fenced) != 1 || fenced[0].Model != "NVIDIA L40S" || fenced[0].Driver == vfio.DriverVFIO {
-		t.Fatalf("want exactly the L40S sharing its group with the NVMe fenced and untouched, got %+v", fenced)
-	}
-}
-
 func TestClockIgnoresWallStepsWhileRunning(t *testing.T) {
 	var (
 		mu   sync.Mutex

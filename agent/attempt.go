@@ -174,9 +174,10 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		ranked = ranked[:maxOwnerRetries]
 	}
 	var (
-		lastErr error // the last failure that was not a plain "no"
-		refused int
-		tried   []string
+		lastErr  error // the last failure that was not a plain "no"
+		refused  int
+		tried    []string
+		refusals []string // owners' reasons beyond "no" (unusable GPUs)
 	)
 	for round := 0; round < 2; round++ {
 		if round == 1 {
@@ -206,6 +207,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			}
 			if isCode(err, api.CodeNotAvailable) {
 				refused++
+				refusals = append(refusals, refusalsOf(err)...)
 				at.lastRefusal.Store(at.now().UnixNano())
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
@@ -222,7 +224,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", at.id, lastErr)}
 	}
-	return api.Claim{}, at.refuse(at.rr.Items, servers)
+	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
 }
 
 // placeVouched places with vouch as the home's word, leaving at itself

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,6 +18,9 @@ type bindFailure struct {
 }
 
 func (b *bindFailure) Error() string {
+	if errors.Is(b.err, vfio.ErrGroupNotViable) {
+		return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci: its IOMMU group changed and cannot be passed through now (the GPU is unusable; nothing of its group was written): %v", b.claim, b.addr, b.err)
+	}
 	return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci and was fenced off: %v", b.claim, b.addr, b.err)
 }
 
@@ -28,6 +32,13 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	start := time.Now()
 	res, err := a.binder.Bind(ctx, addr)
 	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
+	if errors.Is(err, vfio.ErrGroupNotViable) {
+		// Refused before any write: the group changed since it was
+		// looked at. Unusable, not broken. (The device lock is held:
+		// nothing may be moved from here.)
+		a.noteReadiness(why, []string{addr})
+		return err
+	}
 	if err != nil {
 		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
 		return err
@@ -43,14 +54,14 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
 	scan := &groupScan{a: a}
 	for _, addr := range a.unclaimed(addrs) {
-		if addr == skip || a.health(addr) != "" || a.keepWhileOpen(addr, why, scan) {
-			continue
+		if addr == skip || a.health(addr) != "" || a.unusable(addr) != "" || a.keepWhileOpen(addr, why, scan) {
+			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
 		}
 		start := time.Now()
 		res, err := a.binder.Release(ctx, addr, a.policy)
 		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
 		if err != nil {
-			a.fence(addr, fmt.Sprintf("return to idle driver %s failed: %v", a.policy, err))
+			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))
 			continue
 		}
 		logChanges(a, why, res)

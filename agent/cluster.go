@@ -167,7 +167,7 @@ func (c *clusterState) summary() gossip.Summary {
 		Boot:         a.boot,
 	}
 	for m, t := range a.ledger.Totals(a.now()) {
-		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy)})
+		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy), Unusable: clamp16(t.Unusable)})
 	}
 	return s
 }
@@ -197,7 +197,7 @@ func (c *clusterState) peers() []target {
 		}
 		for _, mc := range m.Summary.Models {
 			t.server.Free[mc.Model] = int(mc.Free)
-			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy)}
+			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
 		}
 		out = append(out, t)
 	}

@@ -46,6 +46,9 @@ type Config struct {
 	IdleDriver string `yaml:"idle_driver"`
 	// AllowDevices lists the vendor:device IDs gpuherd may bind ("10de:*").
 	AllowDevices []string `yaml:"allow_devices"`
+	// AllowUnsafeInterrupts offers GPUs on a host without interrupt
+	// remapping (vfio then needs vfio_iommu_type1 allow_unsafe_interrupts=1).
+	AllowUnsafeInterrupts bool `yaml:"allow_unsafe_interrupts"`
 	// GPUDevices lists extra vendor:device IDs counted as GPUs besides
 	// NVIDIA's display-class functions. For tests on emulated hardware only
 	// (QEMU devices standing in for GPUs, tools/test/realkernel); empty on a real

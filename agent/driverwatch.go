@@ -12,8 +12,9 @@ import (
 // keeps watching: something else can rebind a GPU behind it — libvirt's
 // managed='yes' hands a GPU back to nvidia when its VM stops, an operator
 // runs a driver script. CheckDrivers is the check; it runs every
-// driver_check_interval for every GPU (the backstop) and can be called for
-// the addresses a kernel uevent names as soon as one arrives.
+// driver_check_interval for every GPU (the backstop) and, through the PCI
+// watch (watch.go, checkDriversOnEvents), for the GPUs whose IOMMU group a
+// kernel uevent touches as soon as one arrives.
 
 // CheckDrivers compares the driver of each GPU at addrs (every GPU when
 // addrs is empty) with what the ledger expects, by the rule reconcile uses
@@ -62,8 +63,8 @@ func (a *Agent) checkDriver(ctx context.Context, addr string) bool {
 			break
 		}
 	}
-	if st == nil || st.Status == ledger.GPUReserved || st.Status == ledger.GPUUnhealthy {
-		return false
+	if st == nil || st.Status == ledger.GPUReserved || st.Status == ledger.GPUUnhealthy || st.Status == ledger.GPUUnusable {
+		return false // unusable: left on its driver on purpose (passthrough.go)
 	}
 	d, err := a.pci.Device(addr)
 	if err != nil {

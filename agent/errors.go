@@ -36,6 +36,10 @@ func (a *Agent) apiError(err error) error {
 	case errors.Is(err, ledger.ErrCommitted):
 		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
 	}
+	var nr *notReadyFailure
+	if errors.As(err, &nr) {
+		return &api.Error{Code: api.CodeNotAvailable, Message: err.Error()}
+	}
 	var bf *bindFailure
 	if errors.As(err, &bf) {
 		return &api.Error{Code: api.CodeBindFailed, Message: err.Error()}

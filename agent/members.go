@@ -32,6 +32,7 @@ func (a *Agent) Availability(context.Context) (api.Availability, error) {
 			v := get(m)
 			v.Total += c.Total
 			v.Healthy += c.Healthy
+			v.Unusable += c.Unusable
 			if t.server.Drained {
 				continue // a cordoned server offers nothing
 			}
@@ -66,7 +67,7 @@ func (a *Agent) Members(context.Context) ([]api.Member, error) {
 			v.AgentVersion = "unreadable summary: " + m.SummaryErr.Error()
 		}
 		for _, mc := range m.Summary.Models {
-			v.Models = append(v.Models, modelAvail(mc.Model, ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy)}))
+			v.Models = append(v.Models, modelAvail(mc.Model, ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}))
 		}
 		out = append(out, v)
 	}
@@ -87,5 +88,5 @@ func (a *Agent) self() api.Member {
 
 func modelAvail(model string, t ledger.ModelTotals) api.ModelAvailability {
 	return api.ModelAvailability{Model: model, Available: t.Free > 0, Free: t.Free, Total: t.Total,
-		Healthy: t.Healthy, MaxFreeOnOneServer: t.Free}
+		Healthy: t.Healthy, Unusable: t.Unusable, MaxFreeOnOneServer: t.Free}
 }

@@ -91,6 +91,15 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		if a.use.isReturning(s.GPU.Address) && a.health(s.GPU.Address) == "" {
 			mg.State, mg.Healthy = metrics.StateReturning, true // kept back, not sick
 		}
+		if v, ok := a.verdict(s.GPU.Address); ok && !v.Ready() {
+			mg.UnusableReason = v.Code()
+			for _, p := range v.Blocking {
+				if p.Device != nil {
+					mg.BlockingDevice = p.Device.PCIAddress
+					break
+				}
+			}
+		}
 		if t, ok := tele[s.GPU.Address]; ok && mg.Driver == "nvidia" {
 			mt := metrics.Telemetry(t)
 			mg.Telemetry = &mt
@@ -98,7 +107,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		snap.GPUs = append(snap.GPUs, mg)
 	}
 	for m, t := range a.ledger.Totals(a.now()) {
-		snap.Models = append(snap.Models, metrics.ModelCapacity{Model: m, Total: t.Total, Free: t.Free, Healthy: t.Healthy})
+		snap.Models = append(snap.Models, metrics.ModelCapacity{Model: m, Total: t.Total, Free: t.Free, Healthy: t.Healthy, Unusable: t.Unusable})
 	}
 	for _, c := range a.ledger.List() {
 		if !c.Live(a.now()) {
@@ -117,7 +126,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		av, _ := a.Availability(context.Background())
 		for _, m := range av.Models {
 			snap.Cluster = append(snap.Cluster, metrics.ClusterModelCapacity{
-				ModelCapacity:      metrics.ModelCapacity{Model: m.Model, Total: m.Total, Free: m.Free, Healthy: m.Healthy},
+				ModelCapacity:      metrics.ModelCapacity{Model: m.Model, Total: m.Total, Free: m.Free, Healthy: m.Healthy, Unusable: m.Unusable},
 				MaxFreeOnOneServer: m.MaxFreeOnOneServer,
 			})
 		}

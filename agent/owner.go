@@ -42,16 +42,23 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 		o.rec.Reservation("failed")
 		return api.Claim{}, err
 	}
+	var refused *notReadyFailure
 	for attempt := 1; ; attempt++ {
 		c, err := o.reserveAndBind(ctx, id, req, rr.Coordinator)
 		if err != nil {
-			var bf *bindFailure
-			if errors.As(err, &bf) && attempt < bindAttempts {
+			var (
+				bf *bindFailure
+				nr *notReadyFailure
+			)
+			if errors.As(err, &nr) {
+				refused = nr
+			}
+			if (errors.As(err, &bf) || nr != nil) && attempt < bindAttempts {
 				o.log.Warn("retrying reservation on other GPUs", "claim", id, "attempt", attempt, "err", err)
 				continue
 			}
 			o.rec.Reservation(ReservationFailed)
-			return api.Claim{}, o.apiError(err)
+			return api.Claim{}, o.refusedError(err, refused)
 		}
 		o.rec.Reservation(ReservationReserved)
 		return o.claimView(c), nil
@@ -79,6 +86,16 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		return ledger.Claim{}, err
 	} else if !cur.CreatedAt.Equal(c.CreatedAt) {
 		return ledger.Claim{}, fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound)
+	}
+	if fresh {
+		// Look before touching: every group this claim would bind is
+		// checked before any binding changes.
+		if err := o.lookBeforeBind(id, c.GPUs); err != nil {
+			if _, rerr := o.ledger.Release(id, o.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+				o.log.Error("dropping reservation refused before binding", "claim", id, "err", rerr)
+			}
+			return ledger.Claim{}, err
+		}
 	}
 	extended := o.now()
 	for _, addr := range c.GPUs {
@@ -136,6 +153,9 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 		return api.Claim{}, o.apiError(fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound))
 	}
 	if pending.State == ledger.StateReserved && pending.Live(o.now()) && !o.boundBy(id, pending) {
+		if err := o.lookBeforeBind(id, pending.GPUs); err != nil {
+			return api.Claim{}, o.apiError(err)
+		}
 		for _, addr := range pending.GPUs {
 			if err := o.bind(ctx, "commit "+id, addr); err != nil {
 				return api.Claim{}, o.apiError(&bindFailure{claim: id, addr: addr, err: err})
@@ -264,6 +284,15 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	defer unlock()
 	plan, err := o.ledger.PlanResize(id, req, o.now())
 	if err != nil {
+		return api.Claim{}, o.apiError(err)
+	}
+	var adding []string
+	for _, addr := range plan.GPUs {
+		if !slices.Contains(before.GPUs, addr) {
+			adding = append(adding, addr)
+		}
+	}
+	if err := o.lookBeforeBind(id, adding); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
 	var bound []string

@@ -23,6 +23,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	a.lns.serving.Store(true)
 	a.refreshTelemetry()
 	go a.watchXID(ctx)
+	go a.watchPCI(ctx, a.openPCIEvents(ctx)) // subscribed before ready: no event is missed
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
 	if c := a.cluster; c != nil {
 		// Seeds may come up after us: keep trying in the background; this

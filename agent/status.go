@@ -104,7 +104,8 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		DrainReason:     s.DrainReason,
 		UUID:            g.UUID,
 		Companions:      g.Companions,
-		Health:          a.health(s.GPU.Address),
+		Health:          a.whyNotOffered(s.GPU.Address),
+		Readiness:       a.readinessView(s.GPU.Address),
 	}
 }
 

@@ -22,12 +22,15 @@ type Summary struct {
 	Models       []ModelCapacity // per model, sorted by name when encoded
 }
 
-// ModelCapacity is how many GPUs of one model a server has, has free, and has healthy.
+// ModelCapacity is how many GPUs of one model a server has, has free, has
+// healthy, and has unusable (healthy, but they cannot be passed through:
+// neither free nor healthy).
 type ModelCapacity struct {
-	Model   string
-	Total   uint16
-	Free    uint16
-	Healthy uint16
+	Model    string
+	Total    uint16
+	Free     uint16
+	Healthy  uint16
+	Unusable uint16
 }
 
 // Wire format, version 1:
@@ -120,6 +123,10 @@ func (s Summary) Encode() ([]byte, error) {
 		v = binary.AppendUvarint(v, uint64(m.Total))
 		v = binary.AppendUvarint(v, uint64(m.Free))
 		v = binary.AppendUvarint(v, uint64(m.Healthy))
+		if m.Unusable > 0 {
+			// A per-model tail field: agents before it ignore it.
+			v = binary.AppendUvarint(v, uint64(m.Unusable))
+		}
 		b = appendTLV(b, typ, v)
 	}
 	if len(b) > memberlist.MetaMaxSize {
@@ -162,6 +169,8 @@ func (m ModelCapacity) validate() error {
 		return fmt.Errorf("gossip: model %q has %d free of %d GPUs", m.Model, m.Free, m.Total)
 	case m.Healthy > m.Total:
 		return fmt.Errorf("gossip: model %q has %d healthy of %d GPUs", m.Model, m.Healthy, m.Total)
+	case m.Unusable > m.Total:
+		return fmt.Errorf("gossip: model %q has %d unusable of %d GPUs", m.Model, m.Unusable, m.Total)
 	}
 	return nil
 }
@@ -278,7 +287,11 @@ func decodeModel(v []byte, prefixed bool) (ModelCapacity, error) {
 		*dst = uint16(x)
 		v = v[k:]
 	}
-	// Bytes left in v are per-model fields of a newer agent: ignored.
+	// The unusable count, when there is one; bytes left after it are
+	// per-model fields of a newer agent: ignored.
+	if x, k := binary.Uvarint(v); k > 0 && x <= 0xFFFF {
+		m.Unusable = uint16(x)
+	}
 	return m, nil
 }
 

@@ -147,7 +147,7 @@ func TestSummaryOldDecoderSkipsNewFields(t *testing.T) {
 	future = appendTLV(future, fieldFlags, binary.AppendUvarint(nil, flagDrained|1<<9))
 	model := binary.AppendUvarint(nil, 4)
 	model = append(model, "H200"...)
-	model = append(model, 8, 8, 8, 0xAA, 0xBB) // counts, then 2 bytes of a future per-model field
+	model = append(model, 8, 8, 7, 1, 0xAA, 0xBB) // counts, unusable, then 2 bytes of a future per-model field
 	future = appendTLV(future, fieldModelNVIDIA, model)
 
 	got, err := DecodeSummary(future)
@@ -156,10 +156,40 @@ func TestSummaryOldDecoderSkipsNewFields(t *testing.T) {
 	}
 	want := Summary{
 		PeerAddr: "10.0.0.7:7443", Revision: 9, Drained: true,
-		Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 4, Free: 2, Healthy: 4}, {Model: "NVIDIA H200", Total: 8, Free: 8, Healthy: 8}},
+		Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 4, Free: 2, Healthy: 4}, {Model: "NVIDIA H200", Total: 8, Free: 8, Healthy: 7, Unusable: 1}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+}
+
+// The unusable count rides after the three counts, only when not zero, so a
+// summary without unusable GPUs is byte for byte what older agents wrote,
+// and older agents skip it as a future per-model field.
+func TestSummaryUnusableCount(t *testing.T) {
+	plain := Summary{Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 4, Free: 2, Healthy: 4}}}
+	with := Summary{Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 4, Free: 2, Healthy: 3, Unusable: 1}}}
+	a, err := plain.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := with.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != len(a)+1 {
+		t.Errorf("unusable costs %d bytes, want 1", len(b)-len(a))
+	}
+	for _, s := range []Summary{plain, with} {
+		enc, _ := s.Encode()
+		got, err := DecodeSummary(enc)
+		if err != nil || !reflect.DeepEqual(got, s) {
+			t.Errorf("round trip %+v: %+v, %v", s, got, err)
+		}
+	}
+	bad := Summary{Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 1, Unusable: 2}}}
+	if _, err := bad.Encode(); err == nil {
+		t.Error("more unusable than total encoded")
 	}
 }
 

@@ -26,6 +26,7 @@ type snapshotCollector struct {
 	gpuState      *prometheus.Desc
 	gpuDriverInfo *prometheus.Desc
 	gpuHealthy    *prometheus.Desc
+	gpuUnusable   *prometheus.Desc
 
 	temperature *prometheus.Desc
 	power       *prometheus.Desc
@@ -37,9 +38,11 @@ type snapshotCollector struct {
 	modelGPUs       *prometheus.Desc
 	modelFree       *prometheus.Desc
 	modelHealthy    *prometheus.Desc
+	modelUnusable   *prometheus.Desc
 	clusterGPUs     *prometheus.Desc
 	clusterFree     *prometheus.Desc
 	clusterHealthy  *prometheus.Desc
+	clusterUnusable *prometheus.Desc
 	clusterMaxFree  *prometheus.Desc
 	gossipMembers   *prometheus.Desc
 	gossipHealth    *prometheus.Desc
@@ -62,6 +65,8 @@ func newSnapshotCollector(src Source) *snapshotCollector {
 		gpuState:      gpu("gpu_state", "1 for the GPU's current state, 0 for the others.", "state"),
 		gpuDriverInfo: gpu("gpu_driver_info", "The kernel driver bound to the GPU (none when unbound); always 1.", "driver"),
 		gpuHealthy:    gpu("gpu_healthy", "1 when the GPU is healthy, 0 when it is not."),
+		gpuUnusable: gpu("gpu_unusable_info", "Why a GPU cannot be passed through now (state unusable): the problem's code and the PCI address of the device that blocks it; always 1, only for such GPUs.",
+			"reason", "blocking_device"),
 
 		temperature: gpu("gpu_temperature_celsius", "GPU core temperature, as NVML reports it."),
 		power:       gpu("gpu_power_watts", "Board power draw, as NVML reports it."),
@@ -73,9 +78,11 @@ func newSnapshotCollector(src Source) *snapshotCollector {
 		modelGPUs:       desc("model_gpus", "GPUs of the model on this server.", "model"),
 		modelFree:       desc("model_gpus_free", "GPUs of the model on this server that a new claim can take.", "model"),
 		modelHealthy:    desc("model_gpus_healthy", "Healthy GPUs of the model on this server.", "model"),
+		modelUnusable:   desc("model_gpus_unusable", "GPUs of the model on this server that are healthy but cannot be passed through now.", "model"),
 		clusterGPUs:     desc("cluster_model_gpus", "GPUs of the model in the cluster, as this agent's gossip view has it.", "model"),
 		clusterFree:     desc("cluster_model_gpus_free", "Free GPUs of the model in the cluster, as this agent's gossip view has it.", "model"),
 		clusterHealthy:  desc("cluster_model_gpus_healthy", "Healthy GPUs of the model in the cluster, as this agent's gossip view has it.", "model"),
+		clusterUnusable: desc("cluster_model_gpus_unusable", "GPUs of the model in the cluster that cannot be passed through now, as this agent's gossip view has it.", "model"),
 		clusterMaxFree:  desc("cluster_model_max_free_per_server", "Most free GPUs of the model on any one server: the largest request that can be placed.", "model"),
 		gossipMembers:   desc("gossip_members", "Cluster members by memberlist state, as this agent sees them.", "state"),
 		gossipHealth:    desc("gossip_health_score", "memberlist's awareness score of this agent: 0 is healthy, higher means it answers probes late."),
@@ -88,10 +95,10 @@ func newSnapshotCollector(src Source) *snapshotCollector {
 // registry checks names and label sets once, at registration.
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.buildInfo, c.gpuInfo, c.gpuState, c.gpuDriverInfo, c.gpuHealthy,
+		c.buildInfo, c.gpuInfo, c.gpuState, c.gpuDriverInfo, c.gpuHealthy, c.gpuUnusable,
 		c.temperature, c.power, c.energy, c.memoryUsed, c.memoryTotal, c.utilization,
-		c.modelGPUs, c.modelFree, c.modelHealthy,
-		c.clusterGPUs, c.clusterFree, c.clusterHealthy, c.clusterMaxFree,
+		c.modelGPUs, c.modelFree, c.modelHealthy, c.modelUnusable,
+		c.clusterGPUs, c.clusterFree, c.clusterHealthy, c.clusterUnusable, c.clusterMaxFree,
 		c.gossipMembers, c.gossipHealth, c.ledgerClaims, c.ledgerFileBytes,
 	} {
 		ch <- d
@@ -113,11 +120,13 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.modelGPUs, float64(m.Total), m.Model)
 		gauge(c.modelFree, float64(m.Free), m.Model)
 		gauge(c.modelHealthy, float64(m.Healthy), m.Model)
+		gauge(c.modelUnusable, float64(m.Unusable), m.Model)
 	}
 	for _, m := range s.Cluster {
 		gauge(c.clusterGPUs, float64(m.Total), m.Model)
 		gauge(c.clusterFree, float64(m.Free), m.Model)
 		gauge(c.clusterHealthy, float64(m.Healthy), m.Model)
+		gauge(c.clusterUnusable, float64(m.Unusable), m.Model)
 		gauge(c.clusterMaxFree, float64(m.MaxFreeOnOneServer), m.Model)
 	}
 	if s.Members != nil {
@@ -161,6 +170,9 @@ func (c *snapshotCollector) collectGPU(ch chan<- prometheus.Metric, g GPU) {
 	}
 	gauge(c.gpuDriverInfo, 1, driver)
 	gauge(c.gpuHealthy, boolValue(g.Healthy))
+	if g.UnusableReason != "" {
+		gauge(c.gpuUnusable, 1, g.UnusableReason, g.BlockingDevice)
+	}
 
 	t := g.Telemetry
 	if t == nil {

@@ -33,8 +33,16 @@
 //	    set itself never changes.
 //	gpuherd_gpu_state{pci_address,model,state}
 //	    gauge, one series per state: free, reserved, claimed, unhealthy,
-//	    drained; 1 for the GPU's current state, 0 for the others. A state
-//	    outside that list appears as an extra series with 1.
+//	    unusable, drained; 1 for the GPU's current state, 0 for the others.
+//	    A state outside that list appears as an extra series with 1.
+//	    unusable: healthy, but its IOMMU group cannot be passed through now
+//	    (a device the host uses shares it, the IOMMU is off, ...).
+//	gpuherd_gpu_unusable_info{pci_address,model,reason,blocking_device}
+//	    gauge, always 1, only while the GPU cannot be passed through: reason
+//	    is the first blocking problem's code (group_not_viable, no_iommu,
+//	    group_unreadable, vfio_pci_missing, no_interrupt_remapping,
+//	    not_allowed), blocking_device the PCI address of the device that
+//	    blocks it, empty when none does. `gpuherd status` says what to do.
 //	gpuherd_gpu_driver_info{pci_address,model,driver}
 //	    gauge, always 1: the kernel driver bound to the GPU (nvidia,
 //	    vfio-pci, ...), "none" when unbound.
@@ -63,7 +71,8 @@
 //
 //	gpuherd_model_gpus{model}          gauge  GPUs of the model
 //	gpuherd_model_gpus_free{model}     gauge  GPUs a new claim can take
-//	gpuherd_model_gpus_healthy{model}  gauge  healthy GPUs
+//	gpuherd_model_gpus_healthy{model}   gauge  healthy GPUs that can be passed through
+//	gpuherd_model_gpus_unusable{model}  gauge  healthy GPUs that cannot be passed through now
 //
 // The cluster, as this agent's gossip view has it; absent while the agent
 // runs without a cluster:
@@ -71,6 +80,7 @@
 //	gpuherd_cluster_model_gpus{model}                 gauge  GPUs of the model
 //	gpuherd_cluster_model_gpus_free{model}            gauge  free GPUs
 //	gpuherd_cluster_model_gpus_healthy{model}         gauge  healthy GPUs
+//	gpuherd_cluster_model_gpus_unusable{model}        gauge  GPUs that cannot be passed through now
 //	gpuherd_cluster_model_max_free_per_server{model}  gauge  most free GPUs on any one
 //	                                                         server: the largest
 //	                                                         request that can be placed

@@ -53,14 +53,20 @@ func fixture() Snapshot {
 				IOMMUGroup: -1, NUMANode: -1, State: StateUnhealthy, Healthy: false,
 				Telemetry: &Telemetry{TemperatureCelsius: 41, HasTemperature: true},
 			},
+			{
+				PCIAddress: "0000:41:00.0", Model: "NVIDIA L40S", DeviceID: "26b9", IOMMUGroup: 14, NUMANode: 1,
+				Driver: "nvidia", State: StateUnusable, Healthy: true,
+				UnusableReason: "group_not_viable", BlockingDevice: "0000:42:00.0",
+			},
 		},
 		Models: []ModelCapacity{
 			{Model: "10de:26ff", Total: 1, Free: 0, Healthy: 0},
 			{Model: "NVIDIA H100 80GB", Total: 2, Free: 1, Healthy: 2},
+			{Model: "NVIDIA L40S", Total: 1, Free: 0, Healthy: 0, Unusable: 1},
 		},
 		Cluster: []ClusterModelCapacity{
 			{ModelCapacity: ModelCapacity{Model: "NVIDIA H100 80GB", Total: 16, Free: 5, Healthy: 16}, MaxFreeOnOneServer: 3},
-			{ModelCapacity: ModelCapacity{Model: "NVIDIA L40S", Total: 8, Free: 0, Healthy: 7}, MaxFreeOnOneServer: 0},
+			{ModelCapacity: ModelCapacity{Model: "NVIDIA L40S", Total: 8, Free: 0, Healthy: 6, Unusable: 1}, MaxFreeOnOneServer: 0},
 		},
 		Members:           map[string]int{"alive": 3, "suspect": 1},
 		GossipHealthScore: ptr(0),
@@ -238,6 +244,7 @@ gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="qua
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="reserved"} 0
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="returning"} 0
 gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="unhealthy"} 0
+gpuherd_gpu_state{model="NVIDIA H100 80GB",pci_address="0000:18:00.0",state="unusable"} 0
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpuherd_gpu_state"); err != nil {
 		t.Error(err)

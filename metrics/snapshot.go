@@ -44,6 +44,7 @@ const (
 	StateReserved  = "reserved"
 	StateClaimed   = "claimed"
 	StateUnhealthy = "unhealthy"
+	StateUnusable  = "unusable" // healthy, but its IOMMU group cannot be passed through now
 	StateDrained   = "drained"
 	// StateReturning: released, but a VM still holds its VFIO group open;
 	// it goes to the idle driver once the VM lets go.
@@ -53,7 +54,7 @@ const (
 // states lists every GPU state in a fixed order, so that each GPU always has
 // the same gpu_state series and a query for a state that no GPU is in still
 // finds zeros rather than nothing.
-var states = []string{StateFree, StateReserved, StateClaimed, StateUnhealthy, StateDrained, StateReturning}
+var states = []string{StateFree, StateReserved, StateClaimed, StateUnhealthy, StateUnusable, StateDrained, StateReturning}
 
 // GPU is one GPU of this server.
 type GPU struct {
@@ -66,6 +67,12 @@ type GPU struct {
 	Driver     string // "" when no driver is bound
 	State      string // StateFree, StateReserved, ...
 	Healthy    bool
+	// UnusableReason is the code of the first problem that keeps the GPU
+	// from passthrough (group_not_viable, no_iommu, ...); "" when it can be
+	// passed through. BlockingDevice is the PCI address of the device that
+	// blocks it, when one does.
+	UnusableReason string
+	BlockingDevice string
 	// Telemetry is NVML's current reading; nil when NVML does not see the
 	// card (on vfio-pci, or no driver), and then the card has no telemetry
 	// series at all.
@@ -91,10 +98,11 @@ type Telemetry struct {
 
 // ModelCapacity counts the GPUs of one model.
 type ModelCapacity struct {
-	Model   string
-	Total   int
-	Free    int
-	Healthy int
+	Model    string
+	Total    int
+	Free     int
+	Healthy  int
+	Unusable int // healthy but not passable through now; neither free nor healthy
 }
 
 // ClusterModelCapacity counts the GPUs of one model over the whole cluster,

@@ -21,6 +21,9 @@ var metricLabels = map[string][]string{
 	"gpuherd_gpu_state":                         {"pci_address", "model", "state"},
 	"gpuherd_gpu_driver_info":                   {"pci_address", "model", "driver"},
 	"gpuherd_gpu_healthy":                       {"pci_address", "model"},
+	"gpuherd_gpu_unusable_info":                 {"pci_address", "model", "reason", "blocking_device"},
+	"gpuherd_model_gpus_unusable":               {"model"},
+	"gpuherd_cluster_model_gpus_unusable":       {"model"},
 	"gpuherd_model_gpus":                        {"model"},
 	"gpuherd_model_gpus_free":                   {"model"},
 	"gpuherd_model_gpus_healthy":                {"model"},
@@ -145,7 +148,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
+	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts = %v, want %v", alerts, want)
 	}
@@ -224,6 +227,7 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 		"gpuherd_gpu_state", "gpuherd_gpu_temperature_celsius", "gpuherd_gpu_power_watts", "gpuherd_gpu_utilization_ratio",
 		"gpuherd_claim_duration_seconds", "gpuherd_claims_total", "gpuherd_vfio_operation_duration_seconds",
 		"gpuherd_vfio_operation_errors_total", "gpuherd_gossip_members",
+		"gpuherd_gpu_unusable_info", "gpuherd_model_gpus_unusable", "gpuherd_cluster_model_gpus_unusable",
 	} {
 		if !used[m] {
 			t.Errorf("the dashboard does not show %s", m)

@@ -21,7 +21,8 @@ const DefaultWriteTimeout = 10 * time.Second
 type Binder struct {
 	pci     *PCI
 	fs      FS
-	allow   AllowList
+	allowMu sync.RWMutex
+	allow   AllowList // under allowMu: SetAllowList replaces it
 	timeout time.Duration
 	log     *slog.Logger
 
@@ -120,7 +121,8 @@ func (b *Binder) Release(ctx context.Context, addr string, policy IdlePolicy) (R
 	if _, err := ParseIdlePolicy(string(policy)); err != nil {
 		return Result{}, err
 	}
-	return b.apply(ctx, "release", addr, policy)
+	// Named after what it does, not why: at start, nothing was claimed.
+	return b.apply(ctx, "move to idle driver "+string(policy), addr, policy)
 }
 
 // target is the state a move leaves a device in.
@@ -191,7 +193,7 @@ func (b *Binder) Check(addr string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := b.plan(d.IOMMUGroup, members, toVFIO); err != nil {
+	if _, err := b.plan(d, members, toVFIO); err != nil {
 		return fmt.Errorf("vfio: check %s: %w", addr, err)
 	}
 	return nil
@@ -207,9 +209,9 @@ func (b *Binder) target(op, addr string) (Device, error) {
 	if err != nil {
 		return Device{}, fmt.Errorf("vfio: %s %s: %w", op, addr, err)
 	}
-	if !b.allow.Allows(d.Vendor, d.Device) {
+	if allow := b.allowList(); !allow.Allows(d.Vendor, d.Device) {
 		return Device{}, fmt.Errorf("vfio: %s %s [%04x:%04x]: %w (%s); add its ID to the allow list if gpuherd should manage it",
-			op, addr, d.Vendor, d.Device, ErrNotAllowed, b.allow)
+			op, addr, d.Vendor, d.Device, ErrNotAllowed, allow)
 	}
 	if d.IOMMUGroup < 0 {
 		return Device{}, fmt.Errorf("vfio: %s %s: %w; enable the IOMMU (VT-d or AMD-Vi in firmware, intel_iommu=on or amd_iommu=on on the kernel command line)",
@@ -250,7 +252,7 @@ func (b *Binder) apply(ctx context.Context, op, addr string, policy IdlePolicy) 
 		return Result{}, err
 	}
 	want := policyTarget(policy)
-	plan, err := b.plan(group, members, want)
+	plan, err := b.plan(d, members, want)
 	if err != nil {
 		return Result{}, fmt.Errorf("vfio: %s %s: %w", op, addr, err)
 	}
@@ -296,23 +298,22 @@ func (b *Binder) apply(ctx context.Context, op, addr string, policy IdlePolicy) 
 	return res, nil
 }
 
-// plan returns the members of group to move to want, or the reason the
-// group must not be touched at all. It reads only.
-func (b *Binder) plan(group int, members []Device, want target) ([]Device, error) {
+// plan returns the members of gpu's group to move to want, or the reason
+// the group must not be touched at all. It reads only. A group that goes to
+// vfio-pci must be viable by the same rule Assess reports (memberBlocks).
+func (b *Binder) plan(gpu Device, members []Device, want target) ([]Device, error) {
 	var plan []Device
+	allow := b.allowList()
 	for _, m := range members {
-		allowed := b.allow.Allows(m.Vendor, m.Device)
 		switch {
-		case isBridge(m):
-			// Never moved: vfio-pci refuses bridges, and unbinding
-			// pcieport takes hotplug and AER away from the slot.
-			if want == toVFIO && m.Driver != "" && m.Driver != driverPCIePort && m.Driver != driverPCIStub {
-				return nil, b.groupError(group, m, "a bridge on a driver other than pcieport or pci-stub; unbind it by hand if that is safe")
-			}
-		case !allowed:
-			if want == toVFIO && m.Driver != "" && m.Driver != DriverVFIO && m.Driver != driverPCIStub {
-				return nil, b.groupError(group, m, fmt.Sprintf("not on the allow list (%s) and bound to a host driver, so gpuherd will not unbind it; "+
-					"move the card to a slot with its own IOMMU group, or allow-list this device", b.allow))
+		case isBridge(m) || !allow.Allows(m.Vendor, m.Device):
+			// Never moved: vfio-pci refuses bridges, unbinding pcieport
+			// takes hotplug and AER away from the slot, and a device off
+			// the allow list is not gpuherd's to touch.
+			if want == toVFIO {
+				if p := memberBlocks(gpu.IOMMUGroup, gpu, m, allow); p != nil {
+					return nil, b.groupError(gpu.IOMMUGroup, m, p.what+"; "+p.fix)
+				}
 			}
 		case needsMove(m, want):
 			if err := b.stuckError(m.Address); err != nil {

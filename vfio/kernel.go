@@ -24,6 +24,9 @@ type FakeDevice struct {
 	// PhysFn is the address of the physical function when this is an SR-IOV
 	// virtual function; sysfs then has a physfn link.
 	PhysFn string `json:"physfn,omitempty" yaml:"physfn,omitempty"`
+	// NoReset: the kernel has no reset method for it (no reset and
+	// reset_method files); otherwise it offers "flr bus".
+	NoReset bool `json:"no_reset,omitempty" yaml:"no_reset,omitempty"`
 }
 
 // KernelConfig is a simulated machine at boot: the host drivers that are
@@ -66,6 +69,9 @@ type Kernel struct {
 
 	lockMu sync.Mutex
 	locks  map[string]chan struct{} // per-device one-slot semaphores: the kernel's device_lock
+
+	host fakeHost  // interrupt remapping, vfio_iommu_type1 parameters
+	subs []*uevSub // PCI uevent subscribers (WatchPCI)
 }
 
 // kdev is the live state of one simulated function.

@@ -36,7 +36,13 @@ func (k *Kernel) Unhold(addr string) {
 // to it disappear, as on a hot-unplug or a card that fell off the bus and
 // was removed by pciehp.
 func (k *Kernel) Remove(addr string) error {
-	return k.mutate("remove", addr, func(*kdev) { delete(k.devs, addr) })
+	if err := k.mutate("remove", addr, func(*kdev) { delete(k.devs, addr) }); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.emit(PCIEvent{Action: UeventRemove, Address: addr})
+	return nil
 }
 
 // SetConfigAllOnes makes the device at addr read ff from all of its config

@@ -217,7 +217,7 @@ func TestKernelTree(t *testing.T) {
 		{dir("kernel/iommu_groups/12/devices"), gpuA + " " + audioA},
 		{dir("bus/pci/drivers/vfio-pci"), gpuA + " bind unbind"},
 		{dir("bus/pci/drivers"), "ixgbe nvidia pcieport snd_hda_intel vfio-pci xhci_hcd"},
-		{dir(devicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node subsystem_device subsystem_vendor vendor"},
+		{dir(devicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node reset reset_method subsystem_device subsystem_vendor vendor"},
 		{dir("/dev/vfio"), "12 vfio"},
 	}
 	for i, c := range checks {

@@ -107,9 +107,13 @@ func (k *Kernel) resolve(op, name string, parts []string, followLast bool) ([]st
 // k.mu must be held.
 func (k *Kernel) node(p []string) (node, bool) {
 	if len(p) == 0 {
-		return dirNode("bus", "devices", "kernel"), true
+		return dirNode("bus", "class", "devices", "kernel", "module"), true
 	}
 	switch p[0] {
+	case "class":
+		return k.classNode(p[1:])
+	case "module":
+		return k.moduleNode(p[1:])
 	case "bus":
 		return k.busNode(p[1:])
 	case "devices":
@@ -179,6 +183,9 @@ func (k *Kernel) deviceNode(d *kdev, p []string) (node, bool) {
 		if d.PhysFn != "" {
 			c = append(c, "physfn")
 		}
+		if !d.NoReset {
+			c = append(c, "reset", "reset_method")
+		}
 		return dirNode(c...), true
 	}
 	if len(p) > 1 {
@@ -218,6 +225,8 @@ func (k *Kernel) deviceNode(d *kdev, p []string) (node, bool) {
 		if d.PhysFn != "" {
 			return linkNode("../" + d.PhysFn), true
 		}
+	case "reset", "reset_method":
+		return resetNode(d, p[0])
 	}
 	return node{}, false
 }

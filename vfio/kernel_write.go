@@ -177,6 +177,7 @@ func (k *Kernel) doWrite(name string, w kwrite) error {
 		*d = prev
 		return &fs.PathError{Op: "write", Path: shorten(name), Err: fmt.Errorf("%w: save simulated machine state: %v", syscall.EIO, err)}
 	}
+	k.driverEvents(w.addr, prev.Driver, d.Driver)
 	return nil
 }
 

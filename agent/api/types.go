@@ -21,13 +21,16 @@ type GPU struct {
 	NUMANode        int      `json:"numa_node"`
 	IOMMUGroup      int      `json:"iommu_group"`
 	Driver          string   `json:"driver"`
-	State           string   `json:"state"` // free, reserved, claimed, unhealthy, drained, returning
+	State           string   `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
 	Claim           string   `json:"claim"`
-	Health          string   `json:"health,omitempty"` // why it is unhealthy
+	Health          string   `json:"health,omitempty"` // why it is unhealthy, or unusable
 	DrainReason     string   `json:"drain_reason,omitempty"`
 	UUID            string   `json:"uuid,omitempty"`
 	Companions      []string `json:"companions,omitempty"`
 	InUseBy         *InUse   `json:"in_use_by,omitempty"` // the VM holding its VFIO group open
+	// Readiness is the passthrough verdict; nil when not taken (a GPU
+	// that cannot be read).
+	Readiness *Readiness `json:"readiness,omitempty"`
 }
 
 // GPU states.
@@ -155,6 +158,9 @@ type ModelAvailability struct {
 	Free      int    `json:"free"`
 	Total     int    `json:"total"`
 	Healthy   int    `json:"healthy"`
+	// Unusable GPUs are healthy but cannot be passed through now; they are
+	// neither free nor healthy.
+	Unusable int `json:"unusable,omitempty"`
 	// MaxFreeOnOneServer is the largest request of this model one server
 	// can hold now (a VM's GPUs are all on one server).
 	MaxFreeOnOneServer int `json:"max_free_on_one_server"`
@@ -224,6 +230,9 @@ type Error struct {
 	Alternatives []Alternative `json:"alternatives,omitempty"`
 	// PCIAddresses: the functions a not_claimed or not_bound error is about.
 	PCIAddresses []string `json:"pci_addresses,omitempty"`
+	// Refusals: why owners refused GPUs their view had offered (a GPU found
+	// unusable before any driver change), one line per refusal.
+	Refusals []string `json:"refusals,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

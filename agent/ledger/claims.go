@@ -288,7 +288,7 @@ func (st *state) freeByModel(now time.Time) map[string][]placement.Candidate {
 	busy := st.busy(now)
 	out := map[string][]placement.Candidate{}
 	for addr, g := range st.inventory {
-		if _, held := busy[addr]; held || !g.Healthy {
+		if _, held := busy[addr]; held || !g.Healthy || g.Unusable {
 			continue
 		}
 		if _, drained := st.drains[addr]; drained {

@@ -17,12 +17,14 @@ type GPUStatus string
 // GPU statuses. When several apply, the first in this list wins: a GPU held
 // by a claim is reported as held even if it is sick or drained (the claim is
 // what an operator must deal with first), a sick GPU as unhealthy even if
-// drained (draining it does not make it usable again), and only a healthy,
-// unheld GPU as drained or free.
+// drained (draining it does not make it usable again), an unusable one (its
+// IOMMU group cannot be passed through now) as unusable even if drained,
+// and only a healthy, usable, unheld GPU as drained or free.
 const (
 	GPUClaimed   GPUStatus = "claimed"   // in a committed claim
 	GPUReserved  GPUStatus = "reserved"  // in a live reservation
 	GPUUnhealthy GPUStatus = "unhealthy" // not healthy, or gone from the inventory
+	GPUUnusable  GPUStatus = "unusable"  // healthy, but it cannot be passed through now (see GPU.Unusable)
 	GPUDrained   GPUStatus = "drained"   // an operator took it out of service
 	GPUFree      GPUStatus = "free"      // can be reserved now
 )
@@ -48,8 +50,11 @@ type GPUState struct {
 // publishes it.
 type ModelTotals struct {
 	Total   int `json:"total"`   // in the inventory
-	Healthy int `json:"healthy"` // in the inventory and healthy, held or not
+	Healthy int `json:"healthy"` // in the inventory, healthy and usable, held or not
 	Free    int `json:"free"`    // could be reserved now
+	// Unusable counts GPUs that are healthy but cannot be passed through
+	// now (GPUUnusable): neither free nor healthy.
+	Unusable int `json:"unusable,omitempty"`
 }
 
 var pciAddress = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
@@ -95,7 +100,7 @@ func (l *Ledger) SetInventory(gpus []GPU) error {
 
 func sameGPU(a, b GPU) bool {
 	return a.Address == b.Address && a.Model == b.Model && a.NUMANode == b.NUMANode &&
-		a.Healthy == b.Healthy && maps.Equal(a.Distance, b.Distance)
+		a.Healthy == b.Healthy && a.Unusable == b.Unusable && maps.Equal(a.Distance, b.Distance)
 }
 
 // Drain takes the GPU at addr out of service for new claims, durably, with
@@ -193,7 +198,10 @@ func (l *Ledger) Totals(now time.Time) map[string]ModelTotals {
 		}
 		t := out[s.GPU.Model]
 		t.Total++
-		if s.GPU.Healthy {
+		switch {
+		case s.GPU.Healthy && s.GPU.Unusable:
+			t.Unusable++
+		case s.GPU.Healthy:
 			t.Healthy++
 		}
 		if s.Status == GPUFree {
@@ -240,6 +248,8 @@ func (st *state) gpuStates(now time.Time) []GPUState {
 			s.Status = GPUReserved
 		case s.Missing || !s.GPU.Healthy:
 			s.Status = GPUUnhealthy
+		case s.GPU.Unusable:
+			s.Status = GPUUnusable
 		case s.Drained:
 			s.Status = GPUDrained
 		default:

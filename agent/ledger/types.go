@@ -46,6 +46,10 @@ type GPU struct {
 	Model    string `json:"model"`
 	NUMANode int    `json:"numa_node"`
 	Healthy  bool   `json:"healthy"`
+	// Unusable: the GPU cannot be passed through now (its IOMMU group
+	// holds a device the host needs, the IOMMU is off, ...). It is never
+	// reserved and never counted as free or healthy.
+	Unusable bool `json:"unusable,omitempty"`
 	// Distance to other GPUs of this server by address (NVML topology level,
 	// smaller is closer); nil when unknown.
 	Distance map[string]int `json:"distance,omitempty"`

@@ -17,6 +17,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/logging"
 	"github.com/gpuherd/gpuherd/systemd"
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -212,8 +213,9 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	return nil
 }
 
-// reload re-reads what can change without a restart: the log level and the
-// gossip keys (key rotation). Anything else needs a restart, and says so.
+// reload re-reads what can change without a restart: the log level, the
+// gossip keys (key rotation), allow_devices and allow_unsafe_interrupts.
+// Anything else needs a restart, and says so.
 func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath string, flags func(*agent.Config) error) {
 	cfg := agent.DefaultConfig()
 	if configPath != "" {
@@ -232,6 +234,13 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 	}
 	if err := a.ReloadGossipKeys(cfg.GossipKeyFile); err != nil {
 		log.Error("reload: gossip keys not applied", "err", err)
+	}
+	// allow_devices and allow_unsafe_interrupts decide which GPUs can be
+	// passed through: every IOMMU group is read again under them.
+	if allow, err := vfio.ParseAllowList(cfg.AllowDevices); err == nil {
+		log.Info("reload: allow_devices and allow_unsafe_interrupts; re-reading every IOMMU group",
+			"allow_devices", allow.String(), "allow_unsafe_interrupts", cfg.AllowUnsafeInterrupts)
+		a.ReloadReadiness(context.Background(), allow, cfg.AllowUnsafeInterrupts)
 	}
 }
 

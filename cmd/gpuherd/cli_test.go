@@ -581,11 +581,11 @@ func TestCLIInventory(t *testing.T) {
 
 	r := gpuherd(t, "/nonexistent.sock", "inventory", "--simulate", "mixed")
 	if r.code != exitOK || !strings.HasPrefix(r.stdout, "6 NVIDIA GPU(s) in simulated:mixed, 5 ready for passthrough\n") ||
-		!regexp.MustCompile(`(?m)^0000:e1:00\.0\s+NVIDIA L40S\s+1\s+\d+\s+nvidia\s+refused$`).MatchString(r.stdout) ||
-		!regexp.MustCompile(`(?m)^  refused: .*0000:e2:00\.0.*144d:a808`).MatchString(r.stdout) {
+		!regexp.MustCompile(`(?m)^0000:e1:00\.0\s+NVIDIA L40S\s+1\s+\d+\s+nvidia\s+unusable$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^  unusable: .*0000:e2:00\.0.*144d:a808`).MatchString(r.stdout) {
 		t.Errorf("inventory --simulate mixed table: %s", r)
 	}
-	t.Logf("inventory --simulate mixed: 5 ready, 0000:e1:00.0 refused for the NVMe 144d:a808")
+	t.Logf("inventory --simulate mixed: 5 ready, 0000:e1:00.0 unusable for the NVMe 144d:a808")
 
 	// The same machine written out as a directory tree scans the same.
 	p, err := sim.Load("mixed")

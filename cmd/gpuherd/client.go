@@ -61,10 +61,16 @@ func (g *globals) fail(err error) error {
 		_ = enc.Encode(api.ErrorBody{Error: ae})
 		return &printedError{err: err}
 	}
-	if len(ae.Alternatives) == 0 {
+	if len(ae.Alternatives) == 0 && len(ae.Refusals) == 0 {
 		return err
 	}
 	fmt.Fprintln(g.stderr, "gpuherd: "+ae.Message)
+	for _, r := range ae.Refusals {
+		fmt.Fprintln(g.stderr, "  refused: "+r)
+	}
+	if len(ae.Alternatives) == 0 {
+		return &printedError{err: err}
+	}
 	fmt.Fprintln(g.stderr, "Select an alternative GPU:")
 	for _, alt := range ae.Alternatives {
 		fmt.Fprintf(g.stderr, "  %s   (fits on %d server(s))\n", gpuFlags(alt.GPUs), alt.Servers)
@@ -128,15 +134,22 @@ func newStatusCmd(g *globals) *cobra.Command {
 					fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
 					for _, gp := range st.GPUs {
 						state := gp.State
-						if gp.Health != "" {
+						switch {
+						case gp.State == api.StateUnhealthy && gp.Health != "":
 							state += " (" + gp.Health + ")"
-						} else if gp.DrainReason != "" {
+						case gp.Readiness != nil && !gp.Readiness.Ready:
+							// the lines below the table say why and what to do
+						case gp.Health != "":
+							state += " (" + gp.Health + ")"
+						case gp.DrainReason != "":
 							state += " (" + gp.DrainReason + ")"
 						}
 						state += inUseNote(gp.InUseBy)
 						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
 							intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
 					}
+					w.Flush()
+					printReadiness(w, st.GPUs)
 				})
 		},
 	}
@@ -326,7 +339,11 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 						if m.Available {
 							avail = "Available"
 						}
-						fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", m.Model, avail, m.Free, m.Total, m.MaxFreeOnOneServer)
+						total := fmt.Sprint(m.Total)
+						if m.Unusable > 0 {
+							total += fmt.Sprintf(" (%d unusable)", m.Unusable)
+						}
+						fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", m.Model, avail, m.Free, total, m.MaxFreeOnOneServer)
 					}
 				})
 		},

@@ -24,7 +24,11 @@ func newMembersCmd(g *globals) *cobra.Command {
 					for _, m := range ms {
 						var caps []string
 						for _, mc := range m.Models {
-							caps = append(caps, fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total))
+							c := fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total)
+							if mc.Unusable > 0 {
+								c += fmt.Sprintf(" (%d unusable)", mc.Unusable)
+							}
+							caps = append(caps, c)
 						}
 						name := m.Name
 						if m.Self {

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -18,15 +19,17 @@ import (
 // whether its IOMMU group can be given to a VM.
 type scanGPU struct {
 	inventory.GPU
-	Viable  bool          `json:"viable"`
-	Reason  string        `json:"reason,omitempty"`
-	Members []vfio.Device `json:"iommu_group_members"`
+	Viable    bool           `json:"viable"`
+	Reason    string         `json:"reason,omitempty"`
+	Readiness *api.Readiness `json:"readiness,omitempty"` // the agent's verdict, the same function
+	Members   []vfio.Device  `json:"iommu_group_members"`
 }
 
 type scanReport struct {
-	SysfsRoot string    `json:"sysfs_root"`
-	Config    string    `json:"config,omitempty"` // the configuration whose lists were applied
-	GPUs      []scanGPU `json:"gpus"`
+	SysfsRoot string         `json:"sysfs_root"`
+	Host      vfio.HostFacts `json:"host"`
+	Config    string         `json:"config,omitempty"` // the configuration whose lists were applied
+	GPUs      []scanGPU      `json:"gpus"`
 	// Denied are GPUs on the configuration's deny_devices: never managed.
 	Denied []string `json:"denied"`
 	// Fabric is the NVSwitch fabric mode and how it was found.
@@ -38,6 +41,7 @@ func newInventoryCmd(g *globals) *cobra.Command {
 	var (
 		root, simulate, configPath string
 		allow                      []string
+		unsafeIRQ                  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "inventory",
@@ -48,8 +52,9 @@ to a VM or why gpuherd would refuse it. Run it before enabling the service.
 --sysfs-root scans any directory laid out like /sys; --simulate scans a
 simulated profile. It reads the agent's configuration (--config, by default
 /etc/gpuherd/gpuherd.yaml when it exists) for allow_devices, deny_devices,
-gpu_devices, models, sysfs_root and simulate, so it shows what the agent
-would manage after an edit; flags given on the command line win.`,
+gpu_devices, models, sysfs_root, simulate and allow_unsafe_interrupts, so it
+shows what the agent would manage after an edit, with the agent's own verdict
+(the same function); flags given on the command line win.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, used, err := inventoryConfig(cmd, configPath)
@@ -58,6 +63,9 @@ would manage after an edit; flags given on the command line win.`,
 			}
 			if cmd.Flags().Changed("allow-devices") {
 				cfg.AllowDevices = allow
+			}
+			if cmd.Flags().Changed("allow-unsafe-interrupts") {
+				cfg.AllowUnsafeInterrupts = unsafeIRQ
 			}
 			if cmd.Flags().Changed("sysfs-root") {
 				cfg.SysfsRoot, cfg.Simulate = root, ""
@@ -90,7 +98,8 @@ would manage after an edit; flags given on the command line win.`,
 				return err
 			}
 			gpuIDs, _ := vfio.ParseAllowList(cfg.GPUDevices)
-			rep, err := scan(fs, al, inventory.WithCatalog(cat), inventory.WithDenyAddresses(cfg.DenyDevices), inventory.WithGPUDevices(gpuIDs))
+			rep, err := scan(fs, vfio.ReadinessConfig{Allow: al, AllowUnsafeInterrupts: cfg.AllowUnsafeInterrupts},
+				inventory.WithCatalog(cat), inventory.WithDenyAddresses(cfg.DenyDevices), inventory.WithGPUDevices(gpuIDs))
 			if err != nil {
 				return err
 			}
@@ -106,6 +115,7 @@ would manage after an edit; flags given on the command line win.`,
 	cmd.Flags().StringVar(&root, "sysfs-root", "/sys", "directory laid out like /sys")
 	cmd.Flags().StringVar(&simulate, "simulate", "", "scan a simulated profile instead")
 	cmd.Flags().StringSliceVar(&allow, "allow-devices", []string{"10de:*"}, "vendor:device IDs gpuherd may bind")
+	cmd.Flags().BoolVar(&unsafeIRQ, "allow-unsafe-interrupts", false, "accept a host without interrupt remapping (the agent's allow_unsafe_interrupts)")
 	cmd.Flags().StringVar(&configPath, "config", "", "the agent's YAML configuration (default "+defaultConfigPath+" when it exists)")
 	return cmd
 }
@@ -129,15 +139,14 @@ func inventoryConfig(cmd *cobra.Command, path string) (agent.Config, string, err
 	return cfg, path, nil
 }
 
-func scan(fs vfio.FS, allow vfio.AllowList, opts ...inventory.Option) (scanReport, error) {
+func scan(fs vfio.FS, cfg vfio.ReadinessConfig, opts ...inventory.Option) (scanReport, error) {
 	pci := vfio.New(fs)
 	inv := inventory.New(pci, opts...)
 	gpus, err := inv.Discover()
 	if err != nil {
 		return scanReport{}, err
 	}
-	binder := vfio.NewBinder(pci, vfio.WithAllowList(allow))
-	rep := scanReport{GPUs: []scanGPU{}, NotOffered: []vfio.Device{}, Denied: []string{}}
+	rep := scanReport{GPUs: []scanGPU{}, NotOffered: []vfio.Device{}, Denied: []string{}, Host: pci.ReadHostFacts()}
 	isGPU := map[string]bool{}
 	for _, gp := range gpus {
 		isGPU[gp.Address] = true
@@ -145,10 +154,17 @@ func scan(fs vfio.FS, allow vfio.AllowList, opts ...inventory.Option) (scanRepor
 		if gp.IOMMUGroup >= 0 {
 			s.Members, _ = pci.GroupMembers(gp.IOMMUGroup)
 		}
-		if err := binder.Check(gp.Address); err != nil {
+		v, err := pci.Readiness(gp.Address, cfg, &rep.Host)
+		switch {
+		case err != nil:
 			s.Viable, s.Reason = false, err.Error()
-		} else if !gp.Healthy {
+		case !v.Ready():
+			s.Viable, s.Reason = false, v.Reason()
+		case !gp.Healthy:
 			s.Viable, s.Reason = false, gp.Health
+		}
+		if err == nil {
+			s.Readiness = agent.ReadinessView(v)
 		}
 		rep.GPUs = append(rep.GPUs, s)
 	}
@@ -183,8 +199,11 @@ func printScan(w *tabwriter.Writer, rep scanReport) {
 	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tNUMA\tGROUP\tDRIVER\tPASSTHROUGH")
 	for _, s := range rep.GPUs {
 		verdict := "ready"
-		if !s.Viable {
-			verdict = "refused"
+		switch {
+		case s.Readiness != nil && !s.Readiness.Ready:
+			verdict = "unusable"
+		case !s.Viable:
+			verdict = "unhealthy"
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Address, s.Model, intOrDash(s.NUMANode), intOrDash(s.IOMMUGroup), dash(s.Driver), verdict)
 	}
@@ -194,8 +213,11 @@ func printScan(w *tabwriter.Writer, rep scanReport) {
 		for _, m := range s.Members {
 			fmt.Fprintf(w, "  %s  [%04x:%04x] class %06x  driver %s\n", m.Address, m.Vendor, m.Device, m.Class, dash(m.Driver))
 		}
-		if !s.Viable {
-			fmt.Fprintf(w, "  refused: %s\n", strings.TrimPrefix(s.Reason, "vfio: "))
+		switch {
+		case s.Readiness != nil && (len(s.Readiness.Blocking) > 0 || len(s.Readiness.Warnings) > 0):
+			printVerdict(w, " ", s.Readiness)
+		case !s.Viable:
+			fmt.Fprintf(w, "  unhealthy: %s\n", strings.TrimPrefix(s.Reason, "vfio: "))
 		}
 	}
 	if len(rep.Denied) > 0 {

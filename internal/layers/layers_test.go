@@ -44,7 +44,7 @@ var layers = [][]string{
 // error codes and Recorder events, never in HTTP statuses or metrics.
 var protocolFiles = []string{
 	"attempt.go", "coordinator.go", "directory.go", "errors.go", "home.go",
-	"lookup.go", "notices.go", "owner.go", "recorder.go", "request.go", "view.go",
+	"lookup.go", "notices.go", "owner.go", "owner_readiness.go", "recorder.go", "request.go", "view.go",
 }
 
 var protocolForbids = []string{"net/http", module + "/metrics"}

@@ -130,6 +130,9 @@ func (c *checker) expectKernel(step string, m *machine, want map[*dev]string, la
 			c.check(waitNode(d.IOMMUGroup, w == vfio.DriverVFIO), "%s: %s %s", step, vfioNode(d.IOMMUGroup), map[bool]string{true: "present", false: "absent"}[w == vfio.DriverVFIO])
 		}
 		if prev := last[d]; prev != got {
+			if d == m.nic {
+				netUp(c, m, step) // the interface came back with its driver
+			}
 			if got == vfio.DriverVFIO {
 				c.bound++
 			}
@@ -139,6 +142,7 @@ func (c *checker) expectKernel(step string, m *machine, want map[*dev]string, la
 		}
 		last[d] = got
 	}
+	c.nicTraffic(step, m)
 }
 
 func addrsOf(cl api.Claim) []string {
@@ -190,8 +194,9 @@ func partAgent(c *checker, m *machine) {
 			fmt.Fprintf(c.w, "      GPU %s model %s group %d driver %s state %s %s\n", g.PCIAddress, g.Model, g.IOMMUGroup, orNone(g.Driver), g.State, g.Health)
 		}
 		slices.Sort(addrs)
-		c.check(slices.Equal(addrs, sorted(m.eduA.Address, m.eduB.Address, m.testdev.Address, m.rng.Address)),
-			"status lists the four allow-listed devices as GPUs (gpu_devices), not the balloon: %v", addrs)
+		c.check(slices.Equal(addrs, sorted(m.eduA.Address, m.eduB.Address, m.eduN.Address, m.testdev.Address, m.rng.Address)),
+			"status lists the five allow-listed devices as GPUs (gpu_devices), not the balloon nor the NIC: %v", addrs)
+		readinessAtStart(c, m, st, last)
 		g, _ := gpuByAddr(st, m.rng.Address)
 		c.check(g.Model == idRNG && g.State == api.StateFree && g.Driver == "virtio-pci", "virtio-rng offered as model %s, %s, on %s", g.Model, g.State, g.Driver)
 	}
@@ -277,6 +282,10 @@ func partAgent(c *checker, m *machine) {
 	if c.noErr(cliJSON(&claims, "claims"), "claims -o json") {
 		c.check(len(claims) == 0, "no claims left: %d", len(claims))
 	}
+
+	// The operator moves the NIC away: the GPU sharing its group is
+	// offered, without a restart; the NIC back, and it is unusable again.
+	readinessFollows(c, m, a, last)
 
 	// SIGTERM: a clean exit.
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)

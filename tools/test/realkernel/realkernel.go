@@ -32,6 +32,7 @@ const (
 	idTestdev = "1b36:0005" // pci-testdev: no host driver
 	idRNG     = "1af4:1005" // virtio-rng (transitional): virtio-pci
 	idBalloon = "1af4:1002" // virtio-balloon (transitional): virtio-pci, never allow-listed
+	idNIC     = "1af4:1000" // virtio-net (transitional): virtio-pci, the guest's own network card
 )
 
 // allowed is the allow list of both parts: everything but the balloon.
@@ -58,6 +59,7 @@ func run(w io.Writer) error {
 		return fmt.Errorf("REALKERNEL: FAIL: %w", err)
 	}
 	m.print(w)
+	netUp(c, m, "boot")
 	c.section("part 1: the vfio package on real sysfs")
 	partVFIO(c, m)
 	c.section("part 2: the gpuherd agent")
@@ -123,6 +125,7 @@ type dev struct {
 type machine struct {
 	eduA, testdev, rng *dev // each alone in its IOMMU group
 	eduB, balloon      *dev // one group, behind a PCIe-to-PCI bridge
+	eduN, nic          *dev // one group behind another bridge: the NIC is the guest's own
 	all                []*dev
 }
 
@@ -152,6 +155,7 @@ func findMachine() (*machine, error) {
 		return nil, err
 	}
 	m := &machine{}
+	var shared []*dev // edus that share their group: told apart by who they share it with
 	for _, d := range devs {
 		alone := false
 		if d.IOMMUGroup >= 0 {
@@ -166,19 +170,34 @@ func findMachine() (*machine, error) {
 		case id == idEdu && alone:
 			nd.name, m.eduA = "edu", nd
 		case id == idEdu:
-			nd.name, m.eduB = "edu (shared)", nd
+			shared = append(shared, nd)
+			continue
 		case id == idTestdev:
 			nd.name, m.testdev = "pci-testdev", nd
 		case id == idRNG:
 			nd.name, m.rng = "virtio-rng", nd
 		case id == idBalloon:
 			nd.name, m.balloon = "virtio-balloon", nd
+		case id == idNIC:
+			nd.name, m.nic = "virtio-net (NIC)", nd
 		default:
 			continue
 		}
 		m.all = append(m.all, nd)
 	}
-	for name, d := range map[string]*dev{"edu": m.eduA, "shared edu": m.eduB, "pci-testdev": m.testdev, "virtio-rng": m.rng, "virtio-balloon": m.balloon} {
+	for _, e := range shared {
+		switch {
+		case m.balloon != nil && e.IOMMUGroup == m.balloon.IOMMUGroup:
+			e.name, m.eduB = "edu (shared)", e
+		case m.nic != nil && e.IOMMUGroup == m.nic.IOMMUGroup:
+			e.name, m.eduN = "edu (with NIC)", e
+		default:
+			continue
+		}
+		m.all = append(m.all, e)
+	}
+	for name, d := range map[string]*dev{"edu": m.eduA, "shared edu": m.eduB, "pci-testdev": m.testdev, "virtio-rng": m.rng, "virtio-balloon": m.balloon,
+		"virtio-net": m.nic, "edu sharing the NIC's group": m.eduN} {
 		if d == nil {
 			return nil, fmt.Errorf("no %s device in the guest (is the IOMMU on? run.sh's QEMU command line)", name)
 		}
@@ -319,6 +338,7 @@ func partVFIO(c *checker, m *machine) {
 	c.expectDriver("back", d, "")
 
 	refusedGroup(c, m, b)
+	readinessVFIO(c, m, b)
 }
 
 // refusedGroup: edu and virtio-balloon share a group behind a PCIe-to-PCI

@@ -115,7 +115,7 @@ file "$ir/bin/gpuherd" | grep -q 'statically linked' || die "bin/gpuherd is not 
 cp "$busybox" "$ir/bin/busybox"
 # Modules in load order, each once; vfio_virqfd is gone from newer kernels
 # (folded into vfio), so a missing optional module is skipped.
-mods=(irqbypass vfio vfio_iommu_type1 vfio_virqfd vfio_pci_core vfio_pci virtio_pci)
+mods=(irqbypass vfio vfio_iommu_type1 vfio_virqfd vfio_pci_core vfio_pci virtio_pci virtio_net)
 : > "$ir/modules/order"
 for m in "${mods[@]}"; do
 	if ! out=$(modprobe -d "$kroot" -S "$kver" --show-depends "$m" 2>/dev/null); then
@@ -146,6 +146,11 @@ log "initramfs $(du -h "$work/initramfs.cpio" | cut -f1) with $(wc -l < "$ir/mod
 #           takes the requester IDs of everything behind it):
 #     edu            1234:11e8  allow-listed, no driver
 #     virtio-balloon 1af4:1002  not allow-listed, on virtio-pci: the group is refused
+#   00:07.0 a second pcie-pci-bridge, and behind it, one group:
+#     edu            1234:11e8  allow-listed, no driver: a GPU that shares its
+#                               group with the guest's own network card
+#     virtio-net     1af4:1000  the guest's NIC on QEMU's user network
+#                               (10.0.2.15, pings the gateway 10.0.2.2)
 # intel-iommu first (it must precede the PCI devices), with interrupt
 # remapping: without it VFIO_SET_IOMMU fails with EPERM.
 log "booting (TCG, timeout ${timeout_s}s)"
@@ -161,6 +166,10 @@ timeout --foreground -k 5 "$timeout_s" qemu-system-x86_64 \
 	-device pcie-pci-bridge,id=pcibr,addr=06.0 \
 	-device edu,bus=pcibr,addr=01.0 \
 	-device virtio-balloon-pci,bus=pcibr,addr=02.0 \
+	-netdev user,id=net0,ipv6=off \
+	-device pcie-pci-bridge,id=pcibr2,addr=07.0 \
+	-device edu,bus=pcibr2,addr=01.0 \
+	-device virtio-net-pci,netdev=net0,bus=pcibr2,addr=02.0,disable-legacy=off \
 	-kernel "$vmlinuz" -initrd "$work/initramfs.cpio" \
 	-append "console=ttyS0 intel_iommu=on panic=-1 quiet loglevel=4" \
 	</dev/null | tee "$work/console.log"
