@@ -84,7 +84,7 @@ func (m *monitor) sample(ctx context.Context, a *agent) {
 		}
 	}
 	var own []api.Claim
-	for _, c := range claims {
+	for _, c := range claims.Claims {
 		if c.Node == a.name {
 			own = append(own, c)
 		}
