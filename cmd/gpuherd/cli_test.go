@@ -558,14 +558,14 @@ func TestCLIVersion(t *testing.T) {
 type scanResult struct {
 	SysfsRoot string `json:"sysfs_root"`
 	GPUs      []struct {
-		Address string `json:"address"`
+		Address string `json:"pci_address"`
 		Model   string `json:"model"`
 		Driver  string `json:"driver"`
 		Group   int    `json:"iommu_group"`
 		Viable  bool   `json:"viable"`
 		Reason  string `json:"reason"`
 		Members []struct {
-			Address string `json:"address"`
+			Address string `json:"pci_address"`
 		} `json:"iommu_group_members"`
 	} `json:"gpus"`
 	NotOffered []json.RawMessage `json:"not_offered"`

@@ -366,8 +366,8 @@ YAML) and the exit code is 5, so that a shorter list never looks complete.`,
 					fmt.Fprintf(g.stderr, "gpuherd: warning: %s did not answer: %s\n", esc(u.Node), esc(u.Reason))
 				}
 			}
-			return &printedError{err: &api.Error{Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("partial list: %d server(s) did not answer (%s); their claims are missing", len(names), strings.Join(names, ", "))}}
+			return &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("partial list: %d server(s) did not answer (%s); their claims are missing", len(names), strings.Join(names, ", "))}
 		},
 	}
 }
