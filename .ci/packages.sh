@@ -152,7 +152,7 @@ echo "$out"
 # A ledger deleted under running VMs loses every claim; keys cannot be
 # downloaded again: purge keeps both and names them.
 [ -f /var/lib/gpuherd/ledger.db ] || fail "purge deleted the claims ledger"
-[ -f /etc/gpuherd/gossip.key ] && [ -f /etc/gpuherd/tls/node.crt ] || fail "purge deleted the operator's keys"
+if [ ! -f /etc/gpuherd/gossip.key ] || [ ! -f /etc/gpuherd/tls/node.crt ]; then fail "purge deleted the operator's keys"; fi
 echo "$out" | grep -q 'kept /var/lib/gpuherd' || fail "purge did not say where the ledger stays"
 echo "$out" | grep -q 'kept /etc/gpuherd' || fail "purge did not say where the keys stay"
 for p in /etc/gpuherd/gpuherd.yaml /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd /usr/share/man/man1/gpuherd.1.gz "$hook"; do
