@@ -96,7 +96,7 @@ dpkg -i "$deb"
 # to skip /usr/share/man.
 mandir=$(mktemp -d)
 dpkg-deb -x "$deb" "$mandir"
-man -l "$mandir/usr/share/man/man1/gpuherd-claim.1.gz" | grep -q 'one server of the cluster' ||
+man -l "$mandir/usr/share/man/man1/gpuherd-claim.1.gz" 2>/dev/null | col -b | tr -s ' \n' '  ' | grep -q 'one server of the cluster' ||
 	fail "man gpuherd-claim does not render the command's help"
 for cmd in $(/usr/bin/gpuherd --help | awk '/^Available Commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}'); do
 	[ "$cmd" = help ] && continue

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"unicode/utf8"
 
@@ -180,11 +181,14 @@ func escape(s string, keepLayout bool) string {
 // field that was not escaped, an error message quoting a remote server).
 // A rune split across two writes is held until it is complete.
 type escapingWriter struct {
+	mu      sync.Mutex
 	w       io.Writer
 	pending []byte
 }
 
 func (e *escapingWriter) Write(p []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	data := append(e.pending, p...)
 	e.pending = nil
 	// Hold back an incomplete rune at the end.
@@ -222,6 +226,8 @@ func incompleteTail(b []byte) int {
 
 // Flush writes a held, incomplete rune as escaped bytes.
 func (e *escapingWriter) Flush() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if len(e.pending) == 0 {
 		return nil
 	}
@@ -269,7 +275,7 @@ func (c *cliError) MarshalJSON() ([]byte, error) {
 
 // apiErrorExtras are the fields of api.Error besides code and message, in
 // the order the API writes them.
-var apiErrorExtras = []string{"field", "missing", "known_models", "alternatives", "unanswered"}
+var apiErrorExtras = []string{"field", "missing", "known_models", "alternatives"}
 
 // writeError writes err on w in the structured format.
 func writeError(w io.Writer, output string, err error) {
