@@ -51,6 +51,7 @@ promtool check rules packaging/prometheus/gpuherd-alerts.yml packaging/prometheu
 (cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml gpuherd-dcgm.rules_test.yml)
 
 step "packages"
+rm -rf dist # a stale build would be checked along with this one
 "${mk[@]}" packages
 "${mk[@]}" check-packages
 [ "$(find dist -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) | wc -l)" -eq 4 ] || fail "want 4 packages in dist/"
@@ -71,7 +72,7 @@ done
 step "lintian and rpmlint: no errors"
 # Warnings that stay, on purpose: /var/lib/gpuherd is 0700 (the ledger is
 # root's), the maintainer scripts call systemctl (like debhelper's).
-lintian --fail-on error --no-tag-display-limit dist/*.deb
+lintian --fail-on error --tag-display-limit 0 dist/*.deb
 rpmlint -c packaging/rpmlint.toml dist/*.rpm
 # The license is stated, not a placeholder.
 grep -qx 'License: Apache-2.0' packaging/deb/copyright || fail "packaging/deb/copyright names no license"
