@@ -15,18 +15,18 @@ import (
 	"github.com/gpuherd/gpuherd/agent/pki"
 )
 
-// TestSlowBodiesAreCutOff: a client that sends a request's headers and then
-// only part of its body loses the connection once requestReadTimeout has
-// passed, on the local socket and on the peer API alike (a peer API
-// without a read deadline kept such a connection open for ever).
-func TestSlowBodiesAreCutOff(t *testing.T) {
-	old := requestReadTimeout
-	requestReadTimeout = 300 * time.Millisecond
-	t.Cleanup(func() { requestReadTimeout = old })
+// TestIntegrationSlowBodiesAreCutOff: a client that sends a request's
+// headers and then only part of its body loses the connection once the
+// read deadline has passed, on the local socket and on the peer API alike
+// (a peer API without a read deadline kept such a connection open for
+// ever).
+func TestIntegrationSlowBodiesAreCutOff(t *testing.T) {
+	tc := newSocketCluster(t)
+	tc.opts = []Option{WithRequestReadTimeout(300 * time.Millisecond)}
+	a := tc.start("owner", "l40s-4")
 
 	// The local socket.
-	_, _, socket := serveAgent(t)
-	c, err := net.Dial("unix", socket)
+	c, err := net.Dial("unix", a.cfg.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,8 +34,6 @@ func TestSlowBodiesAreCutOff(t *testing.T) {
 
 	// The peer API, with a certificate of the cluster's CA: the deadline
 	// holds for clients that may talk to it, not only for strangers.
-	tc := newTestCluster(t)
-	a := tc.start("owner", "l40s-4")
 	caDir := filepath.Join(tc.dir, "ca")
 	if err := pki.IssueCert(caDir, filepath.Join(tc.dir, "certs"), "slow-client", []string{"127.0.0.1"}, time.Hour); err != nil {
 		t.Fatal(err)
