@@ -112,8 +112,10 @@ func normalizeEmpty(v any) any {
 	return out
 }
 
-// dropEmpty removes null, empty-object and empty-array values from objects:
-// omitempty drops them on the way out, so they say nothing either way.
+// dropEmpty removes zero values (null, false, 0, "", empty objects and
+// arrays) from objects: the typed side writes a field it was not sent as its
+// zero value, or omits it, so a zero says nothing either way; a key in
+// another case with a value that matters still shows.
 func dropEmpty(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
@@ -123,6 +125,18 @@ func dropEmpty(v any) any {
 			switch ee := e.(type) {
 			case nil:
 				continue
+			case bool:
+				if !ee {
+					continue
+				}
+			case float64:
+				if ee == 0 {
+					continue
+				}
+			case string:
+				if ee == "" {
+					continue
+				}
 			case map[string]any:
 				if len(ee) == 0 {
 					continue
