@@ -12,6 +12,8 @@ PKG_ARCHES    ?= amd64 arm64
 # A release sets PKG_VERSION (semver, no "v"). Otherwise: the tag HEAD sits
 # on, or a development version that sorts below every release.
 PKG_VERSION   ?= $(or $(patsubst v%,%,$(shell git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null)),0.0.0-dev.$(shell git rev-list --count HEAD 2>/dev/null || echo 0)+g$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown))
+# Who answers for the packages: the Maintainer (deb) and Packager (rpm).
+PKG_MAINTAINER ?= gpuherd maintainers <maintainers@gpuherd.dev>
 GOHOSTARCH    ?= $(shell $(GO) env GOHOSTARCH)
 # The C cross compiler of each architecture; the host's own is plain gcc.
 CC_amd64      ?= $(if $(filter amd64,$(GOHOSTARCH)),gcc,x86_64-linux-gnu-gcc)
@@ -23,48 +25,79 @@ NFPM          ?= $(GO) tool nfpm
 # What every package must hold; check-packages fails without it.
 PKG_PATHS_COMMON := /usr/bin/gpuherd /etc/gpuherd/gpuherd.yaml \
 	/etc/modules-load.d/gpuherd-vfio.conf /var/lib/gpuherd \
-	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/libvirt.md \
-	/usr/share/doc/gpuherd/cli/gpuherd.txt /etc/libvirt/hooks/qemu.d/50-gpuherd \
-	/usr/share/doc/gpuherd/cli/gpuherd-agent.txt \
+	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/README.md \
+	/usr/share/doc/gpuherd/libvirt.md /etc/libvirt/hooks/qemu.d/50-gpuherd \
+	/usr/share/man/man1/gpuherd.1.gz /usr/share/man/man1/gpuherd-agent.1.gz \
+	/usr/share/man/man1/gpuherd-claim.1.gz \
 	/usr/share/bash-completion/completions/gpuherd \
 	/usr/share/gpuherd/grafana/gpuherd-dashboard.json \
 	/usr/share/gpuherd/prometheus/gpuherd-alerts.yml \
 	/usr/share/gpuherd/prometheus/gpuherd-dcgm.rules.yml
-PKG_PATHS_deb := $(PKG_PATHS_COMMON) /lib/systemd/system/gpuherd.service
-PKG_PATHS_rpm := $(PKG_PATHS_COMMON) /usr/lib/systemd/system/gpuherd.service
+PKG_PATHS_deb := $(PKG_PATHS_COMMON) /lib/systemd/system/gpuherd.service \
+	/usr/share/doc/gpuherd/copyright /usr/share/doc/gpuherd/changelog.Debian.gz
+PKG_PATHS_rpm := $(PKG_PATHS_COMMON) /usr/lib/systemd/system/gpuherd.service \
+	/usr/share/licenses/gpuherd/LICENSE
 
 .PHONY: packages check-packages package-binaries package-docs
 
+# The package changelog: a release's is packaging/changelog.yaml, which must
+# have an entry for it; a development build's is one generated entry naming
+# its commit (see packaging/changelog.yaml).
+PKG_CHANGELOG ?= $(DIST)/changelog.yaml
+PKG_RELEASE   := $(shell git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null)
+
+# nfpm does not glob files of type doc: the rpm gets one entry per man page,
+# appended to a copy of nfpm.yaml (whose last key is contents).
 packages: package-binaries package-docs
-	@for arch in $(PKG_ARCHES); do \
+	@if [ -n '$(PKG_RELEASE)' ]; then \
+		grep -q -- '^- semver: "*$(PKG_VERSION)"*$$' packaging/changelog.yaml || \
+			{ echo "packages: release $(PKG_VERSION) has no entry in packaging/changelog.yaml" >&2; exit 1; }; \
+		cp packaging/changelog.yaml $(PKG_CHANGELOG); \
+	else \
+		printf -- '- semver: %s\n  date: %s\n  packager: %s\n  deb:\n    urgency: low\n    distributions: [unstable]\n  changes:\n    - note: Development build of commit %s.\n' \
+			'$(PKG_VERSION)' "$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)" '$(PKG_MAINTAINER)' \
+			"$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" > $(PKG_CHANGELOG); \
+	fi; \
+	sed 's#^changelog: .*#changelog: $(PKG_CHANGELOG)#' packaging/nfpm.yaml > $(DIST)/nfpm.yaml; \
+	for page in $(DIST)/man/*.1.gz; do \
+		printf '  - src: %s\n    dst: /usr/share/man/man1/%s\n    type: doc\n    packager: rpm\n    file_info: {mode: 0644}\n' \
+			"$$page" "$${page##*/}" >> $(DIST)/nfpm.yaml; \
+	done; \
+	for arch in $(PKG_ARCHES); do \
 		for fmt in deb rpm; do \
-			PKG_ARCH=$$arch PKG_VERSION='$(PKG_VERSION)' PKG_DIST='$(DIST)' GOARCH=$(GOHOSTARCH) \
-				$(NFPM) package --config packaging/nfpm.yaml --packager $$fmt --target $(DIST)/ || exit 1; \
+			PKG_ARCH=$$arch PKG_VERSION='$(PKG_VERSION)' PKG_DIST='$(DIST)' PKG_MAINTAINER='$(PKG_MAINTAINER)' GOARCH=$(GOHOSTARCH) \
+				$(NFPM) package --config $(DIST)/nfpm.yaml --packager $$fmt --target $(DIST)/ || exit 1; \
 		done; \
 	done
 	@ls -l $(DIST)/*.deb $(DIST)/*.rpm
 
 # -z lazy (in LDFLAGS): the binary starts on hosts without libnvidia-ml.
+# -buildmode=pie: position independent, as distributions build.
+# -s -w: packaged binaries carry no symbol table or DWARF (distributions
+# ship stripped binaries; lintian and rpmlint check it).
 package-binaries:
 	@mkdir -p $(DIST)
 	@for arch in $(PKG_ARCHES); do \
 		cc=$$(case $$arch in amd64) echo '$(CC_amd64)';; arm64) echo '$(CC_arm64)';; *) echo "no C compiler known for $$arch" >&2; exit 1;; esac) || exit 1; \
 		echo "go build linux/$$arch (CC=$$cc)"; \
 		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$cc \
-			$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/gpuherd-linux-$$arch ./cmd/gpuherd || exit 1; \
+			$(GO) build -trimpath -buildmode=pie -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/gpuherd-linux-$$arch ./cmd/gpuherd || exit 1; \
 	done
 
-# Help of every command and the bash completion, from a binary this host can
-# run (the text is the same on every architecture).
+# Man pages of every command (generated from the commands' own help by the
+# hidden `gpuherd man`) and the bash completion, from a binary this host can
+# run (the text is the same on every architecture). SOURCE_DATE_EPOCH, the
+# commit's time, dates the pages so that two builds give the same bytes.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
+export SOURCE_DATE_EPOCH
+
 package-docs: package-binaries
 	@bin=$(DIST)/gpuherd-linux-$(GOHOSTARCH); \
 	test -x $$bin || { echo "package-docs: no $$bin (add $(GOHOSTARCH) to PKG_ARCHES)" >&2; exit 1; }; \
-	rm -rf $(DIST)/doc $(DIST)/completion; mkdir -p $(DIST)/doc $(DIST)/completion; \
-	$$bin --help > $(DIST)/doc/gpuherd.txt; \
-	for cmd in $$($$bin --help | awk '/^Available Commands:/ {on=1; next} on && /^$$/ {on=0} on {print $$1}'); do \
-		[ "$$cmd" = help ] && continue; \
-		$$bin $$cmd --help > $(DIST)/doc/gpuherd-$$cmd.txt || exit 1; \
-	done; \
+	rm -rf $(DIST)/man $(DIST)/completion; mkdir -p $(DIST)/man $(DIST)/completion; \
+	env -u GPUHERD_SOCKET $$bin man --dir $(DIST)/man || exit 1; \
+	gzip -9n $(DIST)/man/*.1; \
+	test -f $(DIST)/man/gpuherd-claim.1.gz || { echo "package-docs: no man page for claim" >&2; exit 1; }; \
 	$$bin completion bash > $(DIST)/completion/gpuherd.bash
 
 check-packages:

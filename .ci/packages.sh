@@ -27,9 +27,10 @@ trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 apt-get update -qq
 # gcc-aarch64-linux-gnu: go-nvml is cgo, so arm64 needs a cross C compiler.
 # rpm: rpm -qp checks. systemd: systemd-analyze verify. prometheus: promtool.
+# lintian, rpmlint: what Debian and Fedora check packages with.
 apt-get install -y -qq --no-install-recommends \
 	gcc libc6-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-	rpm systemd prometheus shellcheck binutils >/dev/null
+	rpm systemd prometheus shellcheck binutils lintian rpmlint man-db >/dev/null
 
 step "maintainer scripts (shellcheck)"
 shellcheck -s sh packaging/scripts/deb/* packaging/scripts/rpm/* packaging/libvirt-hook
@@ -50,6 +51,7 @@ promtool check rules packaging/prometheus/gpuherd-alerts.yml packaging/prometheu
 (cd packaging/prometheus && promtool test rules gpuherd-alerts_test.yml gpuherd-dcgm.rules_test.yml)
 
 step "packages"
+rm -rf dist # a stale build would be checked along with this one
 "${mk[@]}" packages
 "${mk[@]}" check-packages
 [ "$(find dist -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) | wc -l)" -eq 4 ] || fail "want 4 packages in dist/"
@@ -60,12 +62,48 @@ for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
 	fi
 done
 readelf -h dist/gpuherd-linux-arm64 | grep -q 'AArch64' || fail "dist/gpuherd-linux-arm64 is not an arm64 binary"
+# Distributions ship stripped binaries: no symbol table, no DWARF.
+for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
+	if readelf -S "$bin" | grep -Eq ' \.(symtab|debug_info|zdebug_info) '; then
+		fail "$bin is not stripped"
+	fi
+done
+
+step "lintian and rpmlint: no errors"
+# Warnings that stay, on purpose: /var/lib/gpuherd is 0700 (the ledger is
+# root's), the maintainer scripts call systemctl (like debhelper's).
+lintian --fail-on error --tag-display-limit 0 dist/*.deb
+rpmlint -c packaging/rpmlint.toml dist/*.rpm
+# The license is stated, not a placeholder.
+grep -qx 'License: Apache-2.0' packaging/deb/copyright || fail "packaging/deb/copyright names no license"
+for p in dist/*.rpm; do
+	[ "$(rpm -qp --qf '%{LICENSE}' "$p")" = Apache-2.0 ] || fail "$p: license field is not Apache-2.0"
+	rpm -qp --changelog "$p" | grep -q . || fail "$p has no %changelog"
+	rpm -qdp "$p" | grep -qx /usr/share/man/man1/gpuherd-claim.1.gz || fail "$p: man pages not marked as docs"
+	rpm -qLp "$p" | grep -qx /usr/share/licenses/gpuherd/LICENSE || fail "$p: LICENSE not marked as a license"
+	if rpm -qp --qf '%{PACKAGER}' "$p" | grep -Eqi 'invalid|example|todo|changeme'; then fail "$p: placeholder packager"; fi
+done
+for p in dist/*.deb; do
+	if dpkg-deb -f "$p" Maintainer | grep -Eqi 'invalid|example|todo|changeme'; then fail "$p: placeholder maintainer"; fi
+done
 
 step "install the amd64 deb"
 deb=$(ls dist/gpuherd_*_amd64.deb)
 dpkg -i "$deb"
 /usr/bin/gpuherd version
 /usr/bin/gpuherd --help >/dev/null
+# A man page for every command the help lists, rendered by man(1). Read
+# from the package, not the file system: container images often tell dpkg
+# to skip /usr/share/man.
+mandir=$(mktemp -d)
+dpkg-deb -x "$deb" "$mandir"
+man -l "$mandir/usr/share/man/man1/gpuherd-claim.1.gz" 2>/dev/null | col -b | tr -s ' \n' '  ' | grep -q 'one server of the cluster' ||
+	fail "man gpuherd-claim does not render the command's help"
+for cmd in $(/usr/bin/gpuherd --help | awk '/^Available Commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}'); do
+	[ "$cmd" = help ] && continue
+	[ -f "$mandir/usr/share/man/man1/gpuherd-$cmd.1.gz" ] || fail "no man page for gpuherd $cmd"
+done
+rm -rf "$mandir"
 [ -f /etc/gpuherd/gpuherd.yaml ] || fail "no /etc/gpuherd/gpuherd.yaml"
 [ -f /lib/systemd/system/gpuherd.service ] || fail "no unit file"
 [ "$(stat -c %a /var/lib/gpuherd)" = 700 ] || fail "/var/lib/gpuherd is not 0700"
@@ -98,8 +136,9 @@ echo "log_level: debug" >>/etc/gpuherd/gpuherd.yaml
 dpkg -i "$deb"
 grep -qx "log_level: debug" /etc/gpuherd/gpuherd.yaml || fail "reinstall replaced the edited config"
 
-step "remove keeps config and state; purge deletes them"
+step "remove keeps config and state; purge keeps the ledger and keys, and says so"
 mkdir -p /var/lib/gpuherd && echo ledger >/var/lib/gpuherd/ledger.db
+mkdir -p /etc/gpuherd/tls && echo key >/etc/gpuherd/gossip.key && echo cert >/etc/gpuherd/tls/node.crt
 dpkg -r gpuherd
 [ ! -e /usr/bin/gpuherd ] || fail "/usr/bin/gpuherd left after remove"
 [ ! -e /lib/systemd/system/gpuherd.service ] || fail "unit left after remove"
@@ -109,11 +148,25 @@ dpkg -r gpuherd
 # every domain start, or removing gpuherd would stop a hypervisor's VMs.
 echo "<domain type='kvm'><name>vm-1</name><metadata><g:claim xmlns:g='https://github.com/gpuherd/gpuherd/xmlns/libvirt/1' id='vm-1'/></metadata></domain>" |
 	"$hook" vm-1 prepare begin - || fail "$hook refuses domains after gpuherd was removed"
-dpkg -P gpuherd
-for p in /etc/gpuherd /var/lib/gpuherd /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd "$hook"; do
+out=$(dpkg -P gpuherd 2>&1) || fail "purge failed: $out"
+echo "$out"
+# A ledger deleted under running VMs loses every claim; keys cannot be
+# downloaded again: purge keeps both and names them.
+[ -f /var/lib/gpuherd/ledger.db ] || fail "purge deleted the claims ledger"
+if [ ! -f /etc/gpuherd/gossip.key ] || [ ! -f /etc/gpuherd/tls/node.crt ]; then fail "purge deleted the operator's keys"; fi
+echo "$out" | grep -q 'kept /var/lib/gpuherd' || fail "purge did not say where the ledger stays"
+echo "$out" | grep -q 'kept /etc/gpuherd' || fail "purge did not say where the keys stay"
+for p in /etc/gpuherd/gpuherd.yaml /etc/modules-load.d/gpuherd-vfio.conf /usr/share/doc/gpuherd /usr/share/gpuherd /usr/share/man/man1/gpuherd.1.gz "$hook"; do
 	[ ! -e "$p" ] || fail "$p left after purge"
 done
 if dpkg -s gpuherd >/dev/null 2>&1; then fail "dpkg still knows gpuherd after purge"; fi
+rm -rf /var/lib/gpuherd /etc/gpuherd
+# With nothing of the operator's left, purge leaves nothing behind.
+dpkg -i "$deb" >/dev/null
+dpkg -P gpuherd >/dev/null 2>&1
+for p in /etc/gpuherd /var/lib/gpuherd; do
+	[ ! -e "$p" ] || fail "$p left after purging a package that holds nothing of the operator's"
+done
 
 echo
 echo "packages.sh: ok"

@@ -51,11 +51,12 @@ type Agent struct {
 	rec        Recorder
 	cluster    *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
-	gossipTune func(*memberlist.Config)
-	onChange   func()
-	peerNet    PeerNetwork // nil: mutual TLS on cfg.PeerAddr
-	dir        *directory
-	boot       uint64 // this run's identity in gossip
+	gossipTune  func(*memberlist.Config)
+	onChange    func()
+	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
+	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
+	dir         *directory
+	boot        uint64 // this run's identity in gossip
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
 	lastRefusal atomic.Int64
@@ -94,15 +95,16 @@ var _ api.Service = (*Agent)(nil)
 type Option func(*options)
 
 type options struct {
-	now        func() time.Time
-	wall       func() time.Time
-	fs         vfio.FS
-	nvml       nvml.Interface
-	rec        Recorder
-	gossipTune func(*memberlist.Config)
-	onChange   func()
-	peerNet    PeerNetwork
-	events     vfio.PCIEventSource
+	now         func() time.Time
+	wall        func() time.Time
+	fs          vfio.FS
+	nvml        nvml.Interface
+	rec         Recorder
+	gossipTune  func(*memberlist.Config)
+	onChange    func()
+	peerNet     PeerNetwork
+	readTimeout time.Duration
+	events      vfio.PCIEventSource
 }
 
 // WithPCIEvents replaces the source of PCI uevents (by default the kernel's
@@ -167,7 +169,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
-		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, boot: newBoot()}
+		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot()}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.watch.resync = make(chan struct{}, 1)
 	a.OnPCIChange(a.checkDriversOnEvents)

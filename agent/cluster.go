@@ -105,6 +105,7 @@ func (a *Agent) startCluster() error {
 		Handler:           api.NewPeerHandler(a, a, a.log),
 		TLSConfig:         srvTLS,
 		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       a.requestReadTimeout(),
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    16 << 10,
 		// Refused handshakes (no certificate, another CA) go to the log at

@@ -41,6 +41,8 @@ type testCluster struct {
 	seed   string
 	// adjust, when set, changes every agent's configuration.
 	adjust func(*Config)
+	// opts are added to every agent's options.
+	opts []Option
 	// peers and gossip carry the peer API and gossip in memory; both nil
 	// in a socket cluster (mutual TLS and memberlist on loopback).
 	peers  *claimtest.Network
@@ -138,7 +140,7 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 			c.Transport = tr
 		})}
 	}
-	a, err := New(context.Background(), cfg, quietLog(), opts...)
+	a, err := New(context.Background(), cfg, quietLog(), append(opts, tc.opts...)...)
 	if err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -181,43 +179,11 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 	return abort(rctx, t)
 }
 
-// Claims lists the claims of every reachable server.
+// Claims lists the claims of every server that answered (ListClaims says
+// which did not).
 func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
-	targets := co.targets()
-	lists := make([][]api.Claim, len(targets))
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
-			defer cancel()
-			cs, err := t.owner.List(lctx)
-			if err != nil {
-				co.log.Warn("listing claims failed", "node", t.name, "err", err)
-				return
-			}
-			lists[i] = cs
-		}()
-	}
-	wg.Wait()
-	out := []api.Claim{}
-	for _, l := range lists {
-		out = append(out, l...)
-	}
-	slices.SortFunc(out, func(x, y api.Claim) int {
-		if x.ID != y.ID {
-			if x.ID < y.ID {
-				return -1
-			}
-			return 1
-		}
-		if x.Node < y.Node {
-			return -1
-		}
-		return 1
-	})
-	return out, nil
+	l, err := co.ListClaims(ctx)
+	return l.Claims, err
 }
 
 // Resize changes a claim's GPUs: in place on its server when it fits there,

@@ -104,7 +104,8 @@ func TestHostileRequests(t *testing.T) {
 		want   string // in the answer's body
 	}{
 		{"oversized body", claim(`{"gpus":[],"labels":{"k":"` + strings.Repeat("x", api.MaxBodyBytes) + `"}}`), 413, "larger than"},
-		{"deep JSON", claim(strings.Repeat("[", 100000)), 400, "malformed"},
+		{"deep JSON", claim(strings.Repeat("[", 100000)), 413, "larger than"},
+		{"deep JSON within the size limit", claim(strings.Repeat("[", 60000)), 400, "malformed"},
 		{"deep objects", claim(strings.Repeat(`{"gpus":`, 7000)), 400, ""},
 		{"unknown field", claim(`{"gpus":[{"model":"H100 80GB","count":1}],"priority":9}`), 400, `unknown field \"priority\"`},
 		{"wrong type count", claim(`{"gpus":[{"model":"H100 80GB","count":"2"}]}`), 400, "count"},
@@ -117,7 +118,15 @@ func TestHostileRequests(t *testing.T) {
 		{"two values", claim(`{"gpus":[{"model":"H100 80GB","count":1}]}{}`), 400, "more than one JSON value"},
 		{"empty body", claim(``), 400, "empty request body"},
 		{"not JSON", claim("\x00\x01\x02"), 400, "malformed"},
-		{"text content type", httpReq("PUT", "/v1/claims/vm-1", "text/plain", `{"gpus":[{"model":"H100 80GB","count":1}]}`), 400, "application/json"},
+		{"text content type", httpReq("PUT", "/v1/claims/vm-1", "text/plain", `{"gpus":[{"model":"H100 80GB","count":1}]}`), 415, "application/json"},
+		{"no content type", httpReq("PUT", "/v1/claims/vm-1", "", `{"gpus":[{"model":"H100 80GB","count":1}]}`), 415, "no content type"},
+		{"json-like content type", httpReq("PUT", "/v1/claims/vm-1", "application/json-patch+json", `{"gpus":[{"model":"H100 80GB","count":1}]}`), 415, "application/json"},
+		{"field name in capitals", claim(`{"GPUS":[{"model":"H100 80GB","count":1}]}`), 400, `did you mean \"gpus\"`},
+		{"nested field in capitals", claim(`{"gpus":[{"MODEL":"H100 80GB","count":1}]}`), 400, `did you mean \"model\"`},
+		{"duplicate key", claim(`{"gpus":[{"model":"H100 80GB","count":1}],"gpus":[{"model":"H100 80GB","count":8}]}`), 400, "appears twice"},
+		{"duplicate count", claim(`{"gpus":[{"model":"H100 80GB","count":1,"count":8}]}`), 400, "appears twice"},
+		{"duplicate label", claim(`{"gpus":[{"model":"H100 80GB","count":1}],"labels":{"t":"a","t":"b"}}`), 400, "appears twice"},
+		{"drain reason in capitals", httpReq("PUT", "/v1/gpus/0000:18:00.0/drain", J, `{"REASON":"x"}`), 400, `did you mean \"reason\"`},
 		{"NUL in model", claim(`{"gpus":[{"model":"H100\u000080GB","count":1}]}`), 400, "unknown_model"},
 		{"NUL in label", claim(`{"gpus":[{"model":"H100 80GB","count":1}],"labels":{"a":"b\u0000c"}}`), 400, "printable"},
 		{"too many labels", claim(labels(33, 4, 4)), 400, "at most 32"},
@@ -161,7 +170,7 @@ func TestHostileRequests(t *testing.T) {
 			if tc.want != "" && !strings.Contains(string(body), tc.want) {
 				t.Errorf("answer %.300s lacks %q", body, tc.want)
 			}
-			if resp.StatusCode == 400 || resp.StatusCode == 404 || resp.StatusCode == 413 {
+			if resp.StatusCode == 400 || resp.StatusCode == 404 || resp.StatusCode == 413 || resp.StatusCode == 415 {
 				var eb api.ErrorBody
 				if err := json.Unmarshal(body, &eb); err != nil || eb.Error == nil || eb.Error.Message == "" || eb.Error.Code == "" {
 					if tc.name != "bad request line" {

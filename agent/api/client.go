@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -64,9 +65,10 @@ func (c *Client) Get(ctx context.Context, id string) (Claim, error) {
 	return v, c.do(ctx, http.MethodGet, "/claims/"+segment(id), nil, &v)
 }
 
-// Claims lists the claims of the server.
-func (c *Client) Claims(ctx context.Context) ([]Claim, error) {
-	var v []Claim
+// Claims lists the claims of the platform; Partial says whether a server
+// did not answer.
+func (c *Client) Claims(ctx context.Context) (ClaimList, error) {
+	var v ClaimList
 	return v, c.do(ctx, http.MethodGet, "/claims", nil, &v)
 }
 
@@ -161,8 +163,25 @@ func segment(s string) string {
 	return url.PathEscape(s)
 }
 
-// ErrAgentDown means nothing answers on the socket.
+// ErrAgentDown means nothing answers at the agent's address: its socket,
+// or a remote agent's host:port.
 var ErrAgentDown = errors.New("agent not reachable")
+
+// ErrPermission means the socket refused this user.
+var ErrPermission = errors.New("permission denied")
+
+// remote reports whether the client talks to an agent over the network.
+func (c *Client) remote() bool { return strings.HasPrefix(c.base, "https://") }
+
+// rootCause is the innermost error of a failed request, without the URL
+// that http.Client adds ("Get \"https://...\": dial tcp ...").
+func rootCause(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
@@ -182,13 +201,21 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return fmt.Errorf("talking to the agent on %s: %w", c.target, err)
+		}
+		if c.remote() {
+			// Another server's agent: the local socket and its flags have
+			// nothing to do with it.
+			return fmt.Errorf("%w at %s: the gpuherd agent on that server is down or cannot be reached (%v)", ErrAgentDown, c.target, rootCause(err))
+		}
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return fmt.Errorf("%w on %s (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)", ErrAgentDown, c.target)
 		}
 		if errors.Is(err, syscall.EACCES) {
-			return fmt.Errorf("permission denied on %s: run as root or as a member of the socket's group", c.target)
+			return fmt.Errorf("%w on %s: run as root or as a member of the socket's group", ErrPermission, c.target)
 		}
-		return fmt.Errorf("talking to the agent on %s: %w", c.target, err)
+		return fmt.Errorf("%w: talking to the agent on %s: %w", ErrAgentDown, c.target, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

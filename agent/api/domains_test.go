@@ -38,6 +38,7 @@ func TestDomainRoutesOnTheLocalSocketOnly(t *testing.T) {
 	local := httptest.NewServer(api.NewHandler(svc, log))
 	defer local.Close()
 	req, _ := http.NewRequest(http.MethodPut, local.URL+"/v1/claims/vm-1/domain", strings.NewReader(put))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := local.Client().Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("local PUT domain: %v %v", resp, err)
@@ -73,6 +74,7 @@ func TestDomainRoutesOnTheLocalSocketOnly(t *testing.T) {
 	peer := httptest.NewServer(api.NewPeerHandler(svc, nil, log))
 	defer peer.Close()
 	req, _ = http.NewRequest(http.MethodPut, peer.URL+"/v1/claims/vm-1/domain", strings.NewReader(put))
+	req.Header.Set("Content-Type", "application/json") // refused for its route, not its type
 	resp, err = peer.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

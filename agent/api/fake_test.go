@@ -72,8 +72,8 @@ func (f *fakeService) Get(_ context.Context, id string) (api.Claim, error) {
 	return fakeClaim(id), f.record(call{Method: "Get", ID: id})
 }
 
-func (f *fakeService) Claims(context.Context) ([]api.Claim, error) {
-	return []api.Claim{fakeClaim("vm-1"), fakeClaim("vm-2")}, f.record(call{Method: "Claims"})
+func (f *fakeService) ListClaims(context.Context) (api.ClaimList, error) {
+	return fakeClaimList, f.record(call{Method: "ListClaims"})
 }
 
 func (f *fakeService) Release(_ context.Context, id string) (api.Claim, error) {
@@ -99,4 +99,11 @@ func (f *fakeService) Availability(context.Context) (api.Availability, error) {
 func (f *fakeService) Version() api.VersionInfo {
 	_ = f.record(call{Method: "Version"})
 	return fakeVersion
+}
+
+// fakeClaimList is a partial list: one server did not answer.
+var fakeClaimList = api.ClaimList{
+	Claims:     []api.Claim{fakeClaim("vm-1"), fakeClaim("vm-2")},
+	Partial:    true,
+	Unanswered: []api.Unanswered{{Node: "gpu-9", Reason: "agent not reachable"}},
 }

@@ -23,6 +23,9 @@ func TestReleaseForce(t *testing.T) {
 		status int
 	}{{"", 200}, {`{"force":true}`, 200}, {`{"force":false}`, 200}, {`{"force":"yes"}`, 400}, {`{"forse":true}`, 400}} {
 		r := httptest.NewRequest(http.MethodDelete, "/v1/claims/vm-1", strings.NewReader(tc.body))
+		if tc.body != "" {
+			r.Header.Set("Content-Type", "application/json")
+		}
 		rec := httptest.NewRecorder()
 		api.NewHandler(svc, slog.New(slog.DiscardHandler)).ServeHTTP(rec, r)
 		if rec.Code != tc.status {

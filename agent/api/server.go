@@ -17,7 +17,9 @@ type Service interface {
 	Status(ctx context.Context) (Status, error)
 	Claim(ctx context.Context, id string, req ClaimRequest) (Claim, error)
 	Get(ctx context.Context, id string) (Claim, error)
-	Claims(ctx context.Context) ([]Claim, error)
+	// ListClaims lists every claim of the platform, saying which servers
+	// did not answer.
+	ListClaims(ctx context.Context) (ClaimList, error)
 	Release(ctx context.Context, id string) (Claim, error)
 	Drain(ctx context.Context, addr, reason string) (GPU, error)
 	Undrain(ctx context.Context, addr string) (GPU, error)
@@ -115,7 +117,7 @@ func (h *handler) status(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) claims(w http.ResponseWriter, r *http.Request) {
-	v, err := h.svc.Claims(r.Context())
+	v, err := h.svc.ListClaims(r.Context())
 	h.reply(w, r, v, err)
 }
 
@@ -141,6 +143,10 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v, err := h.svc.Release(ctx, r.PathValue("id"))
+	if err == nil {
+		// The answer describes the claim after the release, not before.
+		v.State = StateReleased
+	}
 	h.reply(w, r, v, err)
 }
 
@@ -225,23 +231,12 @@ func writeError(w http.ResponseWriter, e *Error) {
 	_ = json.NewEncoder(w).Encode(ErrorBody{Error: e})
 }
 
-// decode reads exactly one JSON object of a known shape: unknown fields,
-// wrong types, trailing data and oversized bodies are each a 400 that says
-// which.
+// decode reads exactly one JSON object of a known shape: a content type
+// other than application/json, unknown or miscased fields, duplicate keys,
+// wrong types, trailing data and oversized bodies are each a 4xx that says
+// which (strict.go).
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return Invalid("", "content type %q: send application/json", truncate(ct, 64))
-	}
-	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return decodeError(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return Invalid("", "request body holds more than one JSON value")
-	}
-	return nil
+	return decodeStrict(w, r, v)
 }
 
 func decodeError(err error) error {

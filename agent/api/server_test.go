@@ -69,19 +69,18 @@ func TestHandlerRoutesEachEndpoint(t *testing.T) {
 		want any // the body, decoded into a value of the same type
 	}{
 		{"status", request{method: "GET", target: "/v1/status"}, call{Method: "Status"}, fakeStatus},
-		{"claims", request{method: "GET", target: "/v1/claims"}, call{Method: "Claims"},
-			[]api.Claim{fakeClaim("vm-1"), fakeClaim("vm-2")}},
+		{"claims", request{method: "GET", target: "/v1/claims"}, call{Method: "ListClaims"}, fakeClaimList},
 		{"get", request{method: "GET", target: "/v1/claims/vm-1"}, call{Method: "Get", ID: "vm-1"}, fakeClaim("vm-1")},
 		{"claim", request{method: "PUT", target: "/v1/claims/vm-1", body: claimBody, contentType: "application/json"},
 			call{Method: "Claim", ID: "vm-1", Req: api.ClaimRequest{
 				GPUs:   []api.Item{{Model: "H100 80GB", Count: 2}, {Model: "L40S", Count: 1}},
 				Labels: map[string]string{"tenant": "t-1"},
 			}}, fakeClaim("vm-1")},
-		{"claim without content type", request{method: "PUT", target: "/v1/claims/vm-2", body: `{"gpus":[{"model":"L40S","count":1}]}`},
+		{"claim with the content type in capitals", request{method: "PUT", target: "/v1/claims/vm-2", body: `{"gpus":[{"model":"L40S","count":1}]}`, contentType: "Application/JSON; Charset=UTF-8"},
 			call{Method: "Claim", ID: "vm-2", Req: api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}}, fakeClaim("vm-2")},
 		{"claim with charset", request{method: "PUT", target: "/v1/claims/vm-3", body: `{"gpus":[]}`, contentType: "application/json; charset=utf-8"},
 			call{Method: "Claim", ID: "vm-3", Req: api.ClaimRequest{GPUs: []api.Item{}}}, fakeClaim("vm-3")},
-		{"release", request{method: "DELETE", target: "/v1/claims/vm-1"}, call{Method: "Release", ID: "vm-1"}, fakeClaim("vm-1")},
+		{"release", request{method: "DELETE", target: "/v1/claims/vm-1"}, call{Method: "Release", ID: "vm-1"}, released(fakeClaim("vm-1"))},
 		{"drain with reason", request{method: "PUT", target: "/v1/gpus/0000:18:00.0/drain", body: `{"reason":"RMA"}`, contentType: "application/json"},
 			call{Method: "Drain", ID: "0000:18:00.0", Reason: "RMA"},
 			func() api.GPU {
@@ -204,15 +203,38 @@ func TestHandlerRefusesHostileBodies(t *testing.T) {
 		{"truncated object", claim, `{"gpus":[{"model":"L40S"`, "", http.StatusBadRequest, "", "malformed request"},
 		{"NUL byte inside a string", claim, "{\"gpus\":[{\"model\":\"L40S\x00\",\"count\":1}]}", "", http.StatusBadRequest, "", "malformed JSON"},
 		{"NUL byte between tokens", claim, "{\"gpus\":[]\x00}", "", http.StatusBadRequest, "", "malformed JSON"},
-		{"text/plain", claim, `{"gpus":[]}`, "text/plain", http.StatusBadRequest, "", `content type "text/plain"`},
-		{"form", claim, "gpus=L40S", "application/x-www-form-urlencoded", http.StatusBadRequest, "", "send application/json"},
-		{"drain as text/plain", drain, `{"reason":"x"}`, "text/plain", http.StatusBadRequest, "", "content type"},
-		{"huge content type", claim, `{"gpus":[]}`, "text/" + strings.Repeat("x", 5000), http.StatusBadRequest, "", "content type"},
+		{"text/plain", claim, `{"gpus":[]}`, "text/plain", http.StatusUnsupportedMediaType, "", `content type "text/plain"`},
+		{"form", claim, "gpus=L40S", "application/x-www-form-urlencoded", http.StatusUnsupportedMediaType, "", "send application/json"},
+		{"drain as text/plain", drain, `{"reason":"x"}`, "text/plain", http.StatusUnsupportedMediaType, "", "content type"},
+		{"huge content type", claim, `{"gpus":[]}`, "text/" + strings.Repeat("x", 5000), http.StatusUnsupportedMediaType, "", "content type"},
+		// Strict content type: exactly application/json, charset utf-8 at most.
+		{"no content type", claim, `{"gpus":[]}`, noContentType, http.StatusUnsupportedMediaType, "", "no content type"},
+		{"a json-like type", claim, `{"gpus":[]}`, "application/jsonx", http.StatusUnsupportedMediaType, "", "content type"},
+		{"json with a suffix", claim, `{"gpus":[]}`, "application/json-seq", http.StatusUnsupportedMediaType, "", "content type"},
+		{"another charset", claim, `{"gpus":[]}`, "application/json; charset=latin1", http.StatusUnsupportedMediaType, "", "charset=utf-8"},
+		{"another parameter", claim, `{"gpus":[]}`, "application/json; boundary=x", http.StatusUnsupportedMediaType, "", "content type"},
+		{"malformed parameters", claim, `{"gpus":[]}`, "application/json;;", http.StatusUnsupportedMediaType, "", "content type"},
+		// Strict keys: exact case, no duplicates, at any depth.
+		{"field name in capitals", claim, `{"GPUS":[{"model":"L40S","count":1}]}`, "", http.StatusBadRequest, "GPUS", `did you mean "gpus"`},
+		{"nested field in another case", claim, `{"gpus":[{"Model":"L40S","count":1}]}`, "", http.StatusBadRequest, "gpus[0].Model", `did you mean "model"`},
+		{"drain reason in capitals", drain, `{"Reason":"x"}`, "", http.StatusBadRequest, "Reason", `did you mean "reason"`},
+		{"duplicate top-level key", claim, `{"gpus":[],"gpus":[{"model":"L40S","count":1}]}`, "", http.StatusBadRequest, "gpus", "appears twice"},
+		{"duplicate nested key", claim, `{"gpus":[{"model":"L40S","count":1,"count":9}]}`, "", http.StatusBadRequest, "gpus[0].count", "appears twice"},
+		{"duplicate label", claim, `{"gpus":[],"labels":{"k":"a","k":"b"}}`, "", http.StatusBadRequest, "labels.k", "appears twice"},
+		{"keys equal but for case", claim, `{"gpus":[],"gpuS":[]}`, "", http.StatusBadRequest, "gpuS", "case-sensitive"},
+		{"duplicate key behind an escape", claim, `{"gpus":[],"gp\u0075s":[]}`, "", http.StatusBadRequest, "gpus", "appears twice"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &fakeService{}
-			rec, _ := serve(t, svc, request{method: "PUT", target: tc.target, body: tc.body, contentType: tc.ct})
+			ct := tc.ct
+			switch ct {
+			case "":
+				ct = "application/json"
+			case noContentType:
+				ct = ""
+			}
+			rec, _ := serve(t, svc, request{method: "PUT", target: tc.target, body: tc.body, contentType: ct})
 			e := errorOf(t, rec)
 			if e.Status != tc.wantStatus || e.Code != api.CodeInvalid {
 				t.Errorf("answer %d %s, want %d %s", e.Status, e.Code, tc.wantStatus, api.CodeInvalid)
@@ -330,4 +352,13 @@ func TestStatusOfCodes(t *testing.T) {
 	if got := (&api.Error{Status: 413, Code: api.CodeInvalid}).HTTPStatus(); got != 413 {
 		t.Errorf("an explicit status is kept: got %d", got)
 	}
+}
+
+// noContentType in a test table sends no Content-Type header at all.
+const noContentType = "(none)"
+
+// released is c as the answer to its release shows it.
+func released(c api.Claim) api.Claim {
+	c.State = api.StateReleased
+	return c
 }

@@ -40,6 +40,9 @@ const (
 	StateClaimed   = "claimed"
 	StateUnhealthy = "unhealthy"
 	StateDrained   = "drained"
+	// StateReleased is a claim's state in the answer to its release: the
+	// GPUs it held are free again.
+	StateReleased = "released"
 )
 
 // Status is a server's GPUs.
@@ -149,6 +152,21 @@ type UseEnd struct {
 	Claim    Claim  `json:"claim"`
 	Released bool   `json:"released"`
 	Reason   string `json:"reason,omitempty"` // why nothing was released
+}
+
+// ClaimList is every claim of the platform that the answering agent could
+// collect. Partial is true when some server did not answer: its claims are
+// missing from Claims, and Unanswered names it.
+type ClaimList struct {
+	Claims     []Claim      `json:"claims"`
+	Partial    bool         `json:"partial"`
+	Unanswered []Unanswered `json:"unanswered,omitempty"`
+}
+
+// Unanswered is a server whose answer is missing, and why.
+type Unanswered struct {
+	Node   string `json:"node"`
+	Reason string `json:"reason"`
 }
 
 // ModelAvailability is one model of the platform.

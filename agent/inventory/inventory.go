@@ -16,12 +16,12 @@ import (
 // GPU is one NVIDIA GPU of this server as the inventory sees it. Address is
 // its identity; everything else describes it.
 type GPU struct {
-	Address           string `json:"address"` // sysfs PCI address, "0000:3b:00.0"
-	Model             string `json:"model"`   // catalog name, or "vvvv:dddd" (UnknownModelName) when KnownModel is false
-	VendorID          uint16 `json:"vendor_id"`
-	DeviceID          uint16 `json:"device_id"`
-	SubsystemVendorID uint16 `json:"subsystem_vendor_id"`
-	SubsystemDeviceID uint16 `json:"subsystem_device_id"`
+	Address           string `json:"pci_address"` // sysfs PCI address, "0000:3b:00.0"
+	Model             string `json:"model"`       // catalog name, or "vvvv:dddd" (UnknownModelName) when KnownModel is false
+	VendorID          PCIID  `json:"vendor_id"`
+	DeviceID          PCIID  `json:"device_id"`
+	SubsystemVendorID PCIID  `json:"subsystem_vendor_id"`
+	SubsystemDeviceID PCIID  `json:"subsystem_device_id"`
 	KnownModel        bool   `json:"known_model"`
 	MemoryBytes       uint64 `json:"memory_bytes"` // the model's marketed memory (catalog); NVML's total only for an uncatalogued GPU; 0 unknown
 	// NVMLMemoryBytes is the total NVML reported when it last saw the card
@@ -209,10 +209,10 @@ func (inv *Inventory) describe(d vfio.Device, group []vfio.Device) GPU {
 	g := GPU{
 		Address:           d.Address,
 		Model:             m.Name,
-		VendorID:          d.Vendor,
-		DeviceID:          d.Device,
-		SubsystemVendorID: d.SubsystemVendor,
-		SubsystemDeviceID: d.SubsystemDevice,
+		VendorID:          PCIID(d.Vendor),
+		DeviceID:          PCIID(d.Device),
+		SubsystemVendorID: PCIID(d.SubsystemVendor),
+		SubsystemDeviceID: PCIID(d.SubsystemDevice),
 		KnownModel:        known,
 		MemoryBytes:       m.MemoryBytes,
 		NUMANode:          d.NUMANode,

@@ -92,7 +92,8 @@ func TestGPUJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"address":"0000:3b:00.0","model":"NVIDIA L40S","vendor_id":4318,"device_id":9913,"subsystem_vendor_id":0,"subsystem_device_id":0,"known_model":false,"memory_bytes":0,"numa_node":-1,"iommu_group":3,"driver":"","healthy":true}`
+	// pci_address as everywhere else; PCI IDs as the hex people read.
+	const want = `{"pci_address":"0000:3b:00.0","model":"NVIDIA L40S","vendor_id":"10de","device_id":"26b9","subsystem_vendor_id":"0000","subsystem_device_id":"0000","known_model":false,"memory_bytes":0,"numa_node":-1,"iommu_group":3,"driver":"","healthy":true}`
 	if string(b) != want {
 		t.Errorf("JSON:\n got %s\nwant %s", b, want)
 	}

@@ -23,6 +23,9 @@ import (
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
+// noClaims is `claims -o json` on a platform without claims.
+const noClaims = "{\n  \"claims\": [],\n  \"partial\": false\n}\n"
+
 // startTimeout bounds how long an agent on simulated hardware may take to
 // come up; it needs well under a second.
 const startTimeout = 30 * time.Second
@@ -261,8 +264,8 @@ func TestCLIClaimLifecycle(t *testing.T) {
 	if !reflect.DeepEqual(claimAddrs(again), addrs) {
 		t.Errorf("claiming vm-1 again gave %v, want the same %v", claimAddrs(again), addrs)
 	}
-	if r := gpuherd(t, sock, "claim", "vm-1", "--gpu", "H100 80GB:3"); r.code != exitError || !strings.Contains(r.stderr, "different request") {
-		t.Errorf("claim vm-1 with another request: %s; want exit 1 naming the different request", r)
+	if r := gpuherd(t, sock, "claim", "vm-1", "--gpu", "H100 80GB:3"); r.code != exitConflict || !strings.Contains(r.stderr, "different request") {
+		t.Errorf("claim vm-1 with another request: %s; want exit 6 naming the different request", r)
 	}
 
 	// get (table)
@@ -275,8 +278,8 @@ func TestCLIClaimLifecycle(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^ID\s+NODE\s+STATE\s+GPUS\s+MODELS\n^vm-1\s+test\s+claimed\s+2\s+2x NVIDIA H100 80GB\n\z`).MatchString(out) {
 		t.Errorf("claims:\n%s", out)
 	}
-	if cls := okJSON[[]api.Claim](t, sock, "claims"); len(cls) != 1 || !reflect.DeepEqual(cls[0], cl) {
-		t.Errorf("claims -o json = %+v, want [%+v]", cls, cl)
+	if cls := okJSON[api.ClaimList](t, sock, "claims"); len(cls.Claims) != 1 || !reflect.DeepEqual(cls.Claims[0], cl) || cls.Partial {
+		t.Errorf("claims -o json = %+v, want [%+v], not partial", cls, cl)
 	}
 
 	// availability: every model of the catalog, L40S included though absent here
@@ -329,7 +332,7 @@ func TestCLIClaimLifecycle(t *testing.T) {
 	if out := ok(t, sock, "undrain", free); out != free+" (NVIDIA H100 80GB): free\n" {
 		t.Errorf("undrain: %q", out)
 	}
-	if r := gpuherd(t, sock, "drain", "0000:ff:00.0"); r.code != exitError || !strings.Contains(r.stderr, "no GPU at 0000:ff:00.0") {
+	if r := gpuherd(t, sock, "drain", "0000:ff:00.0"); r.code != exitNotFound || !strings.Contains(r.stderr, "no GPU at 0000:ff:00.0") {
 		t.Errorf("drain of an absent GPU: %s", r)
 	}
 	t.Logf("drain/undrain %s: table and JSON", free)
@@ -339,18 +342,26 @@ func TestCLIClaimLifecycle(t *testing.T) {
 		t.Errorf("release: %q", out)
 	}
 	checkDrivers(t, okJSON[api.Status](t, sock, "status"), "", nil)
-	if r := gpuherd(t, sock, "get", "vm-1"); r.code != exitError || !strings.Contains(r.stderr, "vm-1") || !strings.Contains(r.stderr, "not found") {
-		t.Errorf("get after release: %s", r)
+	if r := gpuherd(t, sock, "get", "vm-1"); r.code != exitNotFound || !strings.Contains(r.stderr, "vm-1") || !strings.Contains(r.stderr, "not found") {
+		t.Errorf("get after release: %s; want exit 4", r)
 	}
-	if out := ok(t, sock, "claims", "-o", "json"); out != "[]\n" {
-		t.Errorf("claims -o json after release = %q, want []", out)
+	if r := gpuherd(t, sock, "release", "vm-1"); r.code != exitNotFound || !strings.Contains(r.stderr, "not found") {
+		t.Errorf("release of a released claim: %s; want exit 4", r)
+	}
+	for _, args := range [][]string{{"release", "vm-1", "--ignore-not-found"}, {"release", "vm-1", "--ignore-not-found", "-o", "json"}} {
+		if r := gpuherd(t, sock, args...); r.code != exitOK || r.stdout != "" || r.stderr != "" {
+			t.Errorf("%s: %s; want exit 0 and nothing printed", strings.Join(args, " "), r)
+		}
+	}
+	if out := ok(t, sock, "claims", "-o", "json"); out != noClaims {
+		t.Errorf("claims -o json after release = %q, want %q", out, noClaims)
 	}
 	rel := okJSON[api.Claim](t, sock, "claim", "vm-2", "--gpu", "H100 80GB:8")
 	if len(rel.GPUs) != 8 {
 		t.Fatalf("claim of all eight: %+v", rel)
 	}
-	if rel = okJSON[api.Claim](t, sock, "release", "vm-2"); rel.ID != "vm-2" || len(rel.GPUs) != 8 {
-		t.Errorf("release -o json = %+v", rel)
+	if rel = okJSON[api.Claim](t, sock, "release", "vm-2"); rel.ID != "vm-2" || len(rel.GPUs) != 8 || rel.State != api.StateReleased {
+		t.Errorf("release -o json = %+v, want vm-2's 8 GPUs in state released", rel)
 	}
 	t.Logf("release: GPUs back on nvidia, claim gone")
 }
@@ -383,19 +394,19 @@ func TestCLINotAvailable(t *testing.T) {
 
 			r = gpuherd(t, sock, append(tc.args, "-o", "json")...)
 			var eb api.ErrorBody
-			if err := json.Unmarshal([]byte(r.stdout), &eb); err != nil || r.code != exitNotAvailable || r.stderr != "" {
-				t.Fatalf("-o json: %s (decode: %v); want exit 3 with the error as JSON on stdout", r, err)
+			if err := json.Unmarshal([]byte(r.stderr), &eb); err != nil || r.code != exitNotAvailable || r.stdout != "" {
+				t.Fatalf("-o json: %s (decode: %v); want exit 3 with the error as JSON on stderr", r, err)
 			}
 			if e := eb.Error; e == nil || e.Code != api.CodeNotAvailable || e.Message != msg || !reflect.DeepEqual(e.Missing, tc.missing) {
 				t.Errorf("-o json error = %+v, want code %s, message %q, missing %v", e, api.CodeNotAvailable, msg, tc.missing)
 			}
 		})
 	}
-	if out := ok(t, sock, "claims", "-o", "json"); out != "[]\n" {
+	if out := ok(t, sock, "claims", "-o", "json"); out != noClaims {
 		t.Errorf("a refused claim left something behind: %s", out)
 	}
 	checkDrivers(t, okJSON[api.Status](t, sock, "status"), "", nil)
-	t.Logf("not available: exit 3, one line on stderr or JSON on stdout, nothing taken")
+	t.Logf("not available: exit 3, one line or JSON on stderr, nothing taken")
 }
 
 // TestCLIUsageErrors: bad input is exit 2 with one line naming what is wrong,
@@ -432,8 +443,14 @@ func TestCLIUsageErrors(t *testing.T) {
 		{"unknown flag", []string{"status", "--bogus"}, "unknown flag: --bogus"},
 		{"flag without value", []string{"claim", "vm-1", "--gpu"}, "flag needs an argument"},
 		{"unknown command", []string{"frob"}, `unknown command "frob"`},
-		{"output yaml", []string{"status", "-o", "yaml"}, `--output "yaml": use table or json`},
-		{"output yaml on claim", []string{"claim", "vm-1", "--gpu", "H100 80GB", "-o", "yaml"}, `--output "yaml"`},
+		{"output xml", []string{"status", "-o", "xml"}, `--output "xml": use table, wide, json, yaml`},
+		{"output xml on claim", []string{"claim", "vm-1", "--gpu", "H100 80GB", "-o", "xml"}, `--output "xml"`},
+		{"empty claim ID", []string{"claim", "", "--gpu", "H100 80GB"}, "id: must not be empty"},
+		{"empty ID on get", []string{"get", ""}, "id: must not be empty"},
+		{"empty ID on release", []string{"release", ""}, "id: must not be empty"},
+		{"empty ID on resize", []string{"resize", "", "--gpu", "H100 80GB"}, "id: must not be empty"},
+		{"empty group name", []string{"group", "get", ""}, "id: must not be empty"},
+		{"dot ID", []string{"get", "."}, `"." must start with a letter or a digit`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -452,17 +469,28 @@ func TestCLIUsageErrors(t *testing.T) {
 			}
 		})
 	}
-	if out := ok(t, sock, "claims", "-o", "json"); out != "[]\n" {
+	// For programs: the same errors, in the API's shape on stderr.
+	for _, tc := range tests {
+		if slices.Contains(tc.args, "-o") {
+			continue
+		}
+		args := append(slices.Clone(tc.args), "-o", "json")
+		r := gpuherd(t, sock, args...)
+		var eb api.ErrorBody
+		if err := json.Unmarshal([]byte(r.stderr), &eb); err != nil || r.code != exitUsage || r.stdout != "" ||
+			eb.Error == nil || (eb.Error.Code != api.CodeInvalid && eb.Error.Code != api.CodeUnknownModel) || eb.Error.Message == "" {
+			t.Errorf("%s -o json: %s (decode: %v); want exit 2 and {\"error\": {\"code\": \"invalid_request\", ...}} on stderr", tc.name, r, err)
+		}
+	}
+	if out := ok(t, sock, "claims", "-o", "json"); out != noClaims {
 		t.Errorf("a refused command left a claim behind: %s", out)
 	}
 	checkDrivers(t, okJSON[api.Status](t, sock, "status"), "", nil)
 	t.Logf("%d usage errors: exit 2, one line, nothing changed", len(tests))
 }
 
-// TestCLIDotIDs: "." and ".." as a claim ID never reach another endpoint's
-// data and never change anything. (They should be exit 2 naming the id, as
-// "a/b" is; today the client sends them unescaped and the API's router
-// cleans them away: see the report.)
+// TestCLIDotIDs: "." and ".." as a claim ID are usage errors (exit 2),
+// never reach another endpoint's data and never change anything.
 func TestCLIDotIDs(t *testing.T) {
 	t.Parallel()
 	sock := startAgent(t)
@@ -475,12 +503,12 @@ func TestCLIDotIDs(t *testing.T) {
 			{"get", id, "-o", "json"},
 		} {
 			r := gpuherd(t, sock, args...)
-			if r.code == exitOK || strings.Contains(r.stdout, "vm-1") || strings.Contains(r.stderr, "vm-1") {
-				t.Errorf("gpuherd %s: %s; want an error that shows no other claim", strings.Join(args, " "), r)
+			if r.code != exitUsage || strings.Contains(r.stdout, "vm-1") || strings.Contains(r.stderr, "vm-1") {
+				t.Errorf("gpuherd %s: %s; want exit 2 and an error that shows no other claim", strings.Join(args, " "), r)
 			}
 		}
 	}
-	if cls := okJSON[[]api.Claim](t, sock, "claims"); len(cls) != 1 || !reflect.DeepEqual(cls[0], held) {
+	if cls := okJSON[api.ClaimList](t, sock, "claims"); len(cls.Claims) != 1 || !reflect.DeepEqual(cls.Claims[0], held) {
 		t.Errorf("claims after dot IDs = %+v, want only %+v", cls, held)
 	}
 }
@@ -488,14 +516,25 @@ func TestCLIDotIDs(t *testing.T) {
 func TestCLIAgentDown(t *testing.T) {
 	t.Parallel()
 	sock := filepath.Join(shortTempDir(t), "missing.sock")
-	for _, args := range [][]string{{"status"}, {"status", "-o", "json"}, {"claim", "vm-1", "--gpu", "L40S"}, {"release", "vm-1"}} {
+	msg := "agent not reachable on " + sock + " (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)"
+	for _, args := range [][]string{{"status"}, {"claim", "vm-1", "--gpu", "L40S"}, {"release", "vm-1"}} {
 		r := gpuherd(t, sock, args...)
-		want := "gpuherd: agent not reachable on " + sock + " (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)\n"
-		if r.code != exitError || r.stdout != "" || r.stderr != want {
-			t.Errorf("gpuherd %s with no agent: %s; want exit 1 and %q", strings.Join(args, " "), r, want)
+		if want := "gpuherd: " + msg + "\n"; r.code != exitUnavailable || r.stdout != "" || r.stderr != want {
+			t.Errorf("gpuherd %s with no agent: %s; want exit 5 and %q", strings.Join(args, " "), r, want)
 		}
 	}
-	t.Logf("agent down: exit 1 naming the socket %s", sock)
+	// For programs, the same error in the API's shape, on stderr.
+	for _, args := range [][]string{{"status", "-o", "json"}, {"claims", "-ojson"}, {"release", "vm-1", "--output=json"}} {
+		r := gpuherd(t, sock, args...)
+		var eb api.ErrorBody
+		dec := json.NewDecoder(strings.NewReader(r.stderr))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&eb); err != nil || r.code != exitUnavailable || r.stdout != "" || eb.Error == nil ||
+			eb.Error.Code != "unreachable" || eb.Error.Message != msg {
+			t.Errorf("gpuherd %s with no agent: %s (decode: %v); want exit 5 and {\"error\": {\"code\": \"unreachable\", ...}} on stderr", strings.Join(args, " "), r, err)
+		}
+	}
+	t.Logf("agent down: exit 5 naming the socket %s, as text or JSON on stderr", sock)
 }
 
 func TestCLIVersion(t *testing.T) {
@@ -519,14 +558,14 @@ func TestCLIVersion(t *testing.T) {
 type scanResult struct {
 	SysfsRoot string `json:"sysfs_root"`
 	GPUs      []struct {
-		Address string `json:"address"`
+		Address string `json:"pci_address"`
 		Model   string `json:"model"`
 		Driver  string `json:"driver"`
 		Group   int    `json:"iommu_group"`
 		Viable  bool   `json:"viable"`
 		Reason  string `json:"reason"`
 		Members []struct {
-			Address string `json:"address"`
+			Address string `json:"pci_address"`
 		} `json:"iommu_group_members"`
 	} `json:"gpus"`
 	NotOffered []json.RawMessage `json:"not_offered"`

@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -33,35 +33,25 @@ type globals struct {
 
 func (g *globals) client() *api.Client { return api.NewClient(g.socket) }
 
-func (g *globals) json() bool { return g.output == "json" }
-
-// show prints v as JSON, or calls table for people.
+// show prints v for programs (JSON or YAML), or calls table for people.
 func (g *globals) show(v any, table func(w *tabwriter.Writer)) error {
-	if g.json() {
-		enc := json.NewEncoder(g.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+	if structured(g.output) {
+		return encode(g.stdout, g.output, v)
 	}
-	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	tw := newTable(g.stdout)
 	table(tw)
 	return tw.Flush()
 }
 
-// fail reports an agent error: as JSON on stdout for programs (the exit
-// code still tells the class), as one line on stderr for people, followed
-// by the alternatives when the GPUs were not available.
+// wide reports whether people asked for the extra columns (-o wide).
+func (g *globals) wide() bool { return g.output == outWide }
+
+// fail reports an agent error. For programs it goes back to run, which
+// writes it on stderr in the -o format; for people it is one line on
+// stderr, followed by the alternatives when the GPUs were not available.
 func (g *globals) fail(err error) error {
-	var ae *api.Error
-	if !errors.As(err, &ae) {
-		return err
-	}
-	if g.json() {
-		enc := json.NewEncoder(g.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(api.ErrorBody{Error: ae})
-		return &printedError{err: err}
-	}
-	if len(ae.Alternatives) == 0 && len(ae.Refusals) == 0 {
+	ae := asAPIError(err)
+	if ae == nil || structured(g.output) || len(ae.Alternatives) == 0 && len(ae.Refusals) == 0 {
 		return err
 	}
 	fmt.Fprintln(g.stderr, "gpuherd: "+ae.Message)
@@ -125,13 +115,17 @@ func newStatusCmd(g *globals) *cobra.Command {
 				func(w *tabwriter.Writer, st api.Status) {
 					fabric := ""
 					if st.Fabric != "" && st.Fabric != "none" {
-						fabric = "; NVSwitch fabric: " + st.Fabric
+						fabric = "; NVSwitch fabric: " + esc(st.Fabric)
 					}
-					fmt.Fprintf(w, "NODE %s: %d GPUs%s\n", st.Node, len(st.GPUs), fabric)
+					fmt.Fprintf(w, "NODE %s: %d GPUs%s\n", esc(st.Node), len(st.GPUs), fabric)
 					if st.FabricWarning != "" {
-						fmt.Fprintf(w, "warning: %s\n", st.FabricWarning)
+						fmt.Fprintf(w, "warning: %s\n", esc(st.FabricWarning))
 					}
-					fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM")
+					head := "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM"
+					if g.wide() {
+						head += "\tUUID\tCOMPANIONS"
+					}
+					fmt.Fprintln(w, head)
 					for _, gp := range st.GPUs {
 						state := gp.State
 						switch {
@@ -145,8 +139,12 @@ func newStatusCmd(g *globals) *cobra.Command {
 							state += " (" + gp.DrainReason + ")"
 						}
 						state += inUseNote(gp.InUseBy)
-						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, bytesGiB(gp.MemoryBytes),
-							intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(gp.Driver), state, dash(gp.Claim))
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", esc(gp.PCIAddress), esc(gp.Model), bytesGiB(gp.MemoryBytes),
+							intOrDash(gp.NUMANode), intOrDash(gp.IOMMUGroup), dash(esc(gp.Driver)), esc(state), dash(esc(gp.Claim)))
+						if g.wide() {
+							fmt.Fprintf(w, "\t%s\t%s", dash(esc(gp.UUID)), dash(esc(strings.Join(gp.Companions, ","))))
+						}
+						fmt.Fprintln(w)
 					}
 					w.Flush()
 					printReadiness(w, st.GPUs)
@@ -165,13 +163,18 @@ func newClaimCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
-		Short: "Claim GPUs on this server for a VM (all of them, or none)",
-		Long: `Claim GPUs for the VM or node ID. Every GPU is taken on this server and bound,
-with its IOMMU group, to vfio-pci. MODEL is matched case-insensitively, with or
-without "NVIDIA ", spaces and dashes alike, or by a unique abbreviation
-("H100 80GB", "h100-80gb", "L40S"). Claiming again with the same ID and request
-returns the same claim. Exit code 3 when the server cannot hold the request.`,
-		Args: exactArgs(1, "one claim ID"),
+		Short: "Claim GPUs for a VM, all on one server of the cluster (all of them, or none)",
+		Long: `Claim GPUs for the VM or node ID. Every GPU is taken on one server of the
+cluster (any agent coordinates: it picks the server that can hold the whole
+request, or --prefer-node when that one can) and bound there, with its IOMMU
+group, to vfio-pci. MODEL is matched case-insensitively, with or without
+"NVIDIA ", spaces and dashes alike, or by a unique abbreviation ("H100 80GB",
+"h100-80gb", "L40S"). Claiming again with the same ID and request returns
+the same claim. Exit code 3 when no server can hold the request (the
+alternatives follow), 6 when the ID is held under another request.`,
+		Args: idArg("one claim ID"),
+		// A new claim's ID is the caller's: nothing to complete.
+		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := parseClaimRequest(gpus, labels)
 			if err != nil {
@@ -192,6 +195,8 @@ returns the same claim. Exit code 3 when the server cannot hold the request.`,
 	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (default: the server the ID last ran on, when remembered)")
 	cmd.Flags().IntVar(&vcpus, "vcpus", 0, "the VM's vCPUs: warns outside 8-16 per GPU")
 	cmd.Flags().BoolVar(&sameNode, "same-node", false, "stay on --prefer-node, or on the server the ID last ran on: not available (with alternatives) when it is full")
+	_ = cmd.RegisterFlagCompletionFunc("gpu", completeModels(g))
+	_ = cmd.RegisterFlagCompletionFunc("prefer-node", completeNodes(g))
 	return cmd
 }
 
@@ -245,11 +250,22 @@ func parseGPUFlag(s string) (api.Item, error) {
 	return api.Item{Model: model, Count: count}, nil
 }
 
-func printClaim(w io.Writer, cl api.Claim) {
-	fmt.Fprintf(w, "Claim %s on %s: %s, %d GPU(s)\n", cl.ID, cl.Node, cl.State, len(cl.GPUs))
+func printClaim(w io.Writer, cl api.Claim, wide bool) {
+	fmt.Fprintf(w, "Claim %s on %s: %s, %d GPU(s)\n", esc(cl.ID), esc(cl.Node), esc(cl.State), len(cl.GPUs))
+	if wide {
+		fmt.Fprintf(w, "Models: %s\n", esc(api.DescribeItems(cl.Items)))
+		fmt.Fprintf(w, "Labels: %s\n", dash(esc(labelList(cl.Labels))))
+		fmt.Fprintf(w, "Created: %s\n", timeOrDash(cl.CreatedAt))
+		if !cl.CommittedAt.IsZero() {
+			fmt.Fprintf(w, "Committed: %s\n", timeOrDash(cl.CommittedAt))
+		}
+		if !cl.ExpiresAt.IsZero() {
+			fmt.Fprintf(w, "Reservation expires: %s\n", timeOrDash(cl.ExpiresAt))
+		}
+	}
 	fmt.Fprintln(w, "PCI ADDRESS\tMODEL\tGROUP\tVFIO DEVICE")
 	for _, gp := range cl.GPUs {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", gp.PCIAddress, gp.Model, intOrDash(gp.IOMMUGroup), dash(gp.VFIODevice))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", esc(gp.PCIAddress), esc(gp.Model), intOrDash(gp.IOMMUGroup), dash(esc(gp.VFIODevice)))
 	}
 	if d := cl.Domain; d != nil {
 		state := "starting"
@@ -261,34 +277,49 @@ func printClaim(w io.Writer, cl api.Claim) {
 }
 
 func newReleaseCmd(g *globals) *cobra.Command {
-	var force bool
+	var force, ignoreNotFound bool
 	cmd := &cobra.Command{
 		Use:   "release ID",
-		Short: "Release a claim; its GPUs go back to the idle driver",
+		Short: "Release a claim, from any agent; its GPUs go back to the idle driver",
 		Long: `Release the claim ID wherever it is held; its GPUs go back to the idle driver.
-A claim whose GPUs a running VM holds open is not released (exit code 6) unless
---force: the GPUs are then offered to nobody, and stay on vfio-pci, until the VM
-lets go of them.`,
-		Args: exactArgs(1, "one claim ID"),
+The answer shows the claim as released (state "released") with the GPUs it
+freed. A claim whose GPUs a running VM holds open is not released (exit code
+6) unless --force: the GPUs are then offered to nobody, and stay on vfio-pci,
+until the VM lets go of them. Exit code 4 when no server holds the ID; with
+--ignore-not-found that is success (exit 0, nothing printed), so that a
+script can release idempotently.`,
+		Args:              idArg("one claim ID"),
+		ValidArgsFunction: completeClaimIDs(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) {
-				return c.ReleaseWith(ctx, args[0], api.ReleaseRequest{Force: force})
-			},
-				func(w *tabwriter.Writer, cl api.Claim) {
-					fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", cl.ID, cl.Node, len(cl.GPUs))
-				})
+			ctx, cancel := withTimeout(cmd)
+			defer cancel()
+			c := g.client()
+			defer c.Close()
+			cl, err := c.ReleaseWith(ctx, args[0], api.ReleaseRequest{Force: force})
+			if err != nil {
+				if ignoreNotFound && errorCode(err) == api.CodeNotFound {
+					return nil
+				}
+				return g.fail(err)
+			}
+			return g.show(cl, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", esc(cl.ID), esc(cl.Node), len(cl.GPUs))
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "release even while a VM uses the GPUs (they return once it stops)")
+	cmd.Flags().BoolVar(&ignoreNotFound, "ignore-not-found", false, "exit 0 when no server holds the claim")
 	return cmd
 }
 
 func newGetCmd(g *globals) *cobra.Command {
 	var ho handoffFlags
 	cmd := &cobra.Command{
-		Use:   "get ID",
-		Short: "Show one claim",
-		Args:  exactArgs(1, "one claim ID"),
+		Use:               "get ID",
+		Short:             "Show one claim, from any agent",
+		Long:              "Show claim ID wherever it is held. Exit code 4 when no server holds it.",
+		Args:              idArg("one claim ID"),
+		ValidArgsFunction: completeClaimIDs(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return callClaim(g, cmd, ho, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Get(ctx, args[0]) })
 		},
@@ -301,25 +332,55 @@ func newClaimsCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "claims",
 		Short: "List every claim of the platform, from any agent",
-		Args:  exactArgs(0, "no arguments"),
+		Long: `List the claims of every server of the platform. When a server does not
+answer, its claims are missing: the list is then marked partial (a warning
+on stderr naming each server; "partial": true and "unanswered" in JSON and
+YAML) and the exit code is 5, so that a shorter list never looks complete.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := withTimeout(cmd)
 			defer cancel()
 			c := g.client()
 			defer c.Close()
-			cls, err := c.Claims(ctx)
+			l, err := c.Claims(ctx)
 			if err != nil {
 				return g.fail(err)
 			}
-			if cls == nil {
-				cls = []api.Claim{}
+			if l.Claims == nil {
+				l.Claims = []api.Claim{}
 			}
-			return g.show(cls, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tNODE\tSTATE\tGPUS\tMODELS")
-				for _, cl := range cls {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", cl.ID, cl.Node, cl.State, len(cl.GPUs), api.DescribeItems(cl.Items))
+			if err := g.show(l, func(w *tabwriter.Writer) {
+				head := "ID\tNODE\tSTATE\tGPUS\tMODELS"
+				if g.wide() {
+					head += "\tPCI ADDRESSES\tLABELS\tCREATED"
 				}
-			})
+				fmt.Fprintln(w, head)
+				for _, cl := range l.Claims {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s", esc(cl.ID), esc(cl.Node), esc(cl.State), len(cl.GPUs), esc(api.DescribeItems(cl.Items)))
+					if g.wide() {
+						var addrs []string
+						for _, gp := range cl.GPUs {
+							addrs = append(addrs, gp.PCIAddress)
+						}
+						fmt.Fprintf(w, "\t%s\t%s\t%s", dash(esc(strings.Join(addrs, ","))), dash(esc(labelList(cl.Labels))), timeOrDash(cl.CreatedAt))
+					}
+					fmt.Fprintln(w)
+				}
+			}); err != nil {
+				return err
+			}
+			if !l.Partial {
+				return nil
+			}
+			names := make([]string, len(l.Unanswered))
+			for i, u := range l.Unanswered {
+				names[i] = u.Node
+				if !structured(g.output) {
+					fmt.Fprintf(g.stderr, "gpuherd: warning: %s did not answer: %s\n", esc(u.Node), esc(u.Reason))
+				}
+			}
+			return &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("partial list: %d server(s) did not answer (%s); their claims are missing", len(names), strings.Join(names, ", "))}
 		},
 	}
 }
@@ -332,8 +393,12 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Availability, error) { return c.Availability(ctx) },
 				func(w *tabwriter.Writer, av api.Availability) {
-					fmt.Fprintf(w, "As seen by %s (%d server(s))\n", av.Node, av.Servers)
-					fmt.Fprintln(w, "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER")
+					fmt.Fprintf(w, "As seen by %s (%d server(s))\n", esc(av.Node), av.Servers)
+					head := "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER"
+					if g.wide() {
+						head += "\tHEALTHY"
+					}
+					fmt.Fprintln(w, head)
 					for _, m := range av.Models {
 						avail := "Unavailable"
 						if m.Available {
@@ -343,7 +408,11 @@ func newAvailabilityCmd(g *globals) *cobra.Command {
 						if m.Unusable > 0 {
 							total += fmt.Sprintf(" (%d unusable)", m.Unusable)
 						}
-						fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", m.Model, avail, m.Free, total, m.MaxFreeOnOneServer)
+						fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d", esc(m.Model), avail, m.Free, total, m.MaxFreeOnOneServer)
+						if g.wide() {
+							fmt.Fprintf(w, "\t%d", m.Healthy)
+						}
+						fmt.Fprintln(w)
 					}
 				})
 		},
@@ -391,7 +460,7 @@ func newDrainCmd(g *globals, drain bool) *cobra.Command {
 					if m.Drained {
 						state = "drained: no new claims"
 					}
-					fmt.Fprintf(w, "server %s: %s\n", m.Name, state)
+					fmt.Fprintf(w, "server %s: %s\n", esc(m.Name), state)
 				})
 			}
 			var (
@@ -407,10 +476,11 @@ func newDrainCmd(g *globals, drain bool) *cobra.Command {
 				return g.fail(err)
 			}
 			return g.show(gp, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "%s (%s): %s\n", gp.PCIAddress, gp.Model, gp.State)
+				fmt.Fprintf(w, "%s (%s): %s\n", esc(gp.PCIAddress), esc(gp.Model), esc(gp.State))
 			})
 		},
 	}
+	cmd.ValidArgsFunction = completeGPUs(g)
 	cmd.Flags().BoolVar(&server, "server", false, "the whole server this agent runs on")
 	if drain {
 		cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status and members)")
@@ -448,6 +518,22 @@ func intOrDash(n int) string {
 		return "-"
 	}
 	return strconv.Itoa(n)
+}
+
+func timeOrDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// labelList writes labels as k=v,k=v in key order.
+func labelList(labels map[string]string) string {
+	parts := make([]string, 0, len(labels))
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ",")
 }
 
 func bytesGiB(b uint64) string {

@@ -20,7 +20,11 @@ func newMembersCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
 				func(w *tabwriter.Writer, ms []api.Member) {
-					fmt.Fprintln(w, "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION")
+					head := "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION"
+					if g.wide() {
+						head += "\tADDRESS"
+					}
+					fmt.Fprintln(w, head)
 					for _, m := range ms {
 						var caps []string
 						for _, mc := range m.Models {
@@ -38,7 +42,11 @@ func newMembersCmd(g *globals) *cobra.Command {
 						if m.Drained {
 							drained = "yes"
 						}
-						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", name, m.State, drained, dash(strings.Join(caps, ", ")), dash(m.AgentVersion))
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s", esc(name), esc(m.State), drained, dash(esc(strings.Join(caps, ", "))), dash(esc(m.AgentVersion)))
+						if g.wide() {
+							fmt.Fprintf(w, "\t%s", dash(esc(m.Addr)))
+						}
+						fmt.Fprintln(w)
 					}
 				})
 		},
@@ -54,7 +62,8 @@ func newResizeCmd(g *globals) *cobra.Command {
 claim changes in place, atomically; otherwise it moves to a server that can
 (the VM restarts anyway). Exit code 3 when no server can hold it; the claim is
 then unchanged.`,
-		Args: exactArgs(1, "one claim ID"),
+		Args:              idArg("one claim ID"),
+		ValidArgsFunction: completeClaimIDs(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := parseClaimRequest(gpus, nil)
 			if err != nil {
@@ -63,10 +72,11 @@ then unchanged.`,
 			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Claim, error) {
 				return c.Resize(ctx, args[0], api.ResizeRequest{GPUs: req.GPUs})
 			},
-				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl) })
+				func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl, g.wide()) })
 		},
 	}
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] the claim should hold (repeatable)")
+	_ = cmd.RegisterFlagCompletionFunc("gpu", completeModels(g))
 	return cmd
 }
 

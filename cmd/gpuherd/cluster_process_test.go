@@ -196,8 +196,8 @@ func TestProcessClusterClaimSurvivesOwnerKill9(t *testing.T) {
 		return true
 	})
 	t.Logf("vm-2's orphan reservation gone %v after B restarted; its GPU off vfio-pci", took.Round(time.Millisecond))
-	if r := gpuherd(t, b.socket, "get", "vm-2"); r.code != exitError || !strings.Contains(r.stderr, "not found") {
-		t.Errorf("get vm-2 after its lease: %s, want not found", r)
+	if r := gpuherd(t, b.socket, "get", "vm-2"); r.code != exitNotFound || !strings.Contains(r.stderr, "not found") {
+		t.Errorf("get vm-2 after its lease: %s, want not found (exit 4)", r)
 	}
 
 	// C learns that B is back, then releases vm-1 through it.

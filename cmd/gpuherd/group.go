@@ -26,7 +26,7 @@ func newGroupCmd(g *globals) *cobra.Command {
 a node's on one server (different nodes may use different servers); if one
 node cannot be placed nothing is kept and the exit code is 3. A group created
 without --gpu can never get GPUs later.`,
-		Args: exactArgs(1, "one group name"),
+		Args: idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.GroupRequest{Nodes: nodes}
 			if len(gpus) > 0 {
@@ -46,12 +46,13 @@ without --gpu can never get GPUs later.`,
 	}
 	create.Flags().IntVar(&nodes, "nodes", 0, "number of nodes")
 	create.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] per node (repeatable)")
+	_ = create.RegisterFlagCompletionFunc("gpu", completeModels(g))
 
 	var rgpus []string
 	resize := &cobra.Command{
 		Use:   "resize NAME --gpu MODEL[:COUNT] [--gpu ...]",
 		Short: "Change the GPUs of every node of a group (it must keep at least one)",
-		Args:  exactArgs(1, "one group name"),
+		Args:  idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(rgpus) == 0 {
 				return usagef("--gpu: a group with GPUs must keep at least one (and one without GPUs can never get any)")
@@ -66,11 +67,12 @@ without --gpu can never get GPUs later.`,
 		},
 	}
 	resize.Flags().StringArrayVar(&rgpus, "gpu", nil, "MODEL[:COUNT] per node (repeatable)")
+	_ = resize.RegisterFlagCompletionFunc("gpu", completeModels(g))
 
 	get := &cobra.Command{
 		Use:   "get NAME",
 		Short: "Show a group and its nodes' GPUs",
-		Args:  exactArgs(1, "one group name"),
+		Args:  idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.GetGroup(ctx, args[0]) })
 		},
@@ -78,7 +80,7 @@ without --gpu can never get GPUs later.`,
 	del := &cobra.Command{
 		Use:   "delete NAME",
 		Short: "Release every node's GPUs and forget the group",
-		Args:  exactArgs(1, "one group name"),
+		Args:  idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.DeleteGroup(ctx, args[0]) })
 		},
@@ -93,7 +95,7 @@ func groupCall(g *globals, cmd *cobra.Command, req func(context.Context, *api.Cl
 		if gr.WithGPUs {
 			per = api.DescribeItems(gr.GPUs) + " per node"
 		}
-		fmt.Fprintf(w, "Group %s: %d node(s), %s\n", gr.Name, gr.Nodes, per)
+		fmt.Fprintf(w, "Group %s: %d node(s), %s\n", esc(gr.Name), gr.Nodes, esc(per))
 		if len(gr.Claims) > 0 {
 			fmt.Fprintln(w, "NODE CLAIM\tSERVER\tSTATE\tGPUS")
 			for _, c := range gr.Claims {
@@ -101,7 +103,7 @@ func groupCall(g *globals, cmd *cobra.Command, req func(context.Context, *api.Cl
 				for _, gp := range c.GPUs {
 					addrs = append(addrs, gp.PCIAddress)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", c.ID, c.Node, c.State, addrs)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", esc(c.ID), esc(c.Node), esc(c.State), esc(fmt.Sprint(addrs)))
 			}
 		}
 	})

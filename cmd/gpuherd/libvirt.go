@@ -36,18 +36,18 @@ const annHandoff = "gpuherd/handoff"
 // checkOutput refuses an output format the command cannot write.
 func checkOutput(cmd *cobra.Command, out string) error {
 	switch out {
-	case "table", "json":
+	case outTable, outWide, outJSON, outYAML:
 		return nil
 	case outLibvirt, outLibvirtDomain, outQEMU:
 		if cmd.Annotations[annHandoff] != "" {
 			return nil
 		}
-		return usagef("--output %q: only claim and get write it; use table or json", out)
+		return usagef("--output %q: only claim and get write it; use %s", out, strings.Join(outputFormats, ", "))
 	}
 	if cmd.Annotations[annHandoff] != "" {
-		return usagef("--output %q: use table, json, libvirt, libvirt-domain or qemu", out)
+		return usagef("--output %q: use %s, libvirt, libvirt-domain or qemu", out, strings.Join(outputFormats, ", "))
 	}
-	return usagef("--output %q: use table or json", out)
+	return usagef("--output %q: use %s", out, strings.Join(outputFormats, ", "))
 }
 
 // handoffFlags are claim's and get's options for the hand-off formats.
@@ -87,7 +87,7 @@ func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context
 	switch g.output {
 	case outLibvirt, outLibvirtDomain, outQEMU:
 	default:
-		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl); g.warn(cl.Warnings) })
+		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl, g.wide()); g.warn(cl.Warnings) })
 	}
 	if ho.guestBus < 1 || ho.guestBus > 0xff {
 		return usagef("--guest-bus %d: use 1 to 255", ho.guestBus)

@@ -3,24 +3,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
-
-	"github.com/gpuherd/gpuherd/agent/api"
-)
-
-// Exit codes, as documented in the README.
-const (
-	exitOK           = 0
-	exitError        = 1
-	exitUsage        = 2
-	exitNotAvailable = 3
 )
 
 func main() {
@@ -30,16 +21,10 @@ func main() {
 	os.Exit(code)
 }
 
-// usageError is bad input from the command line: exit 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
-
-// run executes one command line and returns its exit code.
+// run executes one command line and returns its exit code. A failure is
+// one line on stderr for people, or with -o json|yaml the API's error shape
+// ({"error": {"code", "message", ...}}) on stderr, whatever failed: the
+// command line, the connection, or the agent.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return runInput(ctx, args, nil, stdout, stderr)
 }
@@ -56,41 +41,45 @@ func runInput(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return exitOK
 	}
 	code := exitCode(err)
-	if _, printed := err.(*printedError); !printed {
-		fmt.Fprintln(stderr, "gpuherd: "+err.Error())
+	if _, printed := err.(*printedError); printed {
+		return code
 	}
+	if out := outputOf(root, args); structured(out) {
+		writeError(stderr, out, err)
+		return code
+	}
+	ew := &escapingWriter{w: stderr}
+	fmt.Fprintln(ew, "gpuherd: "+err.Error())
+	_ = ew.Flush()
 	return code
 }
 
-// printedError is an error whose text was already written (as JSON).
+// outputOf is the -o the command line asked for: the parsed flag, or, when
+// parsing stopped before it, the arguments as written.
+func outputOf(root *cobra.Command, args []string) string {
+	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Changed {
+		return f.Value.String()
+	}
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return outTable
+		case (a == "-o" || a == "--output") && i+1 < len(args):
+			return args[i+1]
+		case strings.HasPrefix(a, "--output="):
+			return strings.TrimPrefix(a, "--output=")
+		case strings.HasPrefix(a, "-o") && len(a) > 2:
+			return strings.TrimPrefix(strings.TrimPrefix(a, "-o"), "=")
+		}
+	}
+	return outTable
+}
+
+// printedError is an error whose text was already written.
 type printedError struct{ err error }
 
 func (p *printedError) Error() string { return p.err.Error() }
 func (p *printedError) Unwrap() error { return p.err }
-
-func exitCode(err error) int {
-	var (
-		ue *usageError
-		ae *api.Error
-	)
-	switch {
-	case errors.As(err, &ue):
-		return exitUsage
-	case errors.As(err, &ae):
-		switch ae.Code {
-		case api.CodeNotAvailable:
-			return exitNotAvailable
-		case api.CodeInvalid, api.CodeUnknownModel:
-			return exitUsage
-		case api.CodeInUse:
-			return exitInUse
-		}
-		return exitError
-	case isCobraUsage(err):
-		return exitUsage
-	}
-	return exitError
-}
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	g := &globals{stdout: stdout, stderr: stderr}
@@ -99,8 +88,15 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Short: "Hand a server's NVIDIA GPUs to VMs by PCI passthrough",
 		Long: `gpuherd runs on every GPU server: it finds the server's NVIDIA cards, binds
 them with their whole IOMMU group to vfio-pci, and lets VMs claim all of their
-GPUs on one server. "gpuherd agent" is the daemon; the other commands talk to
-it through its unix socket.`,
+GPUs on one server of the cluster. "gpuherd agent" is the daemon; the other
+commands talk to it through its unix socket.
+
+Output: -o table (default) or wide for people; -o json or yaml for programs,
+with the same field names everywhere (pci_address; PCI IDs as hex strings
+such as "10de"). With json or yaml a failure is written on stderr as
+{"error": {"code": "...", "message": "..."}}.
+
+` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -112,9 +108,20 @@ it through its unix socket.`,
 		socket = defaultSocket
 	}
 	root.PersistentFlags().StringVar(&g.socket, "socket", socket, "the agent's unix socket (env GPUHERD_SOCKET)")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json (claim and get: also libvirt, libvirt-domain, qemu)")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", outTable, "output format: "+strings.Join(outputFormats, ", ")+" (claim and get: also libvirt, libvirt-domain, qemu)")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(append(slices.Clone(outputFormats), outLibvirt, outLibvirtDomain, outQEMU), cobra.ShellCompDirectiveNoFileComp))
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		return checkOutput(cmd, g.output)
+		if err := checkOutput(cmd, g.output); err != nil {
+			return err
+		}
+		// Text for people: nothing from the network reaches the terminal
+		// as a control sequence. The daemon's log is not for a terminal:
+		// its handler quotes what it writes itself.
+		if (g.output == outTable || g.output == outWide) && cmd.Name() != "agent" {
+			g.stdout = &escapingWriter{w: stdout}
+			g.stderr = &escapingWriter{w: stderr}
+		}
+		return nil
 	}
 	root.AddCommand(
 		newAgentCmd(g),
@@ -136,18 +143,7 @@ it through its unix socket.`,
 		newLedgerCmd(g),
 		newLibvirtHookCmd(g),
 		newConfigCmd(g),
+		newManCmd(),
 	)
 	return root
-}
-
-// isCobraUsage recognises cobra's own argument errors, which it returns as
-// plain errors.
-func isCobraUsage(err error) bool {
-	msg := err.Error()
-	for _, p := range []string{"unknown command", "accepts ", "requires at least", "unknown flag", "unknown shorthand flag", "flag needs an argument", "invalid argument"} {
-		if len(msg) >= len(p) && (msg[:len(p)] == p) {
-			return true
-		}
-	}
-	return false
 }

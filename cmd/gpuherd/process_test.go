@@ -145,8 +145,8 @@ func TestProcessClaimSurvivesKill9(t *testing.T) {
 	if !errors.As(first.err, &exitErr) || exitErr.ExitCode() != -1 {
 		t.Fatalf("agent 1 after SIGKILL: %v, want killed by a signal", first.err)
 	}
-	if r := gpuherd(t, sock, "status"); r.code != exitError || !strings.Contains(r.stderr, "agent not reachable") {
-		t.Fatalf("status with the agent killed: %s, want exit 1 'agent not reachable'", r)
+	if r := gpuherd(t, sock, "status"); r.code != exitUnavailable || !strings.Contains(r.stderr, "agent not reachable") {
+		t.Fatalf("status with the agent killed: %s, want exit 5 'agent not reachable'", r)
 	}
 	t.Logf("agent 1 killed with SIGKILL; its stale socket refuses connections")
 

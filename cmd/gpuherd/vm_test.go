@@ -90,7 +90,7 @@ func TestCLIReleaseOfAGPUInUse(t *testing.T) {
 	}
 	r = gpuherd(t, sock, "release", "vm-b", "-o", "json")
 	var eb api.ErrorBody
-	if err := json.Unmarshal([]byte(r.stdout), &eb); err != nil || r.code != exitInUse || eb.Error == nil || eb.Error.Code != api.CodeInUse {
+	if err := json.Unmarshal([]byte(r.stderr), &eb); err != nil || r.code != exitInUse || r.stdout != "" || eb.Error == nil || eb.Error.Code != api.CodeInUse {
 		t.Fatalf("release -o json while in use: %s", r)
 	}
 

@@ -84,7 +84,7 @@ func (m *monitor) sample(ctx context.Context, a *agent) {
 		}
 	}
 	var own []api.Claim
-	for _, c := range claims {
+	for _, c := range claims.Claims {
 		if c.Node == a.name {
 			own = append(own, c)
 		}
@@ -147,10 +147,11 @@ func collect(ctx context.Context, agents []*agent, h *history) (*finalState, err
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		st, err := cliJSON[api.Status](cctx, a, "status")
 		if err == nil {
-			var cs []api.Claim
-			cs, err = cliJSON[[]api.Claim](cctx, a, "claims")
+			// A partial list (a server did not answer) exits 5: an error.
+			var cl api.ClaimList
+			cl, err = cliJSON[api.ClaimList](cctx, a, "claims")
 			fs.views[a.name] = map[string]bool{}
-			for _, c := range cs {
+			for _, c := range cl.Claims {
 				fs.views[a.name][c.ID+"@"+c.Node] = true
 				if c.Node == a.name {
 					fs.claims[a.name] = append(fs.claims[a.name], c)

@@ -161,7 +161,21 @@ func TestClassify(t *testing.T) {
 	if got := classifyCLI(3, "", "", nil); got != outNotAvailable {
 		t.Errorf("exit 3 = %s", got)
 	}
-	if got := classifyCLI(1, "", "agent not reachable", nil); got != outAmbiguous {
-		t.Errorf("exit 1 unreachable = %s", got)
+	for _, tc := range []struct {
+		code   int
+		stderr string
+		want   outcome
+	}{
+		{4, "", outNotFound},
+		{6, "", outRefused},
+		{2, "", outRefused},
+		{5, `{"error":{"code":"unreachable","message":"agent not reachable"}}`, outAmbiguous},
+		{5, "gpuherd: agent not reachable", outAmbiguous},
+		{1, `{"error":{"code":"lease_expired","message":"expired"}}`, outRefused},
+		{1, "gpuherd: something", outAmbiguous},
+	} {
+		if got := classifyCLI(tc.code, "", tc.stderr, nil); got != tc.want {
+			t.Errorf("exit %d, stderr %q = %s, want %s", tc.code, tc.stderr, got, tc.want)
+		}
 	}
 }

@@ -123,9 +123,10 @@ func classify(err error) outcome {
 	return outAmbiguous
 }
 
-// classifyCLI maps the CLI's answer: exit 0 ok, 3 not available, 2 usage;
-// for exit 1 the error's code, which `-o json` prints on stdout, says
-// whether the answer is definitive (a message's wording never decides).
+// classifyCLI maps the CLI's answer by its exit code: 0 ok, 2 usage,
+// 3 not available, 4 not found, 6 conflict; 5 (a server did not answer)
+// and 1 are ambiguous unless the error's code, which `-o json` writes on
+// stderr, says the answer is definitive (a message's wording never decides).
 func classifyCLI(code int, stdout, stderr string, err error) outcome {
 	switch {
 	case err != nil:
@@ -134,14 +135,16 @@ func classifyCLI(code int, stdout, stderr string, err error) outcome {
 		return outOK
 	case code == 3:
 		return outNotAvailable
-	case code == 2:
+	case code == 4:
+		return outNotFound
+	case code == 2, code == 6:
 		return outRefused
 	}
 	var eb api.ErrorBody
-	if json.Unmarshal([]byte(stdout), &eb) == nil && eb.Error != nil {
+	if json.Unmarshal([]byte(stderr), &eb) == nil && eb.Error != nil {
 		return classify(eb.Error)
 	}
-	_ = stderr // an agent that could not be reached says so only in words
+	_ = stdout
 	return outAmbiguous
 }
 

@@ -461,8 +461,11 @@ func (sc *scenario) allClaims(ctx context.Context) error {
 		"pool.node-0": sc.dgx.name,
 		"pool.node-1": sc.dgx.name,
 	}
+	if cls.Partial {
+		return fmt.Errorf("claims: partial list, no answer from %+v", cls.Unanswered)
+	}
 	var got []string
-	for _, c := range cls {
+	for _, c := range cls.Claims {
 		got = append(got, c.ID+"@"+c.Node)
 	}
 	var exp []string
