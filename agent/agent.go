@@ -145,7 +145,7 @@ func monotonicClock(wall func() time.Time) func() time.Time {
 }
 
 // WithSysfs runs the agent on the given sysfs (and NVML, may be nil) instead
-// of the configured one; tests pass a vfio.Kernel.
+// of the configured one; tests pass a fakekernel.Kernel.
 func WithSysfs(fs vfio.FS, lib nvml.Interface) Option {
 	return func(o *options) { o.fs, o.nvml = fs, lib }
 }

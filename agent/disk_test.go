@@ -17,6 +17,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // The agent over a ledger it cannot trust or cannot write: it refuses to
@@ -202,7 +203,7 @@ func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 
 // checkBound checks that every GPU on vfio-pci is held by a live claim; with
 // strict, also that no expired reservation is left in the ledger.
-func checkBound(t *testing.T, a *Agent, k *vfio.Kernel, strict bool) {
+func checkBound(t *testing.T, a *Agent, k *fakekernel.Kernel, strict bool) {
 	t.Helper()
 	now := a.now()
 	held := map[string]bool{}

@@ -8,13 +8,14 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // TestGPUDevicesStandIn runs the agent on a machine without any NVIDIA card,
 // where gpu_devices makes QEMU's edu device stand in for a GPU, as
 // tools/test/realkernel does under a real kernel.
 func TestGPUDevicesStandIn(t *testing.T) {
-	k, err := vfio.NewKernel(vfio.KernelConfig{Devices: []vfio.FakeDevice{
+	k, err := fakekernel.New(fakekernel.Config{Devices: []fakekernel.Function{
 		{Address: "0000:00:03.0", Vendor: 0x1234, Device: 0x11e8, Class: 0x00ff00, IOMMUGroup: 3, NUMANode: -1},
 		{Address: "0000:00:04.0", Vendor: 0x1b36, Device: 0x0005, Class: 0x00ff00, IOMMUGroup: 4, NUMANode: -1},
 	}})

@@ -13,11 +13,12 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // qemu is the simulated QEMU of libvirt domain name.
-func qemu(pid int, name string) vfio.FakeProcess {
-	return vfio.FakeProcess{PID: pid, Comm: "qemu-system-x86", Cmdline: []string{
+func qemu(pid int, name string) fakekernel.Process {
+	return fakekernel.Process{PID: pid, Comm: "qemu-system-x86", Cmdline: []string{
 		"/usr/bin/qemu-system-x86_64", "-name", "guest=" + name + ",debug-threads=on", "-S", "-machine", "q35"}}
 }
 

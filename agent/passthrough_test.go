@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // The readiness machine: GPU a shares IOMMU group 14 with its audio
@@ -26,12 +27,12 @@ const (
 
 var idleDrivers = []string{"vfio-pci", "nvidia", "none"}
 
-func readinessKernel(t *testing.T) *vfio.Kernel {
+func readinessKernel(t *testing.T) *fakekernel.Kernel {
 	t.Helper()
-	l40s := func(addr string, group int) vfio.FakeDevice {
-		return vfio.FakeDevice{Address: addr, Vendor: vfio.VendorNVIDIA, Device: 0x26b9, Class: vfio.Class3D, IOMMUGroup: group, Driver: "nvidia"}
+	l40s := func(addr string, group int) fakekernel.Function {
+		return fakekernel.Function{Address: addr, Vendor: vfio.VendorNVIDIA, Device: 0x26b9, Class: vfio.Class3D, IOMMUGroup: group, Driver: "nvidia"}
 	}
-	k, err := vfio.NewKernel(vfio.KernelConfig{Drivers: []string{"nvidia", "snd_hda_intel", "igb"}, Devices: []vfio.FakeDevice{
+	k, err := fakekernel.New(fakekernel.Config{Drivers: []string{"nvidia", "snd_hda_intel", "igb"}, Devices: []fakekernel.Function{
 		l40s(gpuA, 14),
 		{Address: audioA, Vendor: vfio.VendorNVIDIA, Device: 0x22ba, Class: vfio.ClassAudio, IOMMUGroup: 14, Driver: "snd_hda_intel"},
 		{Address: nicA, Vendor: 0x8086, Device: 0x1521, Class: 0x020000, IOMMUGroup: 14, Driver: "igb"},
@@ -48,24 +49,24 @@ func readinessKernel(t *testing.T) *vfio.Kernel {
 // on changes, so tests await transitions instead of sleeping.
 type readinessAgent struct {
 	*Agent
-	k       *vfio.Kernel
+	k       *fakekernel.Kernel
 	changes chan struct{}
 	logs    *syncBuffer
 }
 
-func newReadinessAgent(t *testing.T, k *vfio.Kernel, idle string, run bool) *readinessAgent {
+func newReadinessAgent(t *testing.T, k *fakekernel.Kernel, idle string, run bool) *readinessAgent {
 	t.Helper()
 	return newReadinessAgentConfig(t, k, idle, run, nil)
 }
 
 // newReadinessAgentWith is a running readiness agent with its
 // configuration adjusted.
-func newReadinessAgentWith(t *testing.T, k *vfio.Kernel, idle string, adjust func(*Config)) *readinessAgent {
+func newReadinessAgentWith(t *testing.T, k *fakekernel.Kernel, idle string, adjust func(*Config)) *readinessAgent {
 	t.Helper()
 	return newReadinessAgentConfig(t, k, idle, true, adjust)
 }
 
-func newReadinessAgentConfig(t *testing.T, k *vfio.Kernel, idle string, run bool, adjust func(*Config)) *readinessAgent {
+func newReadinessAgentConfig(t *testing.T, k *fakekernel.Kernel, idle string, run bool, adjust func(*Config)) *readinessAgent {
 	t.Helper()
 	cfg := testConfig(t, t.TempDir())
 	cfg.IdleDriver = idle
@@ -251,7 +252,7 @@ func TestUnusableFollowsTheMachine(t *testing.T) {
 
 			// A device appears in free GPU b's group.
 			start = time.Now()
-			if err := k.Add(vfio.FakeDevice{Address: nicB, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 15, Driver: "igb"}); err != nil {
+			if err := k.Add(fakekernel.Function{Address: nicB, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 15, Driver: "igb"}); err != nil {
 				t.Fatal(err)
 			}
 			ra.await(t, "GPU b unusable after a hot-add", func() bool { return ra.gpu(t, gpuB).State == api.StateUnusable })
@@ -304,7 +305,7 @@ func TestRefusedClaimWritesNothing(t *testing.T) {
 		t.Run(idle, func(t *testing.T) {
 			k := readinessKernel(t)
 			ra := newReadinessAgent(t, k, idle, false)
-			if err := k.Add(vfio.FakeDevice{Address: nicB, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 15, Driver: "igb"}); err != nil {
+			if err := k.Add(fakekernel.Function{Address: nicB, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 15, Driver: "igb"}); err != nil {
 				t.Fatal(err)
 			}
 			drivers := func() map[string]string {
@@ -337,7 +338,7 @@ func TestRefusedClaimWritesNothing(t *testing.T) {
 
 			// The owner's own answer, for the last ready GPU gone bad too.
 			const nicC = "0000:62:00.0"
-			if err := k.Add(vfio.FakeDevice{Address: nicC, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 16, Driver: "igb"}); err != nil {
+			if err := k.Add(fakekernel.Function{Address: nicC, Vendor: 0x8086, Device: 0x1533, Class: 0x020000, IOMMUGroup: 16, Driver: "igb"}); err != nil {
 				t.Fatal(err)
 			}
 			_, err = ra.Reserve(context.Background(), "vm-2", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA L40S", Count: 1}}})
@@ -444,7 +445,7 @@ func TestClusterHearsAGPUTurnUnusable(t *testing.T) {
 	g, _ := s1.gpu(addr)
 	const nic = "0000:f0:00.0" // the board's own sound card, on the host's driver
 	start := time.Now()
-	if err := s1.sim.Kernel.Add(vfio.FakeDevice{Address: nic, Vendor: 0x8086, Device: 0xa348, Class: vfio.ClassAudio, IOMMUGroup: g.IOMMUGroup, Driver: "snd_hda_intel"}); err != nil {
+	if err := s1.sim.Kernel.Add(fakekernel.Function{Address: nic, Vendor: 0x8086, Device: 0xa348, Class: vfio.ClassAudio, IOMMUGroup: g.IOMMUGroup, Driver: "snd_hda_intel"}); err != nil {
 		t.Fatal(err)
 	}
 	took := tc.converge("7 L40S free, 1 unusable", func(a *Agent) bool {

@@ -22,6 +22,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // Who may talk to the agent, and what the agent may touch.
@@ -307,7 +308,7 @@ func TestWritesStayOnGPUsAndTheirGroups(t *testing.T) {
 			}
 			if profile == "mixed" {
 				for _, g := range st.GPUs {
-					if g.Health != "" && slices.ContainsFunc(writes, func(w vfio.Write) bool { return strings.Contains(w.Name, g.PCIAddress) || w.Data == g.PCIAddress }) {
+					if g.Health != "" && slices.ContainsFunc(writes, func(w fakekernel.Write) bool { return strings.Contains(w.Name, g.PCIAddress) || w.Data == g.PCIAddress }) {
 						t.Errorf("GPU %s is refused (%s) but was written to", g.PCIAddress, g.Health)
 					}
 				}

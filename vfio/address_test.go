@@ -1,9 +1,11 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 var hostileAddresses = []struct {
@@ -31,15 +33,15 @@ var hostileAddresses = []struct {
 
 func TestValidateAddress(t *testing.T) {
 	for _, a := range []string{"0000:3b:00.0", "0000:00:00.7", "ffff:ff:1f.0", "0001:c1:00.1"} {
-		if err := ValidateAddress(a); err != nil {
+		if err := vfio.ValidateAddress(a); err != nil {
 			t.Errorf("ValidateAddress(%q) = %v, want nil", a, err)
 		}
 	}
 	for _, tt := range hostileAddresses {
 		t.Run(tt.name, func(t *testing.T) {
-			err := ValidateAddress(tt.addr)
-			var ae *AddressError
-			if !errors.Is(err, ErrInvalidAddress) || !errors.As(err, &ae) || ae.Value != tt.addr {
+			err := vfio.ValidateAddress(tt.addr)
+			var ae *vfio.AddressError
+			if !errors.Is(err, vfio.ErrInvalidAddress) || !errors.As(err, &ae) || ae.Value != tt.addr {
 				t.Fatalf("ValidateAddress = %v, want an *AddressError for the value", err)
 			}
 			msg := err.Error()
@@ -55,19 +57,19 @@ func TestValidateAddress(t *testing.T) {
 func TestHostileAddressesTouchNothing(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"))
 	spy := &spyFS{FS: k}
-	p := New(spy)
-	b := NewBinder(p)
+	p := vfio.New(spy)
+	b := vfio.NewBinder(p)
 	for _, tt := range hostileAddresses {
 		t.Run(tt.name, func(t *testing.T) {
 			calls := map[string]error{}
 			_, calls["Device"] = p.Device(tt.addr)
 			calls["Health"] = p.Health(tt.addr)
 			_, calls["Bind"] = b.Bind(testCtx(t), tt.addr)
-			for _, pol := range []IdlePolicy{IdleVFIO, IdleNVIDIA, IdleNone} {
+			for _, pol := range []vfio.IdlePolicy{vfio.IdleVFIO, vfio.IdleNVIDIA, vfio.IdleNone} {
 				_, calls["Release "+string(pol)] = b.Release(testCtx(t), tt.addr, pol)
 			}
 			for name, err := range calls {
-				if !errors.Is(err, ErrInvalidAddress) {
+				if !errors.Is(err, vfio.ErrInvalidAddress) {
 					t.Errorf("%s: error %v, want ErrInvalidAddress", name, err)
 				}
 			}
@@ -95,8 +97,8 @@ func TestAddressFromNVMLBusID(t *testing.T) {
 		{"00000000:3b:00.0\x00x", ""},
 	}
 	for _, tt := range tests {
-		got, err := AddressFromNVMLBusID(tt.in)
-		if got != tt.want || (tt.want == "") != errors.Is(err, ErrInvalidAddress) {
+		got, err := vfio.AddressFromNVMLBusID(tt.in)
+		if got != tt.want || (tt.want == "") != errors.Is(err, vfio.ErrInvalidAddress) {
 			t.Errorf("AddressFromNVMLBusID(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 		}
 	}

@@ -173,8 +173,8 @@ func policyTarget(p IdlePolicy) target {
 // the DMA ownership check), and a bridge can never be moved to vfio-pci,
 // whose probe refuses anything but a normal header.
 const (
-	driverPCIStub  = "pci-stub"
-	driverPCIePort = "pcieport"
+	DriverPCIStub  = "pci-stub"
+	DriverPCIePort = "pcieport"
 )
 
 func isBridge(d Device) bool { return d.Class>>8 == ClassBridge>>8 }
@@ -377,7 +377,7 @@ func (b *Binder) move(ctx context.Context, d Device, t target) error {
 		if got == "" && t.driver != "" {
 			// The probe found no taker, e.g. a udev rule or an older kernel
 			// without override-aware probing: ask the driver directly.
-			if err := validateDriverName(t.driver); err != nil {
+			if err := ValidateDriverName(t.driver); err != nil {
 				return &DeviceError{Address: addr, Op: "bind", Err: err}
 			}
 			if err := b.write(ctx, addr, pciDriversDir+"/"+t.driver+"/bind", addr); err != nil {

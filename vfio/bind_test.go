@@ -1,34 +1,37 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 func TestBind(t *testing.T) {
-	qemuTestDev := FakeDevice{Address: "0000:00:03.0", Vendor: 0x1b36, Device: 0x0005, Class: 0x00ff00, IOMMUGroup: 3, NUMANode: -1}
+	qemuTestDev := fakekernel.Function{Address: "0000:00:03.0", Vendor: 0x1b36, Device: 0x0005, Class: 0x00ff00, IOMMUGroup: 3, NUMANode: -1}
 
 	tests := []struct {
 		name    string
-		devices []FakeDevice
+		devices []fakekernel.Function
 		allow   []string // nil: the default
 		addr    string
 		wantErr error
 		// After the call: driver of each listed device (checked whether
 		// or not the call failed).
 		wantDrivers map[string]string
-		wantChanges []Change
+		wantChanges []vfio.Change
 		// The exact writes the kernel saw; nil means none at all.
 		wantWrites []string
 	}{
 		{
 			name:        "GPU on nvidia moves to vfio-pci",
-			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, "nvidia")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO},
-			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{gpuA, "nvidia", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -37,10 +40,10 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "GPU on no driver is probed onto vfio-pci",
-			devices:     []FakeDevice{gpu(gpuA, 12, "")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, "")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO},
-			wantChanges: []Change{{gpuA, "", DriverVFIO}},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{gpuA, "", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/drivers_probe <- 0000:3b:00.0",
@@ -48,16 +51,16 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "GPU already on vfio-pci: no write at all",
-			devices:     []FakeDevice{gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, DriverVFIO)},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, vfio.DriverVFIO), audio(audioA, 12, vfio.DriverVFIO)},
 			addr:        gpuA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO, audioA: vfio.DriverVFIO},
 		},
 		{
 			name:        "the card's audio function moves with it",
-			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO, gpuB: "nvidia"},
-			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}, {audioA, "snd_hda_intel", DriverVFIO}},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO, audioA: vfio.DriverVFIO, gpuB: "nvidia"},
+			wantChanges: []vfio.Change{{gpuA, "nvidia", vfio.DriverVFIO}, {audioA, "snd_hda_intel", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -69,10 +72,10 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "binding the audio function takes the whole group",
-			devices:     []FakeDevice{gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, "snd_hda_intel")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, vfio.DriverVFIO), audio(audioA, 12, "snd_hda_intel")},
 			addr:        audioA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO},
-			wantChanges: []Change{{audioA, "snd_hda_intel", DriverVFIO}},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO, audioA: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{audioA, "snd_hda_intel", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.1/driver_override <- vfio-pci",
 				"bus/pci/devices/0000:3b:00.1/driver/unbind <- 0000:3b:00.1",
@@ -81,17 +84,17 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "a foreign endpoint with a host driver makes the group not viable",
-			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), nicDev(nic, 12, "ixgbe")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), nicDev(nic, 12, "ixgbe")},
 			addr:        gpuA,
-			wantErr:     ErrGroupNotViable,
+			wantErr:     vfio.ErrGroupNotViable,
 			wantDrivers: map[string]string{gpuA: "nvidia", audioA: "snd_hda_intel", nic: "ixgbe"},
 		},
 		{
 			name:        "a foreign endpoint on no driver may stay",
-			devices:     []FakeDevice{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "")},
+			devices:     []fakekernel.Function{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{gpuA: DriverVFIO, nic: ""},
-			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantDrivers: map[string]string{gpuA: vfio.DriverVFIO, nic: ""},
+			wantChanges: []vfio.Change{{gpuA, "nvidia", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -100,10 +103,10 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "a bridge on no driver stays where it is",
-			devices:     []FakeDevice{bridgeDev(bridge, 12, ""), gpu(gpuA, 12, "nvidia")},
+			devices:     []fakekernel.Function{bridgeDev(bridge, 12, ""), gpu(gpuA, 12, "nvidia")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{bridge: "", gpuA: DriverVFIO},
-			wantChanges: []Change{{gpuA, "nvidia", DriverVFIO}},
+			wantDrivers: map[string]string{bridge: "", gpuA: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{gpuA, "nvidia", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -112,10 +115,10 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "a bridge on pcieport stays where it is",
-			devices:     []FakeDevice{bridgeDev(bridge, 12, "pcieport"), gpu(gpuA, 12, "")},
+			devices:     []fakekernel.Function{bridgeDev(bridge, 12, "pcieport"), gpu(gpuA, 12, "")},
 			addr:        gpuA,
-			wantDrivers: map[string]string{bridge: "pcieport", gpuA: DriverVFIO},
-			wantChanges: []Change{{gpuA, "", DriverVFIO}},
+			wantDrivers: map[string]string{bridge: "pcieport", gpuA: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{gpuA, "", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- vfio-pci",
 				"bus/pci/drivers_probe <- 0000:3b:00.0",
@@ -123,32 +126,32 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "a bridge on another driver makes the group not viable",
-			devices:     []FakeDevice{bridgeDev(bridge, 12, "ixgbe"), gpu(gpuA, 12, "")},
+			devices:     []fakekernel.Function{bridgeDev(bridge, 12, "ixgbe"), gpu(gpuA, 12, "")},
 			addr:        gpuA,
-			wantErr:     ErrGroupNotViable,
+			wantErr:     vfio.ErrGroupNotViable,
 			wantDrivers: map[string]string{bridge: "ixgbe", gpuA: ""},
 		},
 		{
 			name:        "a device without an IOMMU group is refused",
-			devices:     []FakeDevice{gpu(gpuA, -1, "nvidia")},
+			devices:     []fakekernel.Function{gpu(gpuA, -1, "nvidia")},
 			addr:        gpuA,
-			wantErr:     ErrNoIOMMUGroup,
+			wantErr:     vfio.ErrNoIOMMUGroup,
 			wantDrivers: map[string]string{gpuA: "nvidia"},
 		},
 		{
 			name:        "a device not on the allow list is refused",
-			devices:     []FakeDevice{nicDev(nic, 12, "ixgbe")},
+			devices:     []fakekernel.Function{nicDev(nic, 12, "ixgbe")},
 			addr:        nic,
-			wantErr:     ErrNotAllowed,
+			wantErr:     vfio.ErrNotAllowed,
 			wantDrivers: map[string]string{nic: "ixgbe"},
 		},
 		{
 			name:        "an allow-listed foreign device stands in for a GPU",
-			devices:     []FakeDevice{qemuTestDev},
+			devices:     []fakekernel.Function{qemuTestDev},
 			allow:       []string{"10de:*", "1b36:0005"},
 			addr:        qemuTestDev.Address,
-			wantDrivers: map[string]string{qemuTestDev.Address: DriverVFIO},
-			wantChanges: []Change{{qemuTestDev.Address, "", DriverVFIO}},
+			wantDrivers: map[string]string{qemuTestDev.Address: vfio.DriverVFIO},
+			wantChanges: []vfio.Change{{qemuTestDev.Address, "", vfio.DriverVFIO}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:00:03.0/driver_override <- vfio-pci",
 				"bus/pci/drivers_probe <- 0000:00:03.0",
@@ -156,24 +159,24 @@ func TestBind(t *testing.T) {
 		},
 		{
 			name:        "an absent device vanished",
-			devices:     []FakeDevice{gpu(gpuB, 30, "nvidia")},
+			devices:     []fakekernel.Function{gpu(gpuB, 30, "nvidia")},
 			addr:        gpuA,
-			wantErr:     ErrVanished,
+			wantErr:     vfio.ErrVanished,
 			wantDrivers: map[string]string{gpuB: "nvidia"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := bootKernel(t, tt.devices...)
-			var opts []BinderOption
+			var opts []vfio.BinderOption
 			if tt.allow != nil {
-				l, err := ParseAllowList(tt.allow)
+				l, err := vfio.ParseAllowList(tt.allow)
 				if err != nil {
 					t.Fatal(err)
 				}
-				opts = append(opts, WithAllowList(l))
+				opts = append(opts, vfio.WithAllowList(l))
 			}
-			b := NewBinder(New(k), opts...)
+			b := vfio.NewBinder(vfio.New(k), opts...)
 
 			res, err := b.Bind(testCtx(t), tt.addr)
 
@@ -196,7 +199,7 @@ func TestBind(t *testing.T) {
 				t.Errorf("VFIODevice = %q (group %d), want an existing /dev/vfio/<group>", res.VFIODevice, res.Group)
 			}
 			for _, c := range res.Changes {
-				if _, ov := driverOf(t, k, c.Address); ov != DriverVFIO {
+				if _, ov := driverOf(t, k, c.Address); ov != vfio.DriverVFIO {
 					t.Errorf("%s: driver_override %q after bind, want vfio-pci so a reprobe keeps it there", c.Address, ov)
 				}
 			}
@@ -206,8 +209,8 @@ func TestBind(t *testing.T) {
 
 func TestBindGroupErrorNamesTheCulprit(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "ixgbe"))
-	_, err := NewBinder(New(k)).Bind(testCtx(t), gpuA)
-	var ge *GroupError
+	_, err := vfio.NewBinder(vfio.New(k)).Bind(testCtx(t), gpuA)
+	var ge *vfio.GroupError
 	if !errors.As(err, &ge) {
 		t.Fatalf("Bind error = %v, want a *GroupError", err)
 	}
@@ -228,16 +231,16 @@ func TestBindFallsBackToDriverBind(t *testing.T) {
 	// An old kernel or a racing udev rule: drivers_probe leaves it unbound.
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"))
 	f := &faultFS{FS: k, write: func(name string, data []byte) (bool, error) {
-		return name == driversProbe, nil
+		return name == vfio.DriversProbe, nil
 	}}
-	res, err := NewBinder(New(f)).Bind(testCtx(t), gpuA)
+	res, err := vfio.NewBinder(vfio.New(f)).Bind(testCtx(t), gpuA)
 	if err != nil {
 		t.Fatalf("Bind: %v", err)
 	}
-	if got, _ := driverOf(t, k, gpuA); got != DriverVFIO {
+	if got, _ := driverOf(t, k, gpuA); got != vfio.DriverVFIO {
 		t.Errorf("driver %q, want vfio-pci", got)
 	}
-	if want := []Change{{gpuA, "nvidia", DriverVFIO}}; !slices.Equal(res.Changes, want) {
+	if want := []vfio.Change{{gpuA, "nvidia", vfio.DriverVFIO}}; !slices.Equal(res.Changes, want) {
 		t.Errorf("Changes = %v, want %v", res.Changes, want)
 	}
 	wantWrites(t, k, 0,
@@ -250,30 +253,30 @@ func TestBindFallsBackToDriverBind(t *testing.T) {
 func TestBindRollsBackOnFailure(t *testing.T) {
 	tests := []struct {
 		name    string
-		fault   func(k *Kernel) FS
+		fault   func(k *fakekernel.Kernel) vfio.FS
 		wantErr error
 	}{
 		{
 			name: "the audio function's unbind fails",
-			fault: func(k *Kernel) FS {
+			fault: func(k *fakekernel.Kernel) vfio.FS {
 				return &faultFS{FS: k, write: func(name string, data []byte) (bool, error) {
-					return name == devicePath(audioA, "driver/unbind"), errInjected
+					return name == vfio.DevicePath(audioA, "driver/unbind"), errInjected
 				}}
 			},
 			wantErr: errInjected,
 		},
 		{
 			name: "/dev/vfio/12 never appears",
-			fault: func(k *Kernel) FS {
+			fault: func(k *fakekernel.Kernel) vfio.FS {
 				return &faultFS{FS: k, hide: map[string]bool{"/dev/vfio/12": true}}
 			},
-			wantErr: ErrBindFailed,
+			wantErr: vfio.ErrBindFailed,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"))
-			res, err := NewBinder(New(tt.fault(k))).Bind(testCtx(t), gpuA)
+			res, err := vfio.NewBinder(vfio.New(tt.fault(k))).Bind(testCtx(t), gpuA)
 			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), "rolled back") {
 				t.Fatalf("Bind error = %v, want %v and a rollback", err, tt.wantErr)
 			}
@@ -293,12 +296,12 @@ func TestBindRefusesWhatItMustNotTouch(t *testing.T) {
 	// Every write in every Bind of these tests lands in a device's own
 	// directory, the probe file, or a driver's bind/unbind.
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, ""))
-	b := NewBinder(New(k))
+	b := vfio.NewBinder(vfio.New(k))
 	for _, a := range []string{gpuA, gpuB} {
 		if _, err := b.Bind(testCtx(t), a); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Release(testCtx(t), a, IdleNVIDIA); err != nil {
+		if _, err := b.Release(testCtx(t), a, vfio.IdleNVIDIA); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -315,13 +318,13 @@ func writeAllowed(name string) bool {
 	p := strings.Split(name, "/")
 	switch {
 	case len(p) == 5 && p[0] == "bus" && p[1] == "pci" && p[2] == "devices" && p[4] == "driver_override":
-		return ValidateAddress(p[3]) == nil
+		return vfio.ValidateAddress(p[3]) == nil
 	case len(p) == 6 && p[0] == "bus" && p[1] == "pci" && p[2] == "devices" && p[4] == "driver" && p[5] == "unbind":
-		return ValidateAddress(p[3]) == nil
-	case name == driversProbe:
+		return vfio.ValidateAddress(p[3]) == nil
+	case name == vfio.DriversProbe:
 		return true
 	case len(p) == 5 && p[0] == "bus" && p[1] == "pci" && p[2] == "drivers" && (p[4] == "bind" || p[4] == "unbind"):
-		return validateDriverName(p[3]) == nil
+		return vfio.ValidateDriverName(p[3]) == nil
 	}
 	return false
 }

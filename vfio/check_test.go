@@ -1,29 +1,32 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 func TestCheckAgreesWithBindAndWritesNothing(t *testing.T) {
 	cases := []struct {
 		name string
-		devs []FakeDevice
+		devs []fakekernel.Function
 		addr string
 		want error // nil: viable
 	}{
-		{"GPU with its audio function", []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel")}, gpuA, nil},
-		{"GPU on no driver", []FakeDevice{gpu(gpuA, 12, "")}, gpuA, nil},
-		{"foreign NIC with a host driver", []FakeDevice{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "ixgbe")}, gpuA, ErrGroupNotViable},
-		{"foreign NIC on no driver", []FakeDevice{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "")}, gpuA, nil},
-		{"no IOMMU group", []FakeDevice{gpu(gpuA, -1, "nvidia")}, gpuA, ErrNoIOMMUGroup},
-		{"not on the allow list", []FakeDevice{nicDev(nic, 12, "ixgbe")}, nic, ErrNotAllowed},
-		{"hostile address", []FakeDevice{gpu(gpuA, 12, "nvidia")}, "../../x", ErrInvalidAddress},
+		{"GPU with its audio function", []fakekernel.Function{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel")}, gpuA, nil},
+		{"GPU on no driver", []fakekernel.Function{gpu(gpuA, 12, "")}, gpuA, nil},
+		{"foreign NIC with a host driver", []fakekernel.Function{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "ixgbe")}, gpuA, vfio.ErrGroupNotViable},
+		{"foreign NIC on no driver", []fakekernel.Function{gpu(gpuA, 12, "nvidia"), nicDev(nic, 12, "")}, gpuA, nil},
+		{"no IOMMU group", []fakekernel.Function{gpu(gpuA, -1, "nvidia")}, gpuA, vfio.ErrNoIOMMUGroup},
+		{"not on the allow list", []fakekernel.Function{nicDev(nic, 12, "ixgbe")}, nic, vfio.ErrNotAllowed},
+		{"hostile address", []fakekernel.Function{gpu(gpuA, 12, "nvidia")}, "../../x", vfio.ErrInvalidAddress},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			k := bootKernel(t, tc.devs...)
-			b := NewBinder(New(k))
+			b := vfio.NewBinder(vfio.New(k))
 			err := b.Check(tc.addr)
 			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Fatalf("Check(%s) = %v, want %v", tc.addr, err, tc.want)

@@ -3,12 +3,13 @@
 //
 // Every read and write goes through FS, rooted at a configurable path, so the
 // same code runs against the real /sys, a directory tree laid out like it, or
-// the in-memory Kernel that obeys the kernel's semantics for driver_override,
-// driver/unbind, drivers/*/bind, drivers_probe, iommu_group and /dev/vfio/N.
+// the in-memory kernel of package vfio/fakekernel, which obeys the kernel's
+// semantics for driver_override, driver/unbind, drivers/*/bind,
+// drivers_probe, iommu_group and /dev/vfio/N.
 //
 // The pieces:
-//   - NewOSFS is the real FS; Kernel is the simulated one (with fault
-//     injection: Hold, Remove, SetConfigAllOnes).
+//   - NewOSFS is the real FS; fakekernel.Kernel is the simulated one (with
+//     fault injection: Hold, Remove, SetConfigAllOnes).
 //   - PCI (New) enumerates devices and IOMMU groups and checks health.
 //   - Binder (NewBinder) moves groups to vfio-pci (Bind) and back to the idle
 //     policy (Release), refusing before any write when a group cannot be

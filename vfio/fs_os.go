@@ -14,7 +14,7 @@ import (
 const maxReadSize = 1 << 16
 
 // osFS is FS on real directories: /sys and /dev on a host, or a tree written
-// by Kernel.WriteTree in tests.
+// by fakekernel.Kernel.WriteTree in tests.
 type osFS struct {
 	sysRoot string
 	devRoot string
@@ -32,7 +32,7 @@ func NewOSFS(sysRoot, devRoot string) FS {
 // are rare, and a long-lived descriptor would pin a /sys or /dev that the
 // operator may remount under a running agent.
 func (o *osFS) open(op, name string) (*os.Root, string, error) {
-	dev, rel, err := cleanName(op, name)
+	dev, rel, err := CleanName(op, name)
 	if err != nil {
 		return nil, "", err
 	}

@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
@@ -6,15 +6,18 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // The OS side reads a tree written by the Kernel exactly as the Kernel
 // serves it: the same devices, groups, links and vfio nodes.
 func TestOSFSMatchesKernel(t *testing.T) {
-	vf := FakeDevice{Address: "0000:5e:00.4", Vendor: VendorNVIDIA, Device: 0x2330, Class: Class3D, IOMMUGroup: 31, NUMANode: 1, PhysFn: gpuB}
-	k := bootKernel(t, gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, ""), bridgeDev(bridge, 12, "pcieport"),
+	vf := fakekernel.Function{Address: "0000:5e:00.4", Vendor: vfio.VendorNVIDIA, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 1, PhysFn: gpuB}
+	k := bootKernel(t, gpu(gpuA, 12, vfio.DriverVFIO), audio(audioA, 12, ""), bridgeDev(bridge, 12, "pcieport"),
 		gpu(gpuB, 30, "nvidia"), vf, nicDev("0001:01:00.0", -1, "ixgbe"))
-	if err := k.WriteFile(devicePath(audioA, "driver_override"), []byte("vfio-pci")); err != nil {
+	if err := k.WriteFile(vfio.DevicePath(audioA, "driver_override"), []byte("vfio-pci")); err != nil {
 		t.Fatal(err)
 	}
 	sys, dev := t.TempDir(), t.TempDir()
@@ -24,13 +27,13 @@ func TestOSFSMatchesKernel(t *testing.T) {
 	if err := k.WriteDevTree(dev); err != nil {
 		t.Fatal(err)
 	}
-	o := NewOSFS(sys, dev)
+	o := vfio.NewOSFS(sys, dev)
 
-	want, err := New(k).Devices()
+	want, err := vfio.New(k).Devices()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := New(o).Devices()
+	got, err := vfio.New(o).Devices()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,14 +41,14 @@ func TestOSFSMatchesKernel(t *testing.T) {
 		t.Errorf("OSFS Devices() =\n%+v\nKernel Devices() =\n%+v", got, want)
 	}
 	for _, g := range []int{12, 30, 31} {
-		w, _ := New(k).GroupMembers(g)
-		if got, err := New(o).GroupMembers(g); err != nil || !slices.Equal(got, w) {
+		w, _ := vfio.New(k).GroupMembers(g)
+		if got, err := vfio.New(o).GroupMembers(g); err != nil || !slices.Equal(got, w) {
 			t.Errorf("GroupMembers(%d) = %v, %v; want %v", g, got, err, w)
 		}
 	}
 	for _, name := range []string{
-		devicePath(gpuA, "driver"), devicePath(gpuA, "iommu_group"), devicePath(gpuA, ""),
-		"kernel/iommu_groups/12/devices/" + audioA, "bus/pci/drivers/vfio-pci/" + gpuA, devicePath(vf.Address, "physfn"),
+		vfio.DevicePath(gpuA, "driver"), vfio.DevicePath(gpuA, "iommu_group"), vfio.DevicePath(gpuA, ""),
+		"kernel/iommu_groups/12/devices/" + audioA, "bus/pci/drivers/vfio-pci/" + gpuA, vfio.DevicePath(vf.Address, "physfn"),
 	} {
 		kl, kerr := k.Readlink(name)
 		ol, oerr := o.Readlink(name)
@@ -53,14 +56,14 @@ func TestOSFSMatchesKernel(t *testing.T) {
 			t.Errorf("Readlink(%s): kernel %q %v, os %q %v", name, kl, kerr, ol, oerr)
 		}
 	}
-	for _, name := range []string{"bus/pci/drivers", "kernel/iommu_groups", devicePath(gpuB, ""), "bus/pci/drivers/vfio-pci", "/dev/vfio", "devices"} {
+	for _, name := range []string{"bus/pci/drivers", "kernel/iommu_groups", vfio.DevicePath(gpuB, ""), "bus/pci/drivers/vfio-pci", "/dev/vfio", "devices"} {
 		kd, kerr := k.ReadDir(name)
 		od, oerr := o.ReadDir(name)
 		if !slices.Equal(kd, od) || kerr != nil || oerr != nil {
 			t.Errorf("ReadDir(%s): kernel %v %v, os %v %v", name, kd, kerr, od, oerr)
 		}
 	}
-	for _, name := range []string{"/dev/vfio/12", "/dev/vfio/30", "/dev/vfio/vfio", devicePath(gpuB, "driver/unbind"), devicePath(audioA, "driver")} {
+	for _, name := range []string{"/dev/vfio/12", "/dev/vfio/30", "/dev/vfio/vfio", vfio.DevicePath(gpuB, "driver/unbind"), vfio.DevicePath(audioA, "driver")} {
 		if k.Exists(name) != o.Exists(name) {
 			t.Errorf("Exists(%s): kernel %v, os %v", name, k.Exists(name), o.Exists(name))
 		}
@@ -73,24 +76,24 @@ func TestOSFSWrite(t *testing.T) {
 	if err := k.WriteTree(sys); err != nil {
 		t.Fatal(err)
 	}
-	o := NewOSFS(sys, t.TempDir())
+	o := vfio.NewOSFS(sys, t.TempDir())
 
 	// Through the bus/pci/devices link to the real directory, in one write.
-	if err := o.WriteFile(devicePath(gpuA, "driver_override"), []byte("vfio-pci\n")); err != nil {
+	if err := o.WriteFile(vfio.DevicePath(gpuA, "driver_override"), []byte("vfio-pci\n")); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(sys, "devices/pci0000:00", gpuA, "driver_override")); string(b) != "vfio-pci\n" {
 		t.Errorf("driver_override holds %q", b)
 	}
 	// Through the driver link, as Bind unbinds.
-	if err := o.WriteFile(devicePath(gpuA, "driver/unbind"), []byte(gpuA)); err != nil {
+	if err := o.WriteFile(vfio.DevicePath(gpuA, "driver/unbind"), []byte(gpuA)); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(sys, "bus/pci/drivers/nvidia/unbind")); string(b) != gpuA {
 		t.Errorf("unbind holds %q", b)
 	}
 	// A missing attribute is an error, never a new file.
-	missing := devicePath(gpuA, "new_id")
+	missing := vfio.DevicePath(gpuA, "new_id")
 	if err := o.WriteFile(missing, []byte("x")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("write to a missing file: %v, want ErrNotExist", err)
 	}
@@ -119,7 +122,7 @@ func TestOSFSStaysInsideItsRoots(t *testing.T) {
 	if err := os.Symlink(rel, filepath.Join(sys, "bus/pci/devices/rel")); err != nil {
 		t.Fatal(err)
 	}
-	o := NewOSFS(sys, dev)
+	o := vfio.NewOSFS(sys, dev)
 
 	for _, name := range []string{
 		"../" + filepath.Base(outside) + "/secret", "bus/../../x", "/etc/passwd", "/dev/../etc/passwd", "/dev/../../x",
@@ -138,7 +141,7 @@ func TestOSFSStaysInsideItsRoots(t *testing.T) {
 	if b, _ := os.ReadFile(secret); string(b) != "s3cret" {
 		t.Errorf("file outside the root changed: %q", b)
 	}
-	if _, err := o.ReadFile("../x"); !errors.Is(err, ErrInvalidPath) {
+	if _, err := o.ReadFile("../x"); !errors.Is(err, vfio.ErrInvalidPath) {
 		t.Errorf("ReadFile(../x) = %v, want ErrInvalidPath", err)
 	}
 	// The device root is its own root: "/dev/" names never reach sysfs.

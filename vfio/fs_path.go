@@ -10,13 +10,13 @@ import (
 // devPrefix marks FS names that live under the device root, not sysfs.
 const devPrefix = "/dev/"
 
-// cleanName checks an FS name and splits it into the root it belongs to and
+// CleanName checks an FS name and splits it into the root it belongs to and
 // a cleaned slash path relative to that root ("." for the root itself).
 // Names that escape their root, absolute names outside /dev/, and names
 // holding NUL bytes are rejected: every implementation of FS goes through
 // here, so a bug that builds a hostile name fails the same way against the
 // fake kernel as against the real /sys.
-func cleanName(op, name string) (dev bool, rel string, err error) {
+func CleanName(op, name string) (dev bool, rel string, err error) {
 	bad := func(why string) (bool, string, error) {
 		return false, "", &fs.PathError{Op: op, Path: shorten(name), Err: fmt.Errorf("%w: %s", ErrInvalidPath, why)}
 	}

@@ -1,8 +1,11 @@
-package vfio
+package vfio_test
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // FuzzParsers feeds arbitrary bytes to every sysfs value parser: they must
@@ -14,20 +17,20 @@ func FuzzParsers(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if v, err := parseClass(b); err == nil && v > 0xffffff {
+		if v, err := vfio.ParseClass(b); err == nil && v > 0xffffff {
 			t.Errorf("parseClass(%q) = %#x, wider than 24 bits", b, v)
 		}
-		_, _ = parseID(b)
-		if n, err := parseNUMANode(b); err == nil && n < -1 {
+		_, _ = vfio.ParseID(b)
+		if n, err := vfio.ParseNUMANode(b); err == nil && n < -1 {
 			t.Errorf("parseNUMANode(%q) = %d", b, n)
 		}
-		if s, err := parseDriverOverride(b); err == nil && strings.Contains(s, "\n") {
+		if s, err := vfio.ParseDriverOverride(b); err == nil && strings.Contains(s, "\n") {
 			t.Errorf("parseDriverOverride(%q) = %q, more than one line", b, s)
 		}
-		if s, err := parseDriverLink(string(b)); err == nil && (strings.Contains(s, "/") || s == ".." || s == ".") {
+		if s, err := vfio.ParseDriverLink(string(b)); err == nil && (strings.Contains(s, "/") || s == ".." || s == ".") {
 			t.Errorf("parseDriverLink(%q) = %q, not a path element", b, s)
 		}
-		if g, err := parseGroupLink(string(b)); err == nil && g < 0 {
+		if g, err := vfio.ParseGroupLink(string(b)); err == nil && g < 0 {
 			t.Errorf("parseGroupLink(%q) = %d", b, g)
 		}
 	})
@@ -40,20 +43,20 @@ func FuzzValidateAddress(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		err := ValidateAddress(s)
-		if (err == nil) != addressRE.MatchString(s) {
-			t.Fatalf("ValidateAddress(%q) = %v, disagrees with %s", s, err, AddressPattern)
+		err := vfio.ValidateAddress(s)
+		if (err == nil) != vfio.AddressRE.MatchString(s) {
+			t.Fatalf("ValidateAddress(%q) = %v, disagrees with %s", s, err, vfio.AddressPattern)
 		}
 		if err == nil {
-			name := devicePath(s, "driver_override")
-			_, rel, cerr := cleanName("write", name)
+			name := vfio.DevicePath(s, "driver_override")
+			_, rel, cerr := vfio.CleanName("write", name)
 			if cerr != nil || rel != name {
 				t.Errorf("path %q of a valid address cleans to %q, %v", name, rel, cerr)
 			}
 		} else if len(err.Error()) > 400 {
 			t.Errorf("error for %d-byte input is %d bytes long", len(s), len(err.Error()))
 		}
-		if a, err := AddressFromNVMLBusID(s); err == nil && ValidateAddress(a) != nil {
+		if a, err := vfio.AddressFromNVMLBusID(s); err == nil && vfio.ValidateAddress(a) != nil {
 			t.Errorf("AddressFromNVMLBusID(%q) = %q, not a valid address", s, a)
 		}
 	})
@@ -66,12 +69,12 @@ func FuzzCleanName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		_, rel, err := cleanName("open", s)
+		_, rel, err := vfio.CleanName("open", s)
 		if err != nil {
 			return
 		}
 		if rel == ".." || strings.HasPrefix(rel, "../") || strings.HasPrefix(rel, "/") || strings.ContainsRune(rel, 0) {
-			t.Errorf("cleanName(%q) = %q escapes its root", s, rel)
+			t.Errorf("CleanName(%q) = %q escapes its root", s, rel)
 		}
 	})
 }
@@ -89,7 +92,7 @@ func FuzzKernelFS(f *testing.F) {
 	f.Add("/dev/vfio/12", "")
 	f.Add("bus/pci/devices/0000:3b:00.0/driver_override", "0000 0000") // once hid the device
 	f.Fuzz(func(t *testing.T, name, data string) {
-		k, err := NewKernel(KernelConfig{Drivers: hostDrivers, Devices: []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "")}})
+		k, err := fakekernel.New(fakekernel.Config{Drivers: hostDrivers, Devices: []fakekernel.Function{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "")}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,13 +101,13 @@ func FuzzKernelFS(f *testing.F) {
 		_, _ = k.Readlink(name)
 		_, _ = k.ReadDir(name)
 		_ = k.Exists(name)
-		devs, err := New(k).Devices()
+		devs, err := vfio.New(k).Devices()
 		if err != nil || len(devs) != 2 {
 			t.Fatalf("after writing %q to %q: Devices() = %v, %v", data, name, devs, err)
 		}
 		onVFIO := false
 		for _, d := range devs {
-			onVFIO = onVFIO || d.Driver == DriverVFIO
+			onVFIO = onVFIO || d.Driver == vfio.DriverVFIO
 		}
 		if k.Exists("/dev/vfio/12") != onVFIO {
 			t.Fatalf("after writing %q to %q: /dev/vfio/12 exists = %v, a member on vfio-pci = %v", data, name, !onVFIO, onVFIO)

@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // Addresses of the simulated machine used across the tests.
@@ -19,39 +22,39 @@ const (
 	bridge = "0000:3a:00.0" // PCIe switch port, added to group 12 by some tests
 )
 
-func gpu(addr string, group int, driver string) FakeDevice {
-	return FakeDevice{Address: addr, Vendor: VendorNVIDIA, Device: 0x2330, SubsystemVendor: VendorNVIDIA, SubsystemDevice: 0x16c1,
-		Class: Class3D, IOMMUGroup: group, NUMANode: 0, Driver: driver}
+func gpu(addr string, group int, driver string) fakekernel.Function {
+	return fakekernel.Function{Address: addr, Vendor: vfio.VendorNVIDIA, Device: 0x2330, SubsystemVendor: vfio.VendorNVIDIA, SubsystemDevice: 0x16c1,
+		Class: vfio.Class3D, IOMMUGroup: group, NUMANode: 0, Driver: driver}
 }
 
-func audio(addr string, group int, driver string) FakeDevice {
-	return FakeDevice{Address: addr, Vendor: VendorNVIDIA, Device: 0x22ba, Class: ClassAudio, IOMMUGroup: group, NUMANode: 0, Driver: driver}
+func audio(addr string, group int, driver string) fakekernel.Function {
+	return fakekernel.Function{Address: addr, Vendor: vfio.VendorNVIDIA, Device: 0x22ba, Class: vfio.ClassAudio, IOMMUGroup: group, NUMANode: 0, Driver: driver}
 }
 
-func nicDev(addr string, group int, driver string) FakeDevice {
-	return FakeDevice{Address: addr, Vendor: 0x8086, Device: 0x10fb, Class: 0x020000, IOMMUGroup: group, NUMANode: 0, Driver: driver}
+func nicDev(addr string, group int, driver string) fakekernel.Function {
+	return fakekernel.Function{Address: addr, Vendor: 0x8086, Device: 0x10fb, Class: 0x020000, IOMMUGroup: group, NUMANode: 0, Driver: driver}
 }
 
-func bridgeDev(addr string, group int, driver string) FakeDevice {
-	return FakeDevice{Address: addr, Vendor: 0x10b5, Device: 0x8747, Class: ClassBridge, IOMMUGroup: group, NUMANode: 0, Driver: driver}
+func bridgeDev(addr string, group int, driver string) fakekernel.Function {
+	return fakekernel.Function{Address: addr, Vendor: 0x10b5, Device: 0x8747, Class: vfio.ClassBridge, IOMMUGroup: group, NUMANode: 0, Driver: driver}
 }
 
 // hostDrivers are loaded on the simulated hosts unless a test says otherwise.
 var hostDrivers = []string{"nvidia", "snd_hda_intel", "xhci_hcd", "ixgbe", "pcieport"}
 
-func bootKernel(t *testing.T, devs ...FakeDevice) *Kernel {
+func bootKernel(t *testing.T, devs ...fakekernel.Function) *fakekernel.Kernel {
 	t.Helper()
-	k, err := NewKernel(KernelConfig{Drivers: hostDrivers, Devices: devs})
+	k, err := fakekernel.New(fakekernel.Config{Drivers: hostDrivers, Devices: devs})
 	if err != nil {
-		t.Fatalf("NewKernel: %v", err)
+		t.Fatalf("fakekernel.New: %v", err)
 	}
 	return k
 }
 
 // driverOf reads where a device is bound through the same FS the code uses.
-func driverOf(t *testing.T, f FS, addr string) (driver, override string) {
+func driverOf(t *testing.T, f vfio.FS, addr string) (driver, override string) {
 	t.Helper()
-	d, err := New(f).Device(addr)
+	d, err := vfio.New(f).Device(addr)
 	if err != nil {
 		t.Fatalf("Device(%s): %v", addr, err)
 	}
@@ -68,7 +71,7 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // wantWrites compares the writes a kernel received after index from.
-func wantWrites(t *testing.T, k *Kernel, from int, want ...string) {
+func wantWrites(t *testing.T, k *fakekernel.Kernel, from int, want ...string) {
 	t.Helper()
 	got := k.Writes()[from:]
 	var gs []string
@@ -90,7 +93,7 @@ func errSuffix(err error) string {
 // spyFS records every call that reaches it, to prove that nothing was
 // read or written.
 type spyFS struct {
-	FS
+	vfio.FS
 	mu    sync.Mutex
 	calls []string
 }
@@ -134,7 +137,7 @@ func (s *spyFS) Calls() []string {
 
 // faultFS wraps an FS and changes what chosen writes and lookups do.
 type faultFS struct {
-	FS
+	vfio.FS
 	// write, when it returns handled, replaces the write.
 	write func(name string, data []byte) (handled bool, err error)
 	// hide makes Exists report false for these names.

@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
@@ -7,6 +7,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // TestKernelSemantics checks the simulated kernel against the PCI core's
@@ -15,7 +18,7 @@ func TestKernelSemantics(t *testing.T) {
 	type write struct{ name, data string }
 	tests := []struct {
 		name    string
-		dev     FakeDevice
+		dev     fakekernel.Function
 		writes  []write // all but the last must succeed
 		wantErr error   // of the last write
 		driver  string  // afterwards
@@ -24,57 +27,57 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:   "driver_override alone does not unbind",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}},
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}},
 			driver: "nvidia", ovr: "vfio-pci",
 		},
 		{
 			name:   "a newline clears driver_override",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {devicePath(gpuA, "driver_override"), "\n"}},
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DevicePath(gpuA, "driver_override"), "\n"}},
 			driver: "nvidia",
 		},
 		{
 			name:   "an empty write clears driver_override",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci\n"}, {devicePath(gpuA, "driver_override"), ""}},
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci\n"}, {vfio.DevicePath(gpuA, "driver_override"), ""}},
 			driver: "nvidia",
 		},
 		{
 			name:   "drivers_probe binds the override driver",
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA + "\n"}},
-			driver: DriverVFIO, ovr: DriverVFIO,
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA + "\n"}},
+			driver: vfio.DriverVFIO, ovr: vfio.DriverVFIO,
 		},
 		{
 			name:   "drivers_probe binds the host driver by ID without an override",
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{driversProbe, gpuA}},
+			writes: []write{{vfio.DriversProbe, gpuA}},
 			driver: "nvidia",
 		},
 		{
 			name:   "drivers_probe on a bound device is a no-op",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA}},
-			driver: "nvidia", ovr: DriverVFIO,
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA}},
+			driver: "nvidia", ovr: vfio.DriverVFIO,
 		},
 		{
 			name:   `override "none" keeps every driver away`,
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{devicePath(gpuA, "driver_override"), "none"}, {driversProbe, gpuA}},
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "none"}, {vfio.DriversProbe, gpuA}},
 			driver: "", ovr: "none",
 		},
 		{
 			name:   "vfio-pci without an IOMMU group: probe succeeds, binds nothing",
 			dev:    gpu(gpuA, -1, ""),
-			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA}},
-			driver: "", ovr: DriverVFIO,
+			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA}},
+			driver: "", ovr: vfio.DriverVFIO,
 		},
 		{
 			name:    "vfio-pci bind without an IOMMU group is EINVAL",
 			dev:     gpu(gpuA, -1, ""),
-			writes:  []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/vfio-pci/bind", gpuA}},
+			writes:  []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/vfio-pci/bind", gpuA}},
 			wantErr: syscall.EINVAL,
-			ovr:     DriverVFIO,
+			ovr:     vfio.DriverVFIO,
 		},
 		{
 			name:    "vfio-pci never binds by ID",
@@ -85,9 +88,9 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "bind to a driver other than the override is ENODEV",
 			dev:     gpu(gpuA, 12, ""),
-			writes:  []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/nvidia/bind", gpuA}},
+			writes:  []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/nvidia/bind", gpuA}},
 			wantErr: syscall.ENODEV,
-			ovr:     DriverVFIO,
+			ovr:     vfio.DriverVFIO,
 		},
 		{
 			name:    "bind to a driver that does not match is ENODEV",
@@ -117,7 +120,7 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "driver/unbind of an unbound device does not exist",
 			dev:     gpu(gpuA, 12, ""),
-			writes:  []write{{devicePath(gpuA, "driver/unbind"), gpuA}},
+			writes:  []write{{vfio.DevicePath(gpuA, "driver/unbind"), gpuA}},
 			wantErr: fs.ErrNotExist,
 		},
 		{
@@ -129,7 +132,7 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "read-only attributes are EACCES",
 			dev:     gpu(gpuA, 12, "nvidia"),
-			writes:  []write{{devicePath(gpuA, "vendor"), "0x1002"}},
+			writes:  []write{{vfio.DevicePath(gpuA, "vendor"), "0x1002"}},
 			wantErr: syscall.EACCES,
 			driver:  "nvidia",
 		},
@@ -149,7 +152,7 @@ func TestKernelSemantics(t *testing.T) {
 			name:    "names outside the root are refused",
 			dev:     gpu(gpuA, 12, "nvidia"),
 			writes:  []write{{"bus/pci/../../../etc/passwd", "x"}},
-			wantErr: ErrInvalidPath,
+			wantErr: vfio.ErrInvalidPath,
 			driver:  "nvidia",
 		},
 	}
@@ -173,8 +176,8 @@ func TestKernelSemantics(t *testing.T) {
 }
 
 func TestKernelTree(t *testing.T) {
-	k := bootKernel(t, gpu(gpuA, 12, DriverVFIO), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia"),
-		FakeDevice{Address: "0000:5e:00.4", Vendor: VendorNVIDIA, Device: 0x2330, Class: Class3D, IOMMUGroup: 31, NUMANode: 0, PhysFn: gpuB})
+	k := bootKernel(t, gpu(gpuA, 12, vfio.DriverVFIO), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia"),
+		fakekernel.Function{Address: "0000:5e:00.4", Vendor: vfio.VendorNVIDIA, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 0, PhysFn: gpuB})
 
 	read := func(name string) string {
 		t.Helper()
@@ -201,23 +204,23 @@ func TestKernelTree(t *testing.T) {
 		return strings.Join(s, " ")
 	}
 	checks := []struct{ got, want string }{
-		{read(devicePath(gpuA, "vendor")), "0x10de\n"},
-		{read(devicePath(gpuA, "class")), "0x030200\n"},
-		{read(devicePath(gpuA, "numa_node")), "0\n"},
-		{read(devicePath(gpuA, "driver_override")), "(null)\n"},
+		{read(vfio.DevicePath(gpuA, "vendor")), "0x10de\n"},
+		{read(vfio.DevicePath(gpuA, "class")), "0x030200\n"},
+		{read(vfio.DevicePath(gpuA, "numa_node")), "0\n"},
+		{read(vfio.DevicePath(gpuA, "driver_override")), "(null)\n"},
 		{read("bus/pci/drivers/vfio-pci/" + gpuA + "/device"), "0x2330\n"},
 		{read("kernel/iommu_groups/12/devices/" + audioA + "/class"), "0x040300\n"},
-		{read(devicePath(gpuA, "iommu_group/devices/"+audioA+"/vendor")), "0x10de\n"},
-		{link(devicePath(gpuA, "driver")), "../../../bus/pci/drivers/vfio-pci"},
-		{link(devicePath(gpuA, "iommu_group")), "../../../kernel/iommu_groups/12"},
-		{link(devicePath(gpuA, "")), "../../../devices/pci0000:00/0000:3b:00.0"},
-		{link(devicePath("0000:5e:00.4", "physfn")), "../" + gpuB},
+		{read(vfio.DevicePath(gpuA, "iommu_group/devices/"+audioA+"/vendor")), "0x10de\n"},
+		{link(vfio.DevicePath(gpuA, "driver")), "../../../bus/pci/drivers/vfio-pci"},
+		{link(vfio.DevicePath(gpuA, "iommu_group")), "../../../kernel/iommu_groups/12"},
+		{link(vfio.DevicePath(gpuA, "")), "../../../devices/pci0000:00/0000:3b:00.0"},
+		{link(vfio.DevicePath("0000:5e:00.4", "physfn")), "../" + gpuB},
 		{link("kernel/iommu_groups/12/devices/" + gpuA), "../../../../devices/pci0000:00/0000:3b:00.0"},
 		{dir("kernel/iommu_groups"), "12 30 31"},
 		{dir("kernel/iommu_groups/12/devices"), gpuA + " " + audioA},
 		{dir("bus/pci/drivers/vfio-pci"), gpuA + " bind unbind"},
 		{dir("bus/pci/drivers"), "ixgbe nvidia pcieport snd_hda_intel vfio-pci xhci_hcd"},
-		{dir(devicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node reset reset_method subsystem_device subsystem_vendor vendor"},
+		{dir(vfio.DevicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node reset reset_method subsystem_device subsystem_vendor vendor"},
 		{dir("/dev/vfio"), "12 vfio"},
 	}
 	for i, c := range checks {
@@ -225,7 +228,7 @@ func TestKernelTree(t *testing.T) {
 			t.Errorf("check %d: got %q, want %q", i, c.got, c.want)
 		}
 	}
-	cfg := []byte(read(devicePath(gpuA, "config")))
+	cfg := []byte(read(vfio.DevicePath(gpuA, "config")))
 	if len(cfg) != 256 || cfg[0] != 0xde || cfg[1] != 0x10 || cfg[2] != 0x30 || cfg[3] != 0x23 || cfg[0x0b] != 0x03 {
 		t.Errorf("config space header % x", cfg[:16])
 	}
@@ -233,22 +236,22 @@ func TestKernelTree(t *testing.T) {
 		err  error
 		want error
 	}{
-		{errOf(k.ReadFile(devicePath(gpuA, "nope"))), fs.ErrNotExist},
-		{errOf(k.ReadFile(devicePath(gpuA, ""))), syscall.EISDIR},
-		{errOf(k.ReadFile(driversProbe)), syscall.EACCES},
+		{errOf(k.ReadFile(vfio.DevicePath(gpuA, "nope"))), fs.ErrNotExist},
+		{errOf(k.ReadFile(vfio.DevicePath(gpuA, ""))), syscall.EISDIR},
+		{errOf(k.ReadFile(vfio.DriversProbe)), syscall.EACCES},
 		{errOf(k.ReadFile("/dev/vfio/12")), syscall.EINVAL},
-		{errOf(k.Readlink(devicePath(gpuA, "vendor"))), syscall.EINVAL},
-		{errOf(k.ReadDir(devicePath(gpuA, "vendor"))), syscall.ENOTDIR},
-		{errOf(k.ReadFile(devicePath(gpuA, "vendor/x"))), syscall.ENOTDIR},
-		{errOf(k.ReadFile("/etc/passwd")), ErrInvalidPath},
-		{errOf(k.ReadFile("/dev/../etc/passwd")), ErrInvalidPath},
+		{errOf(k.Readlink(vfio.DevicePath(gpuA, "vendor"))), syscall.EINVAL},
+		{errOf(k.ReadDir(vfio.DevicePath(gpuA, "vendor"))), syscall.ENOTDIR},
+		{errOf(k.ReadFile(vfio.DevicePath(gpuA, "vendor/x"))), syscall.ENOTDIR},
+		{errOf(k.ReadFile("/etc/passwd")), vfio.ErrInvalidPath},
+		{errOf(k.ReadFile("/dev/../etc/passwd")), vfio.ErrInvalidPath},
 	}
 	for i, e := range errs {
 		if !errors.Is(e.err, e.want) {
 			t.Errorf("error %d: %v, want %v", i, e.err, e.want)
 		}
 	}
-	if k.Exists("/dev/vfio/30") || !k.Exists("/dev/vfio/vfio") || !k.Exists(devicePath(gpuA, "driver")) || k.Exists(devicePath(gpuB, "physfn")) {
+	if k.Exists("/dev/vfio/30") || !k.Exists("/dev/vfio/vfio") || !k.Exists(vfio.DevicePath(gpuA, "driver")) || k.Exists(vfio.DevicePath(gpuB, "physfn")) {
 		t.Error("Exists disagrees with the tree")
 	}
 }
@@ -261,10 +264,10 @@ func TestKernelVFIODeviceNodeFollowsBinding(t *testing.T) {
 		name, data string
 		want       bool
 	}{
-		{devicePath(gpuA, "driver_override"), "vfio-pci", false},
-		{driversProbe, gpuA, true},
-		{devicePath(audioA, "driver_override"), "vfio-pci", true},
-		{driversProbe, audioA, true},
+		{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci", false},
+		{vfio.DriversProbe, gpuA, true},
+		{vfio.DevicePath(audioA, "driver_override"), "vfio-pci", true},
+		{vfio.DriversProbe, audioA, true},
 		{"bus/pci/drivers/vfio-pci/unbind", gpuA, true}, // audio still holds the group
 		{"bus/pci/drivers/vfio-pci/unbind", audioA, false},
 	}
@@ -281,19 +284,19 @@ func TestKernelVFIODeviceNodeFollowsBinding(t *testing.T) {
 func TestNewKernelValidates(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  KernelConfig
+		cfg  fakekernel.Config
 	}{
-		{"invalid address", KernelConfig{Devices: []FakeDevice{gpu("0000:3B:00.0", 1, "")}}},
-		{"duplicate address", KernelConfig{Devices: []FakeDevice{gpu(gpuA, 1, ""), gpu(gpuA, 2, "")}}},
-		{"driver not loaded", KernelConfig{Drivers: []string{"nvidia"}, Devices: []FakeDevice{audio(audioA, 1, "snd_hda_intel")}}},
-		{"vfio-pci without a group", KernelConfig{Devices: []FakeDevice{gpu(gpuA, -1, DriverVFIO)}}},
-		{"bad driver name", KernelConfig{Drivers: []string{"../nvidia"}}},
-		{"dangling physfn", KernelConfig{Devices: []FakeDevice{{Address: gpuA, PhysFn: gpuB, IOMMUGroup: 1}}}},
-		{"class too wide", KernelConfig{Devices: []FakeDevice{{Address: gpuA, Class: 0x1000000, IOMMUGroup: 1}}}},
+		{"invalid address", fakekernel.Config{Devices: []fakekernel.Function{gpu("0000:3B:00.0", 1, "")}}},
+		{"duplicate address", fakekernel.Config{Devices: []fakekernel.Function{gpu(gpuA, 1, ""), gpu(gpuA, 2, "")}}},
+		{"driver not loaded", fakekernel.Config{Drivers: []string{"nvidia"}, Devices: []fakekernel.Function{audio(audioA, 1, "snd_hda_intel")}}},
+		{"vfio-pci without a group", fakekernel.Config{Devices: []fakekernel.Function{gpu(gpuA, -1, vfio.DriverVFIO)}}},
+		{"bad driver name", fakekernel.Config{Drivers: []string{"../nvidia"}}},
+		{"dangling physfn", fakekernel.Config{Devices: []fakekernel.Function{{Address: gpuA, PhysFn: gpuB, IOMMUGroup: 1}}}},
+		{"class too wide", fakekernel.Config{Devices: []fakekernel.Function{{Address: gpuA, Class: 0x1000000, IOMMUGroup: 1}}}},
 	}
 	for _, tt := range tests {
-		if _, err := NewKernel(tt.cfg); err == nil {
-			t.Errorf("%s: NewKernel succeeded", tt.name)
+		if _, err := fakekernel.New(tt.cfg); err == nil {
+			t.Errorf("%s: fakekernel.New succeeded", tt.name)
 		}
 	}
 }
@@ -306,12 +309,12 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- k.WriteFile(devicePath(gpuA, "driver/unbind"), []byte(gpuA)) }()
+	go func() { done <- k.WriteFile(vfio.DevicePath(gpuA, "driver/unbind"), []byte(gpuA)) }()
 
-	if err := k.WriteFile(devicePath(gpuB, "driver/unbind"), []byte(gpuB)); err != nil {
+	if err := k.WriteFile(vfio.DevicePath(gpuB, "driver/unbind"), []byte(gpuB)); err != nil {
 		t.Fatalf("unbind of another device while one is held: %v", err)
 	}
-	if _, err := New(k).Devices(); err != nil {
+	if _, err := vfio.New(k).Devices(); err != nil {
 		t.Fatalf("reads while a device is held: %v", err)
 	}
 	select {
@@ -327,10 +330,10 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 		t.Errorf("after the held unbind returned the GPU is on %q", d)
 	}
 	// Only the next unbind was held.
-	if err := k.WriteFile(devicePath(gpuA, "driver_override"), []byte("nvidia")); err != nil {
+	if err := k.WriteFile(vfio.DevicePath(gpuA, "driver_override"), []byte("nvidia")); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.WriteFile(driversProbe, []byte(gpuA)); err != nil {
+	if err := k.WriteFile(vfio.DriversProbe, []byte(gpuA)); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.WriteFile("bus/pci/drivers/nvidia/unbind", []byte(gpuA)); err != nil {
@@ -339,24 +342,24 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 }
 
 func TestKernelFaults(t *testing.T) {
-	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), gpu(gpuB, 30, DriverVFIO))
-	p := New(k)
+	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), gpu(gpuB, 30, vfio.DriverVFIO))
+	p := vfio.New(k)
 	if err := p.Health(gpuA); err != nil {
 		t.Fatalf("Health of a good card: %v", err)
 	}
 	if err := k.SetConfigAllOnes(gpuA); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Health(gpuA); !errors.Is(err, ErrConfigAllOnes) {
+	if err := p.Health(gpuA); !errors.Is(err, vfio.ErrConfigAllOnes) {
 		t.Errorf("Health after SetConfigAllOnes = %v, want ErrConfigAllOnes", err)
 	}
 	if err := k.Remove(gpuB); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Health(gpuB); !errors.Is(err, ErrVanished) {
+	if err := p.Health(gpuB); !errors.Is(err, vfio.ErrVanished) {
 		t.Errorf("Health after Remove = %v, want ErrVanished", err)
 	}
-	if _, err := p.Device(gpuB); !errors.Is(err, ErrVanished) {
+	if _, err := p.Device(gpuB); !errors.Is(err, vfio.ErrVanished) {
 		t.Errorf("Device after Remove = %v, want ErrVanished", err)
 	}
 	devs, err := p.Devices()
@@ -369,7 +372,7 @@ func TestKernelFaults(t *testing.T) {
 	if err := k.Hold("0000:99:00.0"); err == nil {
 		t.Error("Hold of an absent device succeeded")
 	}
-	if w := k.Writes(); !slices.Equal(w, []Write(nil)) {
+	if w := k.Writes(); !slices.Equal(w, []fakekernel.Write(nil)) {
 		t.Errorf("faults were recorded as writes: %v", w)
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 // ProcFS is the seam to /proc. Names are slash-separated and relative to the
 // proc root ("1234/fd/7"); the root is configurable like the sysfs root
-// (`proc_root`), and the fake kernel serves its own (Kernel.Proc).
+// (`proc_root`), and the fake kernel serves its own (fakekernel.Kernel.Proc).
 type ProcFS interface {
 	ReadDir(name string) ([]string, error)
 	Readlink(name string) (string, error)

@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"errors"
@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // A /proc copy on disk: the scanner reads fd links, comm and cmdline the
@@ -40,12 +43,12 @@ func TestScanOpenersOnAProcTree(t *testing.T) {
 	}
 	_ = os.WriteFile(filepath.Join(root, "meminfo"), nil, 0o644)
 
-	got, err := ScanOpeners(NewOSProc(root))
+	got, err := vfio.ScanOpeners(vfio.NewOSProc(root))
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmB := Opener{PID: 4242, Comm: "qemu-system-x86", Domain: "vm-b"}
-	want := map[int][]Opener{
+	vmB := vfio.Opener{PID: 4242, Comm: "qemu-system-x86", Domain: "vm-b"}
+	want := map[int][]vfio.Opener{
 		12: {vmB},
 		30: {vmB},
 		7:  {{PID: 77, Comm: "qemu-kvm", Domain: "plain,name"}},
@@ -57,10 +60,10 @@ func TestScanOpenersOnAProcTree(t *testing.T) {
 	if s := vmB.String(); s != "pid 4242 (qemu-system-x86, domain vm-b)" {
 		t.Errorf("String() = %q", s)
 	}
-	if _, err := ScanOpeners(NewOSProc(filepath.Join(root, "missing"))); err == nil {
+	if _, err := vfio.ScanOpeners(vfio.NewOSProc(filepath.Join(root, "missing"))); err == nil {
 		t.Error("a proc root that does not exist scanned without error")
 	}
-	if _, err := NewOSProc(root).ReadFile("../etc/passwd"); err == nil {
+	if _, err := vfio.NewOSProc(root).ReadFile("../etc/passwd"); err == nil {
 		t.Error("a name leaving the proc root was read")
 	}
 }
@@ -74,7 +77,7 @@ func TestDomainFromCmdline(t *testing.T) {
 		"qemu\x00-machine\x00q35\x00":                      "",
 		"qemu\x00--name\x00a,,b\x00":                       "a,b",
 	} {
-		if got := domainFromCmdline([]byte(cmdline)); got != want {
+		if got := vfio.DomainFromCmdline([]byte(cmdline)); got != want {
 			t.Errorf("domainFromCmdline(%q) = %q, want %q", cmdline, got, want)
 		}
 	}
@@ -85,11 +88,11 @@ func TestDomainFromCmdline(t *testing.T) {
 // vfio-pci's remove waits for the device's user.
 func TestKernelOpenGroup(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, ""), audio(audioA, 12, ""), gpu(gpuB, 30, "nvidia"))
-	qemu := FakeProcess{PID: 4242, Comm: "qemu-system-x86", Cmdline: []string{"qemu", "-name", "guest=vm-b"}}
+	qemu := fakekernel.Process{PID: 4242, Comm: "qemu-system-x86", Cmdline: []string{"qemu", "-name", "guest=vm-b"}}
 	if _, err := k.OpenGroup(30, qemu); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("open of a group on nvidia: %v, want ENOENT (no node)", err)
 	}
-	b := NewBinder(New(k))
+	b := vfio.NewBinder(vfio.New(k))
 	if _, err := b.Bind(testCtx(t), gpuA); err != nil {
 		t.Fatal(err)
 	}
@@ -97,20 +100,20 @@ func TestKernelOpenGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.OpenGroup(12, FakeProcess{PID: 5}); !errors.Is(err, syscall.EBUSY) {
+	if _, err := k.OpenGroup(12, fakekernel.Process{PID: 5}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("second open of group 12: %v, want EBUSY", err)
 	}
-	got, err := ScanOpeners(k.Proc())
+	got, err := vfio.ScanOpeners(k.Proc())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[int][]Opener{12: {{PID: 4242, Comm: "qemu-system-x86", Domain: "vm-b"}}}; !reflect.DeepEqual(got, want) {
+	if want := map[int][]vfio.Opener{12: {{PID: 4242, Comm: "qemu-system-x86", Domain: "vm-b"}}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("ScanOpeners(k.Proc()) = %+v, want %+v", got, want)
 	}
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.Release(testCtx(t), gpuA, IdleNVIDIA)
+		_, err := b.Release(testCtx(t), gpuA, vfio.IdleNVIDIA)
 		done <- err
 	}()
 	select {
@@ -129,7 +132,7 @@ func TestKernelOpenGroup(t *testing.T) {
 	if n := k.UnbindsWhileOpen(); n != 1 {
 		t.Errorf("UnbindsWhileOpen = %d, want 1", n)
 	}
-	if got, _ := ScanOpeners(k.Proc()); len(got) != 0 {
+	if got, _ := vfio.ScanOpeners(k.Proc()); len(got) != 0 {
 		t.Errorf("after close: %+v", got)
 	}
 }
@@ -139,8 +142,8 @@ func TestKernelOpenGroup(t *testing.T) {
 // says so: the agent must not take "not found" for "not open".
 func TestScanOpenersReportsUnreadableProcesses(t *testing.T) {
 	p := deniedProc{pids: []string{"10", "11"}, deny: "11"}
-	got, err := ScanOpeners(p)
-	var de *DeniedError
+	got, err := vfio.ScanOpeners(p)
+	var de *vfio.DeniedError
 	if !errors.As(err, &de) || de.N != 1 || de.PIDs[0] != 11 || !strings.Contains(err.Error(), "CAP_SYS_PTRACE") {
 		t.Fatalf("err = %v, want a DeniedError naming pid 11 and the capabilities", err)
 	}

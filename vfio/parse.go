@@ -56,8 +56,8 @@ func parseClass(b []byte) (uint32, error) {
 	return uint32(v), err
 }
 
-// maxNUMANode is far above any real machine; it only keeps garbage out.
-const maxNUMANode = 1 << 16
+// MaxNUMANode is far above any real machine; it only keeps garbage out.
+const MaxNUMANode = 1 << 16
 
 // parseNUMANode parses numa_node: a decimal node number, or -1 when the
 // platform does not say.
@@ -67,11 +67,15 @@ func parseNUMANode(b []byte) (int, error) {
 		return 0, err
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < -1 || n > maxNUMANode {
+	if err != nil || n < -1 || n > MaxNUMANode {
 		return 0, fmt.Errorf("%w: numa_node %s is not -1 or a node number", ErrMalformed, quote(s))
 	}
 	return n, nil
 }
+
+// pageSize is the most one sysfs attribute holds or one write passes to a
+// store callback.
+const pageSize = 4096
 
 // parseDriverOverride parses driver_override: "(null)\n" when unset, the
 // override otherwise. The kernel accepts any string there (an operator may
@@ -93,9 +97,9 @@ func parseDriverOverride(b []byte) (string, error) {
 // around 30 bytes.
 const maxDriverNameLen = 64
 
-// validateDriverName accepts what can be a driver directory under
+// ValidateDriverName accepts what can be a driver directory under
 // bus/pci/drivers and nothing that could change the path it is joined into.
-func validateDriverName(name string) error {
+func ValidateDriverName(name string) error {
 	if name == "" || name == "." || name == ".." || len(name) > maxDriverNameLen {
 		return fmt.Errorf("%w: %s is not a driver name", ErrMalformed, quote(name))
 	}
@@ -114,14 +118,14 @@ func validateDriverName(name string) error {
 // driver link ("../../../bus/pci/drivers/nvidia").
 func parseDriverLink(target string) (string, error) {
 	name := linkBase(target)
-	if err := validateDriverName(name); err != nil {
+	if err := ValidateDriverName(name); err != nil {
 		return "", fmt.Errorf("driver link %s: %w", quote(target), err)
 	}
 	return name, nil
 }
 
-// maxIOMMUGroup bounds group numbers; real ones stay in the hundreds.
-const maxIOMMUGroup = 1 << 20
+// MaxIOMMUGroup bounds group numbers; real ones stay in the hundreds.
+const MaxIOMMUGroup = 1 << 20
 
 // parseGroupLink takes the group number from the target of a device's
 // iommu_group link ("../../../kernel/iommu_groups/12").
@@ -134,7 +138,7 @@ func parseGroupName(name string) (int, error) {
 	n, err := strconv.Atoi(name)
 	// Atoi accepts "+12" and "012"; sysfs never prints either, and a name
 	// that does not round-trip would build a different path than was read.
-	if err != nil || n < 0 || n > maxIOMMUGroup || strconv.Itoa(n) != name {
+	if err != nil || n < 0 || n > MaxIOMMUGroup || strconv.Itoa(n) != name {
 		return 0, fmt.Errorf("%w: %s is not an IOMMU group number", ErrMalformed, quote(name))
 	}
 	return n, nil

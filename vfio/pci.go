@@ -30,7 +30,7 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // New returns a PCI reader over fs (NewOSFS("/sys", "/dev") on a host, a
-// *Kernel in tests and simulation).
+// *fakekernel.Kernel in tests and simulation).
 func New(fs FS, opts ...Option) *PCI {
 	p := &PCI{fs: fs, log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
@@ -176,7 +176,7 @@ func (p *PCI) driver(addr string) (string, error) {
 // decide whether a group may be handed to a VM, and a member they cannot
 // see is a member they cannot vouch for.
 func (p *PCI) GroupMembers(group int) ([]Device, error) {
-	if group < 0 || group > maxIOMMUGroup {
+	if group < 0 || group > MaxIOMMUGroup {
 		return nil, fmt.Errorf("vfio: IOMMU group %d: %w: not a group number", group, ErrMalformed)
 	}
 	dir := iommuGroupDir + "/" + strconv.Itoa(group) + "/devices"

@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"bytes"
@@ -9,26 +9,29 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 func TestDevices(t *testing.T) {
-	vf := FakeDevice{Address: "0000:5e:00.4", Vendor: VendorNVIDIA, Device: 0x2330, Class: Class3D, IOMMUGroup: 31, NUMANode: 1, PhysFn: gpuB}
-	sw := FakeDevice{Address: "0000:07:00.0", Vendor: VendorNVIDIA, Device: 0x22a3, Class: ClassNVSwitch, IOMMUGroup: 4, NUMANode: 0, Driver: "nvidia"}
-	k := bootKernel(t, audio(audioA, 12, ""), gpu(gpuB, 30, "nvidia"), gpu(gpuA, 12, DriverVFIO), vf, sw, nicDev(nic, -1, "ixgbe"))
-	if err := k.WriteFile(devicePath(audioA, "driver_override"), []byte("vfio-pci")); err != nil {
+	vf := fakekernel.Function{Address: "0000:5e:00.4", Vendor: vfio.VendorNVIDIA, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 1, PhysFn: gpuB}
+	sw := fakekernel.Function{Address: "0000:07:00.0", Vendor: vfio.VendorNVIDIA, Device: 0x22a3, Class: vfio.ClassNVSwitch, IOMMUGroup: 4, NUMANode: 0, Driver: "nvidia"}
+	k := bootKernel(t, audio(audioA, 12, ""), gpu(gpuB, 30, "nvidia"), gpu(gpuA, 12, vfio.DriverVFIO), vf, sw, nicDev(nic, -1, "ixgbe"))
+	if err := k.WriteFile(vfio.DevicePath(audioA, "driver_override"), []byte("vfio-pci")); err != nil {
 		t.Fatal(err)
 	}
-	devs, err := New(k).Devices()
+	devs, err := vfio.New(k).Devices()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Device{
-		{Address: sw.Address, Vendor: 0x10de, Device: 0x22a3, Class: ClassNVSwitch, Driver: "nvidia", IOMMUGroup: 4, NUMANode: 0},
-		{Address: gpuA, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: Class3D, Driver: DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
-		{Address: audioA, Vendor: 0x10de, Device: 0x22ba, Class: ClassAudio, DriverOverride: DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
+	want := []vfio.Device{
+		{Address: sw.Address, Vendor: 0x10de, Device: 0x22a3, Class: vfio.ClassNVSwitch, Driver: "nvidia", IOMMUGroup: 4, NUMANode: 0},
+		{Address: gpuA, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
+		{Address: audioA, Vendor: 0x10de, Device: 0x22ba, Class: vfio.ClassAudio, DriverOverride: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
 		{Address: nic, Vendor: 0x8086, Device: 0x10fb, Class: 0x020000, Driver: "ixgbe", IOMMUGroup: -1, NUMANode: 0},
-		{Address: gpuB, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: Class3D, Driver: "nvidia", IOMMUGroup: 30, NUMANode: 0},
-		{Address: vf.Address, Vendor: 0x10de, Device: 0x2330, Class: Class3D, IOMMUGroup: 31, NUMANode: 1, VirtualFunction: true},
+		{Address: gpuB, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: "nvidia", IOMMUGroup: 30, NUMANode: 0},
+		{Address: vf.Address, Vendor: 0x10de, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 1, VirtualFunction: true},
 	}
 	if !slices.Equal(devs, want) {
 		t.Errorf("Devices() =\n%+v\nwant\n%+v", devs, want)
@@ -42,11 +45,11 @@ func TestDevices(t *testing.T) {
 	if !slices.Equal(gpus, []string{gpuA, gpuB}) {
 		t.Errorf("GPUs = %v: the NVSwitch, the audio function and the VF are not GPUs", gpus)
 	}
-	members, err := New(k).GroupMembers(12)
+	members, err := vfio.New(k).GroupMembers(12)
 	if err != nil || len(members) != 2 || members[0].Address != gpuA || members[1].Address != audioA {
 		t.Errorf("GroupMembers(12) = %v, %v", members, err)
 	}
-	if _, err := New(k).GroupMembers(99); err == nil {
+	if _, err := vfio.New(k).GroupMembers(99); err == nil {
 		t.Error("GroupMembers of an absent group succeeded")
 	}
 }
@@ -76,7 +79,7 @@ func TestDevicesSkipsGarbage(t *testing.T) {
 	}
 
 	var logs bytes.Buffer
-	p := New(NewOSFS(dir, t.TempDir()), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	p := vfio.New(vfio.NewOSFS(dir, t.TempDir()), vfio.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	devs, err := p.Devices()
 	if err != nil {
 		t.Fatal(err)
@@ -89,10 +92,10 @@ func TestDevicesSkipsGarbage(t *testing.T) {
 			t.Errorf("log does not mention %q:\n%s", s, logs.String())
 		}
 	}
-	if _, err := p.GroupMembers(12); !errors.Is(err, ErrMalformed) {
+	if _, err := p.GroupMembers(12); !errors.Is(err, vfio.ErrMalformed) {
 		t.Errorf("GroupMembers with an unreadable member = %v, want ErrMalformed", err)
 	}
-	if _, err := NewBinder(p).Bind(testCtx(t), gpuA); !errors.Is(err, ErrMalformed) {
+	if _, err := vfio.NewBinder(p).Bind(testCtx(t), gpuA); !errors.Is(err, vfio.ErrMalformed) {
 		t.Errorf("Bind with an unreadable group member = %v, want ErrMalformed", err)
 	}
 }
@@ -104,9 +107,9 @@ func TestHealthReadsConfigSpace(t *testing.T) {
 		want   error
 	}{
 		{"vendor and device answer", []byte{0xde, 0x10, 0x30, 0x23, 0, 0}, nil},
-		{"all ones", bytes.Repeat([]byte{0xff}, 256), ErrConfigAllOnes},
+		{"all ones", bytes.Repeat([]byte{0xff}, 256), vfio.ErrConfigAllOnes},
 		{"vendor all ones only", []byte{0xff, 0xff, 0x30, 0x23}, nil},
-		{"too short", []byte{0xff, 0xff}, ErrMalformed},
+		{"too short", []byte{0xff, 0xff}, vfio.ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,7 +122,7 @@ func TestHealthReadsConfigSpace(t *testing.T) {
 			if err := os.WriteFile(cfg, tt.config, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			err := New(NewOSFS(dir, dir)).Health(gpuA)
+			err := vfio.New(vfio.NewOSFS(dir, dir)).Health(gpuA)
 			if !errors.Is(err, tt.want) || (err == nil) != (tt.want == nil) {
 				t.Errorf("Health = %v, want %v", err, tt.want)
 			}
@@ -138,11 +141,11 @@ func TestHostileGroupMemberName(t *testing.T) {
 	if err := os.Symlink("../../../../devices/pci0000:00/"+gpuA, filepath.Join(dir, "kernel/iommu_groups/12/devices/..evil")); err != nil {
 		t.Fatal(err)
 	}
-	spy := &spyFS{FS: NewOSFS(dir, t.TempDir())}
-	if _, err := New(spy).GroupMembers(12); !errors.Is(err, ErrInvalidAddress) {
+	spy := &spyFS{FS: vfio.NewOSFS(dir, t.TempDir())}
+	if _, err := vfio.New(spy).GroupMembers(12); !errors.Is(err, vfio.ErrInvalidAddress) {
 		t.Errorf("GroupMembers = %v, want ErrInvalidAddress", err)
 	}
-	if _, err := NewBinder(New(spy)).Bind(testCtx(t), gpuA); !errors.Is(err, ErrInvalidAddress) {
+	if _, err := vfio.NewBinder(vfio.New(spy)).Bind(testCtx(t), gpuA); !errors.Is(err, vfio.ErrInvalidAddress) {
 		t.Errorf("Bind = %v, want ErrInvalidAddress", err)
 	}
 	for _, c := range spy.Calls() {

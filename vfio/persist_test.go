@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"encoding/json"
@@ -6,19 +6,22 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
-// The simulated machine outlives its agent: a restart (a second OpenKernel
+// The simulated machine outlives its agent: a restart (a second fakekernel.Open
 // on the same file) finds drivers, overrides and faults as they were.
 func TestOpenKernelKeepsStateAcrossRestart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "machine.json")
-	cfg := KernelConfig{Drivers: hostDrivers, Devices: []FakeDevice{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia")}}
+	cfg := fakekernel.Config{Drivers: hostDrivers, Devices: []fakekernel.Function{gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"), gpu(gpuB, 30, "nvidia")}}
 
-	k, err := OpenKernel(path, cfg)
+	k, err := fakekernel.Open(path, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewBinder(New(k)).Bind(testCtx(t), gpuA); err != nil {
+	if _, err := vfio.NewBinder(vfio.New(k)).Bind(testCtx(t), gpuA); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.SetConfigAllOnes(gpuB); err != nil {
@@ -26,26 +29,26 @@ func TestOpenKernelKeepsStateAcrossRestart(t *testing.T) {
 	}
 
 	// Restart with a different config: the file wins.
-	k2, err := OpenKernel(path, KernelConfig{Drivers: []string{"nvidia"}, Devices: []FakeDevice{gpu("0000:01:00.0", 1, "")}})
+	k2, err := fakekernel.Open(path, fakekernel.Config{Drivers: []string{"nvidia"}, Devices: []fakekernel.Function{gpu("0000:01:00.0", 1, "")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for addr, want := range map[string]string{gpuA: DriverVFIO, audioA: DriverVFIO, gpuB: "nvidia"} {
-		if d, o := driverOf(t, k2, addr); d != want || (want == DriverVFIO && o != DriverVFIO) {
+	for addr, want := range map[string]string{gpuA: vfio.DriverVFIO, audioA: vfio.DriverVFIO, gpuB: "nvidia"} {
+		if d, o := driverOf(t, k2, addr); d != want || (want == vfio.DriverVFIO && o != vfio.DriverVFIO) {
 			t.Errorf("after restart %s on %q override %q, want %q", addr, d, o, want)
 		}
 	}
 	if !k2.Exists("/dev/vfio/12") {
 		t.Error("after restart /dev/vfio/12 is gone")
 	}
-	if err := New(k2).Health(gpuB); err == nil {
+	if err := vfio.New(k2).Health(gpuB); err == nil {
 		t.Error("after restart the card that fell off the bus is healthy again")
 	}
 	// Loaded drivers were kept too: Release can reprobe to the host drivers.
-	if _, err := NewBinder(New(k2)).Release(testCtx(t), gpuA, IdleNVIDIA); err != nil {
+	if _, err := vfio.NewBinder(vfio.New(k2)).Release(testCtx(t), gpuA, vfio.IdleNVIDIA); err != nil {
 		t.Fatal(err)
 	}
-	k3, err := OpenKernel(path, cfg)
+	k3, err := fakekernel.Open(path, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +82,9 @@ func TestOpenKernelRefusesBadState(t *testing.T) {
 			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := OpenKernel(path, KernelConfig{})
+			_, err := fakekernel.Open(path, fakekernel.Config{})
 			if err == nil || !strings.Contains(err.Error(), path) {
-				t.Fatalf("OpenKernel = %v, want an error naming %s", err, path)
+				t.Fatalf("fakekernel.Open = %v, want an error naming %s", err, path)
 			}
 			if b, _ := os.ReadFile(path); string(b) != content {
 				t.Error("a refused state file was overwritten")
@@ -97,7 +100,7 @@ func TestOpenKernelCleansStaleTempFiles(t *testing.T) {
 	if err := os.WriteFile(path+".tmp123", []byte(`{"version":1,"dev`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenKernel(path, KernelConfig{Devices: []FakeDevice{gpu(gpuA, 12, "")}}); err != nil {
+	if _, err := fakekernel.Open(path, fakekernel.Config{Devices: []fakekernel.Function{gpu(gpuA, 12, "")}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path + ".tmp123"); !os.IsNotExist(err) {

@@ -230,12 +230,12 @@ func memberBlocks(group int, gpu, m Device, allow AllowList) *memberProblem {
 	allowed := allow.Allows(m.Vendor, m.Device)
 	switch {
 	case isBridge(m):
-		if m.Driver != "" && m.Driver != driverPCIePort && m.Driver != driverPCIStub {
+		if m.Driver != "" && m.Driver != DriverPCIePort && m.Driver != DriverPCIStub {
 			return &memberProblem{what: "a bridge on a driver other than pcieport or pci-stub",
 				fix: fmt.Sprintf("unbind it by hand if the host does not need it (echo %s > /sys/bus/pci/devices/%s/driver/unbind)", m.Address, m.Address)}
 		}
 	case !allowed:
-		if m.Driver != "" && m.Driver != DriverVFIO && m.Driver != driverPCIStub {
+		if m.Driver != "" && m.Driver != DriverVFIO && m.Driver != DriverPCIStub {
 			what := fmt.Sprintf("not on allow_devices (%s) and bound to a host driver, so gpuherd will not unbind it", allow)
 			if sameCard(gpu, m) {
 				what = fmt.Sprintf("a function of the same card, not on allow_devices (%s), bound to a host driver", allow)

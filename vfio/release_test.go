@@ -1,8 +1,11 @@
-package vfio
+package vfio_test
 
 import (
 	"slices"
 	"testing"
+
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 func TestRelease(t *testing.T) {
@@ -10,20 +13,20 @@ func TestRelease(t *testing.T) {
 	tests := []struct {
 		name        string
 		drivers     []string // loaded host drivers; nil: hostDrivers
-		policy      IdlePolicy
+		policy      vfio.IdlePolicy
 		want        map[string]state
-		wantChanges []Change
+		wantChanges []vfio.Change
 		wantVFIO    bool // /dev/vfio/12 exists afterwards
 		wantWrites  []string
 	}{
 		{
 			name:   "nvidia: back on the host drivers, overrides cleared",
-			policy: IdleNVIDIA,
+			policy: vfio.IdleNVIDIA,
 			want: map[string]state{
 				gpuA:   {"nvidia", ""},
 				audioA: {"snd_hda_intel", ""},
 			},
-			wantChanges: []Change{{gpuA, DriverVFIO, "nvidia"}, {audioA, DriverVFIO, "snd_hda_intel"}},
+			wantChanges: []vfio.Change{{gpuA, vfio.DriverVFIO, "nvidia"}, {audioA, vfio.DriverVFIO, "snd_hda_intel"}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- ",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -36,12 +39,12 @@ func TestRelease(t *testing.T) {
 		{
 			name:    "nvidia without the nvidia driver loaded: the GPU rests on no driver",
 			drivers: []string{"snd_hda_intel"},
-			policy:  IdleNVIDIA,
+			policy:  vfio.IdleNVIDIA,
 			want: map[string]state{
 				gpuA:   {"", ""},
 				audioA: {"snd_hda_intel", ""},
 			},
-			wantChanges: []Change{{gpuA, DriverVFIO, ""}, {audioA, DriverVFIO, "snd_hda_intel"}},
+			wantChanges: []vfio.Change{{gpuA, vfio.DriverVFIO, ""}, {audioA, vfio.DriverVFIO, "snd_hda_intel"}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- ",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -53,21 +56,21 @@ func TestRelease(t *testing.T) {
 		},
 		{
 			name:   "vfio-pci: stays bound, nothing written",
-			policy: IdleVFIO,
+			policy: vfio.IdleVFIO,
 			want: map[string]state{
-				gpuA:   {DriverVFIO, DriverVFIO},
-				audioA: {DriverVFIO, DriverVFIO},
+				gpuA:   {vfio.DriverVFIO, vfio.DriverVFIO},
+				audioA: {vfio.DriverVFIO, vfio.DriverVFIO},
 			},
 			wantVFIO: true,
 		},
 		{
 			name:   "none: unbound, overrides cleared, nothing probed",
-			policy: IdleNone,
+			policy: vfio.IdleNone,
 			want: map[string]state{
 				gpuA:   {"", ""},
 				audioA: {"", ""},
 			},
-			wantChanges: []Change{{gpuA, DriverVFIO, ""}, {audioA, DriverVFIO, ""}},
+			wantChanges: []vfio.Change{{gpuA, vfio.DriverVFIO, ""}, {audioA, vfio.DriverVFIO, ""}},
 			wantWrites: []string{
 				"bus/pci/devices/0000:3b:00.0/driver_override <- ",
 				"bus/pci/devices/0000:3b:00.0/driver/unbind <- 0000:3b:00.0",
@@ -82,11 +85,11 @@ func TestRelease(t *testing.T) {
 			if drivers == nil {
 				drivers = hostDrivers
 			}
-			k, err := NewKernel(KernelConfig{Drivers: drivers, Devices: []FakeDevice{gpu(gpuA, 12, ""), audio(audioA, 12, "")}})
+			k, err := fakekernel.New(fakekernel.Config{Drivers: drivers, Devices: []fakekernel.Function{gpu(gpuA, 12, ""), audio(audioA, 12, "")}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := NewBinder(New(k))
+			b := vfio.NewBinder(vfio.New(k))
 			if _, err := b.Bind(testCtx(t), gpuA); err != nil {
 				t.Fatalf("Bind: %v", err)
 			}
@@ -121,8 +124,8 @@ func TestRelease(t *testing.T) {
 
 func TestReleaseThenBindAgain(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"))
-	b := NewBinder(New(k))
-	for _, p := range []IdlePolicy{IdleNVIDIA, IdleNone, IdleVFIO} {
+	b := vfio.NewBinder(vfio.New(k))
+	for _, p := range []vfio.IdlePolicy{vfio.IdleNVIDIA, vfio.IdleNone, vfio.IdleVFIO} {
 		if _, err := b.Bind(testCtx(t), gpuA); err != nil {
 			t.Fatalf("Bind after %s: %v", p, err)
 		}
@@ -130,14 +133,14 @@ func TestReleaseThenBindAgain(t *testing.T) {
 			t.Fatalf("Release(%s): %v", p, err)
 		}
 	}
-	if got, _ := driverOf(t, k, gpuA); got != DriverVFIO {
+	if got, _ := driverOf(t, k, gpuA); got != vfio.DriverVFIO {
 		t.Errorf("after the last Release(vfio-pci) the GPU is on %q", got)
 	}
 }
 
 func TestReleaseRejectsUnknownPolicy(t *testing.T) {
-	k := bootKernel(t, gpu(gpuA, 12, DriverVFIO))
-	if _, err := NewBinder(New(k)).Release(testCtx(t), gpuA, IdlePolicy("nouveau")); err == nil {
+	k := bootKernel(t, gpu(gpuA, 12, vfio.DriverVFIO))
+	if _, err := vfio.NewBinder(vfio.New(k)).Release(testCtx(t), gpuA, vfio.IdlePolicy("nouveau")); err == nil {
 		t.Fatal("Release with policy nouveau succeeded")
 	}
 	if w := k.Writes(); len(w) != 0 {
@@ -146,21 +149,21 @@ func TestReleaseRejectsUnknownPolicy(t *testing.T) {
 }
 
 func TestParseIdlePolicy(t *testing.T) {
-	for in, want := range map[string]IdlePolicy{"vfio-pci": IdleVFIO, "nvidia": IdleNVIDIA, "none": IdleNone} {
-		if got, err := ParseIdlePolicy(in); err != nil || got != want {
+	for in, want := range map[string]vfio.IdlePolicy{"vfio-pci": vfio.IdleVFIO, "nvidia": vfio.IdleNVIDIA, "none": vfio.IdleNone} {
+		if got, err := vfio.ParseIdlePolicy(in); err != nil || got != want {
 			t.Errorf("ParseIdlePolicy(%q) = %q, %v", in, got, err)
 		}
 	}
 	for _, in := range []string{"", "vfio", "NVIDIA", "none ", "nouveau"} {
-		if _, err := ParseIdlePolicy(in); err == nil {
+		if _, err := vfio.ParseIdlePolicy(in); err == nil {
 			t.Errorf("ParseIdlePolicy(%q) succeeded", in)
 		}
 	}
-	var p IdlePolicy
-	if err := p.UnmarshalText([]byte("none")); err != nil || p != IdleNone {
+	var p vfio.IdlePolicy
+	if err := p.UnmarshalText([]byte("none")); err != nil || p != vfio.IdleNone {
 		t.Errorf("UnmarshalText(none) = %q, %v", p, err)
 	}
-	if err := p.UnmarshalText([]byte("x")); err == nil || p != IdleNone {
+	if err := p.UnmarshalText([]byte("x")); err == nil || p != vfio.IdleNone {
 		t.Errorf("UnmarshalText(x) = %v and left %q, want an error and no change", err, p)
 	}
 }

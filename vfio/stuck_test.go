@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // stuckTimeout is the write deadline of these tests: short, since every one
@@ -29,13 +31,13 @@ func within[T any](t *testing.T, limit time.Duration, f func() T) T {
 }
 
 type bindResult struct {
-	res Result
+	res vfio.Result
 	err error
 }
 
 func TestBindStuckUnbind(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), gpu(gpuB, 30, "nvidia"))
-	b := NewBinder(New(k), WithWriteTimeout(stuckTimeout))
+	b := vfio.NewBinder(vfio.New(k), vfio.WithWriteTimeout(stuckTimeout))
 	if err := k.Hold(gpuA); err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +45,8 @@ func TestBindStuckUnbind(t *testing.T) {
 
 	start := time.Now()
 	r := within(t, 5*time.Second, func() bindResult { res, err := b.Bind(testCtx(t), gpuA); return bindResult{res, err} })
-	var se *StuckError
-	if !errors.Is(r.err, ErrStuck) || !errors.As(r.err, &se) {
+	var se *vfio.StuckError
+	if !errors.Is(r.err, vfio.ErrStuck) || !errors.As(r.err, &se) {
 		t.Fatalf("Bind error = %v, want ErrStuck", r.err)
 	}
 	if elapsed := time.Since(start); elapsed < stuckTimeout {
@@ -61,8 +63,8 @@ func TestBindStuckUnbind(t *testing.T) {
 	from := len(k.Writes())
 	for _, call := range []func() error{
 		func() error { _, err := b.Bind(testCtx(t), gpuA); return err },
-		func() error { _, err := b.Release(testCtx(t), gpuA, IdleNVIDIA); return err },
-		func() error { _, err := b.Release(testCtx(t), gpuA, IdleNone); return err },
+		func() error { _, err := b.Release(testCtx(t), gpuA, vfio.IdleNVIDIA); return err },
+		func() error { _, err := b.Release(testCtx(t), gpuA, vfio.IdleNone); return err },
 	} {
 		err := within(t, 5*time.Second, call)
 		if !errors.As(err, &se) || !se.Refused {
@@ -75,7 +77,7 @@ func TestBindStuckUnbind(t *testing.T) {
 	if r := within(t, 5*time.Second, func() bindResult { res, err := b.Bind(testCtx(t), gpuB); return bindResult{res, err} }); r.err != nil {
 		t.Fatal(r.err)
 	}
-	if got, _ := driverOf(t, k, gpuB); got != DriverVFIO {
+	if got, _ := driverOf(t, k, gpuB); got != vfio.DriverVFIO {
 		t.Errorf("other GPU on %q while the first is stuck, want vfio-pci", got)
 	}
 
@@ -88,21 +90,21 @@ func TestBindStuckUnbind(t *testing.T) {
 	if got := b.Stuck(); len(got) != 0 {
 		t.Errorf("Stuck() = %v after the write returned", got)
 	}
-	if got, ov := driverOf(t, k, gpuA); got != "" || ov != DriverVFIO {
+	if got, ov := driverOf(t, k, gpuA); got != "" || ov != vfio.DriverVFIO {
 		t.Errorf("after the late unbind: on %q override %q, want unbound with override vfio-pci", got, ov)
 	}
 	res, err := b.Bind(testCtx(t), gpuA)
 	if err != nil {
 		t.Fatalf("Bind after unstuck: %v", err)
 	}
-	if want := []Change{{gpuA, "", DriverVFIO}}; !slices.Equal(res.Changes, want) {
+	if want := []vfio.Change{{gpuA, "", vfio.DriverVFIO}}; !slices.Equal(res.Changes, want) {
 		t.Errorf("Changes = %v, want %v", res.Changes, want)
 	}
 }
 
 func TestBindStuckRollsBackTheRestOfTheGroup(t *testing.T) {
 	k := bootKernel(t, gpu(gpuA, 12, "nvidia"), audio(audioA, 12, "snd_hda_intel"))
-	b := NewBinder(New(k), WithWriteTimeout(stuckTimeout))
+	b := vfio.NewBinder(vfio.New(k), vfio.WithWriteTimeout(stuckTimeout))
 	if err := k.Hold(audioA); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,7 @@ func TestBindStuckRollsBackTheRestOfTheGroup(t *testing.T) {
 	r := within(t, 5*time.Second, func() bindResult { res, err := b.Bind(testCtx(t), gpuA); return bindResult{res, err} })
 	// The GPU is put back; the audio function cannot be while its unbind
 	// is pending, and the error says so.
-	if !errors.Is(r.err, ErrStuck) || !strings.Contains(r.err.Error(), "rollback incomplete") ||
+	if !errors.Is(r.err, vfio.ErrStuck) || !strings.Contains(r.err.Error(), "rollback incomplete") ||
 		!strings.Contains(r.err.Error(), audioA+" left as it is") {
 		t.Fatalf("Bind error = %v, want ErrStuck and an incomplete rollback naming %s", r.err, audioA)
 	}
@@ -140,12 +142,12 @@ func TestBindContextEndsTheWait(t *testing.T) {
 		}
 		return false, nil
 	}}
-	b := NewBinder(New(f), WithWriteTimeout(time.Hour))
+	b := vfio.NewBinder(vfio.New(f), vfio.WithWriteTimeout(time.Hour))
 	ctx, cancel := context.WithCancel(testCtx(t))
 	go func() { <-entered; cancel() }()
 
 	r := within(t, 5*time.Second, func() bindResult { res, err := b.Bind(ctx, gpuA); return bindResult{res, err} })
-	if !errors.Is(r.err, ErrStuck) || !errors.Is(r.err, context.Canceled) {
+	if !errors.Is(r.err, vfio.ErrStuck) || !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("Bind error = %v, want ErrStuck and context.Canceled", r.err)
 	}
 	if got := b.Stuck(); !slices.Equal(got, []string{gpuA}) {

@@ -30,8 +30,8 @@ type PCIEvent struct {
 // PCIEventSource delivers the kernel's PCI uevents. WatchPCI returns a
 // channel that receives every event from the call on, in order, until ctx
 // ends (it is closed then, or when the source fails). The real source is
-// NetlinkUevents (the kobject-uevent netlink socket); the simulated Kernel
-// is the fake one, driven by its own writes, Add and Remove.
+// NetlinkUevents (the kobject-uevent netlink socket); fakekernel.Kernel is
+// the simulated one, driven by its own writes, Add and Remove.
 type PCIEventSource interface {
 	WatchPCI(ctx context.Context) (<-chan PCIEvent, error)
 }

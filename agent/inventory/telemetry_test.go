@@ -15,17 +15,18 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // simHost boots a built-in simulated server and returns its kernel, its
 // cards and an NVMLSource over its simulated NVML.
-func simHost(t *testing.T, profile string) (*vfio.Kernel, []sim.GPU, *NVMLSource) {
+func simHost(t *testing.T, profile string) (*fakekernel.Kernel, []sim.GPU, *NVMLSource) {
 	t.Helper()
 	p, err := sim.Builtin(profile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := vfio.NewKernel(p.KernelConfig())
+	k, err := fakekernel.New(p.KernelConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
 // Package sim is the simulated hardware behind `gpuherd agent --simulate
 // PROFILE`: a profile describes a GPU server, Start boots it as an in-memory
-// vfio.Kernel whose state outlives the agent process, and NVML answers for its
-// cards through go-nvml's mocks, seeing only the cards the nvidia driver holds.
+// fakekernel.Kernel whose state outlives the agent process, and NVML answers
+// for its cards through go-nvml's mocks, seeing only the cards the nvidia
+// driver holds.
 //
 // # Profiles
 //

@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // Files of a simulated machine in the agent's state dir.
@@ -24,7 +25,7 @@ const (
 // Machine is a simulated server: its kernel and, where the profile has it, NVML.
 type Machine struct {
 	Profile *Profile
-	Kernel  *vfio.Kernel
+	Kernel  *fakekernel.Kernel
 	NVML    nvml.Interface // nil when the profile has nvml: false
 }
 
@@ -65,7 +66,7 @@ func Start(p *Profile, stateDir string) (*Machine, error) {
 		}
 	}
 
-	k, err := vfio.OpenKernel(kernelPath, p.KernelConfig())
+	k, err := fakekernel.Open(kernelPath, p.KernelConfig())
 	if err != nil {
 		return nil, fmt.Errorf("simulation: kernel state %s: %w", kernelPath, err)
 	}

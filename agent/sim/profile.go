@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // Limits of the layout: two sockets, and the buses the address plan has room for.
@@ -84,7 +85,7 @@ type Profile struct {
 	nvml   bool
 	gpus   []GPU
 	models map[string]gpuModel // by GPU address
-	kernel vfio.KernelConfig
+	kernel fakekernel.Config
 }
 
 // GPU is one simulated card as the profile lays it out.
@@ -114,10 +115,10 @@ func (p *Profile) HasNVML() bool { return p.nvml }
 // GPUs returns the profile's cards in address order.
 func (p *Profile) GPUs() []GPU { return slices.Clone(p.gpus) }
 
-// KernelConfig returns the simulated machine at boot, for vfio.NewKernel or
-// vfio.OpenKernel.
-func (p *Profile) KernelConfig() vfio.KernelConfig {
-	return vfio.KernelConfig{
+// KernelConfig returns the simulated machine at boot, for fakekernel.New or
+// fakekernel.Open.
+func (p *Profile) KernelConfig() fakekernel.Config {
+	return fakekernel.Config{
 		Drivers: slices.Clone(p.kernel.Drivers),
 		Devices: slices.Clone(p.kernel.Devices),
 	}
@@ -140,7 +141,7 @@ func Parse(data []byte, source string) (*Profile, error) {
 
 // placed is one PCI function while the layout is being built.
 type placed struct {
-	dev     vfio.FakeDevice
+	dev     fakekernel.Function
 	origin  string // key path of the entry that made it, for error messages
 	groupOf string // address of the function whose IOMMU group it joins; "" for its own
 }
@@ -363,7 +364,7 @@ func (f *fileProfile) layout() (*Profile, []string) {
 		all = append(all, &placed{
 			origin:  path,
 			groupOf: e.IOMMUGroupOf,
-			dev: vfio.FakeDevice{
+			dev: fakekernel.Function{
 				Address: e.Address, Vendor: uint16(vendor), Device: uint16(device),
 				SubsystemVendor: uint16(vendor), Class: uint32(class), NUMANode: numa, Driver: driver,
 			},
@@ -376,7 +377,7 @@ func (f *fileProfile) layout() (*Profile, []string) {
 		usedBus[addr[:7]] = true
 		all = append(all, &placed{
 			origin: fmt.Sprintf("nvswitches (switch %d)", n+1),
-			dev: vfio.FakeDevice{
+			dev: fakekernel.Function{
 				Address: addr, Vendor: vfio.VendorNVIDIA, Device: deviceNVSwitch,
 				SubsystemVendor: vfio.VendorNVIDIA, Class: vfio.ClassNVSwitch, NUMANode: 0, Driver: defaultGPUDriver,
 			},
@@ -411,7 +412,7 @@ func (f *fileProfile) layout() (*Profile, []string) {
 		gm.nvml.Name = c.name
 		gm.nvml.MemoryMB = c.memory
 		gpuModels[addr] = gm
-		all = append(all, &placed{origin: c.origin, dev: vfio.FakeDevice{
+		all = append(all, &placed{origin: c.origin, dev: fakekernel.Function{
 			Address: addr, Vendor: vfio.VendorNVIDIA, Device: c.m.device,
 			SubsystemVendor: vfio.VendorNVIDIA, Class: c.m.class, NUMANode: c.numa, Driver: c.driver,
 		}})
@@ -428,7 +429,7 @@ func (f *fileProfile) layout() (*Profile, []string) {
 			if audioID == 0 {
 				audioID = defaultAudioDevice
 			}
-			all = append(all, &placed{origin: c.origin + " audio", groupOf: addr, dev: vfio.FakeDevice{
+			all = append(all, &placed{origin: c.origin + " audio", groupOf: addr, dev: fakekernel.Function{
 				Address: g.Audio, Vendor: vfio.VendorNVIDIA, Device: audioID,
 				SubsystemVendor: vfio.VendorNVIDIA, Class: vfio.ClassAudio, NUMANode: c.numa, Driver: audioDriver,
 			}})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 func TestBuiltinsLayOut(t *testing.T) {
@@ -37,8 +38,8 @@ func TestBuiltinsLayOut(t *testing.T) {
 				t.Errorf("HasNVML() = %v, want %v", p.HasNVML(), tt.nvml)
 			}
 			cfg := p.KernelConfig()
-			byAddr := map[string]vfio.FakeDevice{}
-			groups := map[int][]vfio.FakeDevice{}
+			byAddr := map[string]fakekernel.Function{}
+			groups := map[int][]fakekernel.Function{}
 			for _, d := range cfg.Devices {
 				if _, dup := byAddr[d.Address]; dup {
 					t.Errorf("address %s twice", d.Address)
@@ -167,7 +168,7 @@ func TestMixedRefusableGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nvme vfio.FakeDevice
+	var nvme fakekernel.Function
 	for _, d := range p.KernelConfig().Devices {
 		if d.Vendor == 0x144d {
 			nvme = d

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // noClaims is `claims -o json` on a platform without claims.
@@ -631,7 +632,7 @@ func TestCLIInventory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := vfio.NewKernel(p.KernelConfig())
+	k, err := fakekernel.New(p.KernelConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +649,7 @@ func TestCLIInventory(t *testing.T) {
 	if !reflect.DeepEqual(tree, simRep) {
 		t.Errorf("scan of the tree differs from the scan of the simulation:\n%+v\n%+v", tree, simRep)
 	}
-	t.Logf("inventory --sysfs-root on the tree of vfio.Kernel.WriteTree: same report")
+	t.Logf("inventory --sysfs-root on the tree of fakekernel.Kernel.WriteTree: same report")
 
 	for _, tc := range []struct {
 		args []string

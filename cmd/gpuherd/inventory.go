@@ -13,6 +13,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // scanGPU is one GPU of `gpuherd inventory`: what the agent would manage and
@@ -85,7 +86,7 @@ shows what the agent would manage after an edit, with the agent's own verdict
 				if err != nil {
 					return usagef("--simulate: %v", err)
 				}
-				k, err := vfio.NewKernel(p.KernelConfig())
+				k, err := fakekernel.New(p.KernelConfig())
 				if err != nil {
 					return err
 				}

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/handoff"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // Output formats that hand a claim to a hypervisor (claim and get only).
@@ -211,7 +212,7 @@ func hookSysfs(cfg agent.Config, log *slog.Logger) vfio.FS {
 	}
 	path := filepath.Join(cfg.DataDir, sim.KernelStateFile)
 	if _, err := os.Stat(path); err == nil {
-		k, err := vfio.OpenKernel(path, vfio.KernelConfig{})
+		k, err := fakekernel.Open(path, fakekernel.Config{})
 		if err == nil {
 			return k
 		}

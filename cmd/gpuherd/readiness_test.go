@@ -17,6 +17,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // TestInventoryAndStatusAgree: `gpuherd inventory` and the agent's status
@@ -26,7 +27,7 @@ import (
 func TestInventoryAndStatusAgree(t *testing.T) {
 	for _, idle := range []string{"vfio-pci", "nvidia", "none"} {
 		t.Run(idle, func(t *testing.T) {
-			k, err := vfio.NewKernel(vfio.KernelConfig{Drivers: []string{"nvidia", "igb"}, Devices: []vfio.FakeDevice{
+			k, err := fakekernel.New(fakekernel.Config{Drivers: []string{"nvidia", "igb"}, Devices: []fakekernel.Function{
 				{Address: "0000:41:00.0", Vendor: vfio.VendorNVIDIA, Device: 0x26b9, Class: vfio.Class3D, IOMMUGroup: 14, Driver: "nvidia"},
 				{Address: "0000:42:00.0", Vendor: 0x8086, Device: 0x1521, Class: 0x020000, IOMMUGroup: 14, Driver: "igb"},
 				{Address: "0000:51:00.0", Vendor: vfio.VendorNVIDIA, Device: 0x26b9, Class: vfio.Class3D, IOMMUGroup: 15, Driver: "nvidia", NoReset: true},

@@ -13,11 +13,12 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 // startAgentOnKernel is startAgent with the simulated machine's kernel in
 // the test's hands, so that a VM can hold a GPU open.
-func startAgentOnKernel(t *testing.T) (string, *vfio.Kernel) {
+func startAgentOnKernel(t *testing.T) (string, *fakekernel.Kernel) {
 	t.Helper()
 	dir := shortTempDir(t)
 	cfg := agent.DefaultConfig()
@@ -65,7 +66,7 @@ func TestCLIReleaseOfAGPUInUse(t *testing.T) {
 	sock, k := startAgentOnKernel(t)
 	c := okJSON[api.Claim](t, sock, "claim", "vm-b", "--gpu", "H100 80GB")
 	g := c.GPUs[0]
-	stop, err := k.OpenGroup(g.IOMMUGroup, vfio.FakeProcess{PID: 4242, Comm: "qemu-system-x86",
+	stop, err := k.OpenGroup(g.IOMMUGroup, fakekernel.Process{PID: 4242, Comm: "qemu-system-x86",
 		Cmdline: []string{"qemu-system-x86_64", "-name", "guest=vm-b,debug-threads=on"}})
 	if err != nil {
 		t.Fatal(err)

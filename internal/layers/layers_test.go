@@ -26,7 +26,7 @@ const module = "github.com/gpuherd/gpuherd"
 var layers = [][]string{
 	{"agent/api"},                            // wire types and the HTTP layer
 	{"vfio"},                                 // hardware: sysfs
-	{"vfio/vfiotest"},                        // hardware: the fake kernel
+	{"vfio/fakekernel"},                      // hardware: the simulated kernel
 	{"agent/inventory", "agent/sim"},         // hardware: what this server has, or simulates
 	{"agent/placement"},                      // state: choosing and ranking
 	{"agent/ledger"},                         // state: the owner's claims
@@ -133,6 +133,7 @@ func TestBackArrowIsReported(t *testing.T) {
 		want string
 	}{
 		{[]pkg{{module + "/vfio", []string{module + "/agent"}}}, "vfio imports agent"},
+		{[]pkg{{module + "/vfio", []string{module + "/vfio/fakekernel"}}}, "vfio imports vfio/fakekernel"},
 		{[]pkg{{module + "/metrics", []string{module + "/gossip"}}}, "metrics imports gossip"},
 		{[]pkg{{module + "/newthing", nil}}, "newthing is in no layer"},
 	} {

@@ -1,8 +1,10 @@
-package vfio
+package fakekernel
 
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // fakeHost is what the simulated host reports about passthrough as a
@@ -17,6 +19,10 @@ type fakeHost struct {
 // reports: QEMU's intel-iommu with intremap=on, whose bit 3 is interrupt
 // remapping.
 const fakeECAP = 0xf00f5e
+
+// intelECAPIRBit is the extended capability register's interrupt remapping
+// bit.
+const intelECAPIRBit = 1 << 3
 
 // SetInterruptRemapping makes the simulated DMAR unit report interrupt
 // remapping (on, the default) or not.
@@ -98,20 +104,20 @@ func resetNode(d *kdev, name string) (node, bool) {
 // device does: it appears in its IOMMU group and, when fd.Driver is set,
 // bound to that driver (its host driver from then on). The watchers of
 // WatchPCI get "add", then "bind".
-func (k *Kernel) Add(fd FakeDevice) error {
+func (k *Kernel) Add(fd Function) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	where := fmt.Sprintf("vfio: simulated kernel: add %s", quote(fd.Address))
-	if err := ValidateAddress(fd.Address); err != nil {
+	if err := vfio.ValidateAddress(fd.Address); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	if _, dup := k.devs[fd.Address]; dup {
 		return fmt.Errorf("%s: already on the bus", where)
 	}
 	switch {
-	case fd.Class > 0xffffff || fd.IOMMUGroup < -1 || fd.IOMMUGroup > maxIOMMUGroup || fd.NUMANode < -1 || fd.NUMANode > maxNUMANode:
+	case fd.Class > 0xffffff || fd.IOMMUGroup < -1 || fd.IOMMUGroup > vfio.MaxIOMMUGroup || fd.NUMANode < -1 || fd.NUMANode > vfio.MaxNUMANode:
 		return fmt.Errorf("%s: class, IOMMU group or NUMA node out of range", where)
-	case fd.Driver == DriverVFIO:
+	case fd.Driver == vfio.DriverVFIO:
 		return fmt.Errorf("%s: a new device does not come up on vfio-pci", where)
 	case fd.Driver != "" && !k.loaded(fd.Driver):
 		return fmt.Errorf("%s: driver %q is not loaded", where, fd.Driver)
@@ -122,15 +128,15 @@ func (k *Kernel) Add(fd FakeDevice) error {
 	if fd.Driver != "" {
 		host = fd.Driver
 	}
-	d := &kdev{FakeDevice: fd, HostDriver: host}
+	d := &kdev{Function: fd, HostDriver: host}
 	k.devs[fd.Address] = d
 	if err := k.save(); err != nil {
 		delete(k.devs, fd.Address)
 		return fmt.Errorf("%s: save state: %w", where, err)
 	}
-	k.emit(PCIEvent{Action: UeventAdd, Address: fd.Address})
+	k.emit(vfio.PCIEvent{Action: vfio.UeventAdd, Address: fd.Address})
 	if fd.Driver != "" {
-		k.emit(PCIEvent{Action: UeventBind, Address: fd.Address, Driver: fd.Driver})
+		k.emit(vfio.PCIEvent{Action: vfio.UeventBind, Address: fd.Address, Driver: fd.Driver})
 	}
 	return nil
 }

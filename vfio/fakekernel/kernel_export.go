@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 
 // WriteTree writes the simulated sysfs, as it is now, to dir as a real
 // directory tree: directories, attribute files and relative symlinks laid
-// out as the kernel lays them out, so that NewOSFS(dir, ...) reads the same
-// devices as the Kernel and an operator can point `--sysfs-root` at it.
+// out as the kernel lays them out, so that vfio.NewOSFS(dir, ...) reads the
+// same devices as the Kernel and an operator can point `--sysfs-root` at it.
 // Attributes get the kernel's modes (0444 read-only, 0644 driver_override,
 // 0200 bind, unbind and drivers_probe). dir must be empty or absent.
 func (k *Kernel) WriteTree(dir string) error {
@@ -26,8 +26,8 @@ func (k *Kernel) WriteTree(dir string) error {
 }
 
 // WriteDevTree writes the simulated /dev/vfio into dir (dir/vfio/vfio,
-// dir/vfio/N) as empty regular files: enough for NewOSFS's existence checks
-// without the privileges mknod needs.
+// dir/vfio/N) as empty regular files: enough for vfio.NewOSFS's existence
+// checks without the privileges mknod needs.
 func (k *Kernel) WriteDevTree(dir string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"strings"
 	"syscall"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // pageSize is the most one sysfs write passes to a store callback.
@@ -29,7 +31,8 @@ type kwrite struct {
 	data   []byte
 }
 
-// WriteFile implements FS with the semantics of the PCI core's sysfs stores.
+// WriteFile implements vfio.FS with the semantics of the PCI core's sysfs
+// stores.
 func (k *Kernel) WriteFile(name string, data []byte) error {
 	k.mu.Lock()
 	k.writes = append(k.writes, Write{Name: name, Data: string(data)})
@@ -50,7 +53,7 @@ func (k *Kernel) WriteFile(name string, data []byte) error {
 // resolveWrite maps a write to its store, failing as open(2) or the store's
 // first checks would. k.mu must be held.
 func (k *Kernel) resolveWrite(name string, data []byte) (kwrite, error) {
-	dev, rel, err := cleanName("write", name)
+	dev, rel, err := vfio.CleanName("write", name)
 	if err != nil {
 		return kwrite{}, err
 	}
@@ -156,7 +159,7 @@ func (k *Kernel) doWrite(name string, w kwrite) error {
 			return pathErr("write", name, syscall.ENODEV)
 		case d.Driver != "":
 			return pathErr("write", name, syscall.EBUSY)
-		case w.driver == DriverVFIO && d.IOMMUGroup < 0:
+		case w.driver == vfio.DriverVFIO && d.IOMMUGroup < 0:
 			return pathErr("write", name, syscall.EINVAL) // vfio-pci probe: no IOMMU group, -22
 		}
 		d.Driver = w.driver
@@ -188,7 +191,7 @@ func (k *Kernel) matches(d *kdev, driver string) bool {
 	if d.Override != "" {
 		return d.Override == driver
 	}
-	return driver != DriverVFIO && driver == d.HostDriver
+	return driver != vfio.DriverVFIO && driver == d.HostDriver
 }
 
 // probe is what drivers_probe binds an unbound device to, "" for nothing.
@@ -196,7 +199,7 @@ func (k *Kernel) matches(d *kdev, driver string) bool {
 // unbound and the write still succeeds, as bus_rescan_devices_helper does.
 func (k *Kernel) probe(d *kdev) string {
 	for _, drv := range k.drivers {
-		if k.matches(d, drv) && (drv != DriverVFIO || d.IOMMUGroup >= 0) {
+		if k.matches(d, drv) && (drv != vfio.DriverVFIO || d.IOMMUGroup >= 0) {
 			return drv
 		}
 	}

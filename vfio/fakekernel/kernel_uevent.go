@@ -1,27 +1,29 @@
-package vfio
+package fakekernel
 
 import (
 	"context"
 	"slices"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // uevSub is one WatchPCI subscriber: an unbounded queue, so the kernel
 // never blocks on a slow watcher and never drops an event.
 type uevSub struct {
-	queue  []PCIEvent
+	queue  []vfio.PCIEvent
 	wake   chan struct{} // one slot: something was queued
 	closed bool
 }
 
-// WatchPCI implements PCIEventSource for the simulated machine: every
+// WatchPCI implements vfio.PCIEventSource for the simulated machine: every
 // driver change its writes make, and every Add and Remove, is delivered
 // as the kernel's uevent would be (unbind, then bind on a rebind).
-func (k *Kernel) WatchPCI(ctx context.Context) (<-chan PCIEvent, error) {
+func (k *Kernel) WatchPCI(ctx context.Context) (<-chan vfio.PCIEvent, error) {
 	sub := &uevSub{wake: make(chan struct{}, 1)}
 	k.mu.Lock()
 	k.subs = append(k.subs, sub)
 	k.mu.Unlock()
-	out := make(chan PCIEvent)
+	out := make(chan vfio.PCIEvent)
 	go func() {
 		defer close(out)
 		defer func() {
@@ -53,7 +55,7 @@ func (k *Kernel) WatchPCI(ctx context.Context) (<-chan PCIEvent, error) {
 }
 
 // emit queues ev for every watcher. k.mu must be held.
-func (k *Kernel) emit(ev PCIEvent) {
+func (k *Kernel) emit(ev vfio.PCIEvent) {
 	for _, s := range k.subs {
 		if s.closed {
 			continue
@@ -73,9 +75,9 @@ func (k *Kernel) driverEvents(addr, prev, now string) {
 		return
 	}
 	if prev != "" {
-		k.emit(PCIEvent{Action: UeventUnbind, Address: addr})
+		k.emit(vfio.PCIEvent{Action: vfio.UeventUnbind, Address: addr})
 	}
 	if now != "" {
-		k.emit(PCIEvent{Action: UeventBind, Address: addr, Driver: now})
+		k.emit(vfio.PCIEvent{Action: vfio.UeventBind, Address: addr, Driver: now})
 	}
 }

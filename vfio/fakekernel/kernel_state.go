@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"encoding/json"
@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // kernelStateVersion is the version of the state file format. A file of any
@@ -21,13 +23,13 @@ type kernelState struct {
 }
 
 type stateDevice struct {
-	FakeDevice            // Driver: the current driver
+	Function              // Driver: the current driver
 	DriverOverride string `json:"driver_override,omitempty"`
 	HostDriver     string `json:"host_driver,omitempty"`
 	ConfigAllOnes  bool   `json:"config_all_ones,omitempty"`
 }
 
-// OpenKernel opens the simulated machine kept in the state file at path.
+// Open opens the simulated machine kept in the state file at path.
 // If the file exists, the machine is as the file says, whatever cfg says:
 // it kept running while its agent was down, drivers and overrides as they
 // were. Otherwise it boots from cfg and writes the file. Every later change
@@ -35,11 +37,11 @@ type stateDevice struct {
 // it becomes visible, atomically (temporary file, fsync, rename, fsync of
 // the directory), so killing the process at any moment leaves the previous
 // or the new state, never a torn one.
-func OpenKernel(path string, cfg KernelConfig) (*Kernel, error) {
+func Open(path string, cfg Config) (*Kernel, error) {
 	removeStaleTemps(path)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		k, err := NewKernel(cfg)
+		k, err := New(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -62,7 +64,7 @@ func OpenKernel(path string, cfg KernelConfig) (*Kernel, error) {
 	}
 	devs := make([]kdev, len(st.Devices))
 	for i, d := range st.Devices {
-		devs[i] = kdev{FakeDevice: d.FakeDevice, Override: d.DriverOverride, HostDriver: d.HostDriver, ConfigAllOnes: d.ConfigAllOnes}
+		devs[i] = kdev{Function: d.Function, Override: d.DriverOverride, HostDriver: d.HostDriver, ConfigAllOnes: d.ConfigAllOnes}
 	}
 	k, err := newKernel(st.Drivers, devs)
 	if err != nil {
@@ -76,13 +78,13 @@ func OpenKernel(path string, cfg KernelConfig) (*Kernel, error) {
 func (k *Kernel) state() kernelState {
 	st := kernelState{Version: kernelStateVersion}
 	for _, d := range k.drivers {
-		if d != DriverVFIO { // always loaded; not configuration
+		if d != vfio.DriverVFIO { // always loaded; not configuration
 			st.Drivers = append(st.Drivers, d)
 		}
 	}
 	for _, a := range k.addrs(nil) {
 		d := k.devs[a]
-		st.Devices = append(st.Devices, stateDevice{FakeDevice: d.FakeDevice, DriverOverride: d.Override, HostDriver: d.HostDriver, ConfigAllOnes: d.ConfigAllOnes})
+		st.Devices = append(st.Devices, stateDevice{Function: d.Function, DriverOverride: d.Override, HostDriver: d.HostDriver, ConfigAllOnes: d.ConfigAllOnes})
 	}
 	return st
 }

@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // The simulated tree has the layout of the real one: device directories
@@ -244,7 +246,7 @@ func (d *kdev) config() []byte {
 	binary.LittleEndian.PutUint16(c[0x00:], d.Vendor)
 	binary.LittleEndian.PutUint16(c[0x02:], d.Device)
 	c[0x09], c[0x0a], c[0x0b] = byte(d.Class), byte(d.Class>>8), byte(d.Class>>16)
-	if d.Class>>8 == ClassBridge>>8 {
+	if d.Class>>8 == vfio.ClassBridge>>8 {
 		c[0x0e] = 0x01 // header type 1: PCI-to-PCI bridge
 	} else {
 		binary.LittleEndian.PutUint16(c[0x2c:], d.SubsystemVendor)
@@ -335,6 +337,16 @@ func (k *Kernel) kernelNode(p []string) (node, bool) {
 	return node{}, false
 }
 
+// parseGroupName parses a directory name under kernel/iommu_groups; like
+// sysfs, it accepts only the canonical decimal form.
+func parseGroupName(name string) (int, error) {
+	n, err := strconv.Atoi(name)
+	if err != nil || n < 0 || n > vfio.MaxIOMMUGroup || strconv.Itoa(n) != name {
+		return 0, fmt.Errorf("%s is not an IOMMU group number", quote(name))
+	}
+	return n, nil
+}
+
 // groups returns the IOMMU groups that have a member for which keep holds,
 // as directory names.
 func (k *Kernel) groups(keep func(*kdev) bool) []string {
@@ -363,7 +375,7 @@ func (k *Kernel) devNode(p []string) (node, bool) {
 	if p[0] != "vfio" {
 		return node{}, false
 	}
-	onVFIO := k.groups(func(d *kdev) bool { return d.Driver == DriverVFIO })
+	onVFIO := k.groups(func(d *kdev) bool { return d.Driver == vfio.DriverVFIO })
 	switch len(p) {
 	case 1:
 		return dirNode(append([]string{"vfio"}, onVFIO...)...), true

@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"fmt"
@@ -7,11 +7,13 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
-// FakeProcess is a simulated process that opens VFIO groups: the QEMU of a
+// Process is a simulated process that opens VFIO groups: the QEMU of a
 // running VM. Cmdline is its argv (QEMU's `-name guest=NAME` names the VM).
-type FakeProcess struct {
+type Process struct {
 	PID     int
 	Comm    string
 	Cmdline []string
@@ -19,7 +21,7 @@ type FakeProcess struct {
 
 // fakeOpen is one open /dev/vfio/N of a simulated process.
 type fakeOpen struct {
-	proc  FakeProcess
+	proc  Process
 	group int
 	fd    int
 }
@@ -31,11 +33,11 @@ type fakeOpen struct {
 // holds the group. While the group is open, an unbind of a member from
 // vfio-pci blocks until it is closed, as vfio-pci's remove waits for the
 // device's user; UnbindsWhileOpen counts such unbinds.
-func (k *Kernel) OpenGroup(group int, p FakeProcess) (closeGroup func(), err error) {
+func (k *Kernel) OpenGroup(group int, p Process) (closeGroup func(), err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	name := fmt.Sprintf("/dev/vfio/%d", group)
-	if !slices.Contains(k.groups(func(d *kdev) bool { return d.Driver == DriverVFIO }), strconv.Itoa(group)) {
+	if !slices.Contains(k.groups(func(d *kdev) bool { return d.Driver == vfio.DriverVFIO }), strconv.Itoa(group)) {
 		return nil, &fs.PathError{Op: "open", Path: name, Err: syscall.ENOENT}
 	}
 	if p.PID <= 0 {
@@ -81,7 +83,7 @@ func (k *Kernel) waitGroupClosed(addr string) {
 	for {
 		k.mu.Lock()
 		d, ok := k.devs[addr]
-		if !ok || d.Driver != DriverVFIO || !k.groupOpenLocked(d.IOMMUGroup) {
+		if !ok || d.Driver != vfio.DriverVFIO || !k.groupOpenLocked(d.IOMMUGroup) {
 			k.mu.Unlock()
 			return
 		}
@@ -111,7 +113,7 @@ func (k *Kernel) groupOpenLocked(group int) bool {
 // VFIO group open (OpenGroup), with fd links to /dev/vfio/N, comm and
 // cmdline. The agent scans it instead of the host's /proc when it runs on
 // this kernel.
-func (k *Kernel) Proc() ProcFS { return kernelProc{k} }
+func (k *Kernel) Proc() vfio.ProcFS { return kernelProc{k} }
 
 type kernelProc struct{ k *Kernel }
 

@@ -1,8 +1,10 @@
-package vfio
+package fakekernel
 
 import (
 	"fmt"
 	"slices"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // Hold makes the next unbind of the device at addr, from whatever driver it
@@ -41,7 +43,7 @@ func (k *Kernel) Remove(addr string) error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.emit(PCIEvent{Action: UeventRemove, Address: addr})
+	k.emit(vfio.PCIEvent{Action: vfio.UeventRemove, Address: addr})
 	return nil
 }
 

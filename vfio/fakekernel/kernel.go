@@ -1,4 +1,4 @@
-package vfio
+package fakekernel
 
 import (
 	"fmt"
@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
-// FakeDevice describes one PCI function of a simulated machine as it is at
+// Function describes one PCI function of a simulated machine as it is at
 // boot: Driver is the driver it is bound to then ("" for none).
-type FakeDevice struct {
+type Function struct {
 	Address         string `json:"address" yaml:"address"`
 	Vendor          uint16 `json:"vendor" yaml:"vendor"`
 	Device          uint16 `json:"device" yaml:"device"`
@@ -29,11 +31,11 @@ type FakeDevice struct {
 	NoReset bool `json:"no_reset,omitempty" yaml:"no_reset,omitempty"`
 }
 
-// KernelConfig is a simulated machine at boot: the host drivers that are
+// Config is a simulated machine at boot: the host drivers that are
 // loaded (vfio-pci is always loaded) and the PCI functions.
-type KernelConfig struct {
-	Drivers []string     `json:"drivers" yaml:"drivers"`
-	Devices []FakeDevice `json:"devices" yaml:"devices"`
+type Config struct {
+	Drivers []string   `json:"drivers" yaml:"drivers"`
+	Devices []Function `json:"devices" yaml:"devices"`
 }
 
 // Write is one WriteFile call the Kernel received, successful or not.
@@ -43,11 +45,11 @@ type Write struct {
 	Err  error // what the write returned; nil on success
 }
 
-// Kernel is an in-memory Linux PCI and vfio subsystem behind FS. It serves
-// the sysfs tree gpuherd uses and obeys the kernel's semantics for
+// Kernel is an in-memory Linux PCI and vfio subsystem behind vfio.FS. It
+// serves the sysfs tree gpuherd uses and obeys the kernel's semantics for
 // driver_override, driver/unbind, drivers/*/bind|unbind, drivers_probe,
-// iommu_group and /dev/vfio/N, with the same errno values, so the Binder is
-// tested against the rules it will meet on a host. Tests and
+// iommu_group and /dev/vfio/N, with the same errno values, so vfio's Binder
+// is tested against the rules it will meet on a host. Tests and
 // `gpuherd agent --simulate` use it; Hold, Remove and SetConfigAllOnes
 // inject the faults real cards show.
 //
@@ -76,7 +78,7 @@ type Kernel struct {
 
 // kdev is the live state of one simulated function.
 type kdev struct {
-	FakeDevice           // Driver: the current driver
+	Function             // Driver: the current driver
 	Override      string // driver_override; "" when unset
 	HostDriver    string // driver that binds it by ID match; "" none
 	ConfigAllOnes bool
@@ -89,33 +91,33 @@ type kdev struct {
 func matchHostDriver(vendor uint16, class uint32) string {
 	base := class >> 8
 	switch {
-	case vendor == VendorNVIDIA && (base == Class3D>>8 || base == ClassVGA>>8 || base == ClassNVSwitch>>8):
-		return DriverNVIDIA
-	case base == ClassAudio>>8:
+	case vendor == vfio.VendorNVIDIA && (base == vfio.Class3D>>8 || base == vfio.ClassVGA>>8 || base == vfio.ClassNVSwitch>>8):
+		return vfio.DriverNVIDIA
+	case base == vfio.ClassAudio>>8:
 		return "snd_hda_intel"
-	case class == ClassUSB:
+	case class == vfio.ClassUSB:
 		return "xhci_hcd"
-	case vendor == VendorNVIDIA && class == ClassSerialBus:
+	case vendor == vfio.VendorNVIDIA && class == vfio.ClassSerialBus:
 		return "nvidia-gpu"
-	case base == ClassBridge>>8:
-		return driverPCIePort
+	case base == vfio.ClassBridge>>8:
+		return vfio.DriverPCIePort
 	}
 	return ""
 }
 
-// NewKernel boots a simulated machine from cfg. It refuses invalid or
+// New boots a simulated machine from cfg. It refuses invalid or
 // duplicate addresses, devices bound at boot to a driver that is not
 // loaded, vfio-pci devices without an IOMMU group, and dangling physfn.
-func NewKernel(cfg KernelConfig) (*Kernel, error) {
+func New(cfg Config) (*Kernel, error) {
 	devs := make([]kdev, 0, len(cfg.Devices))
 	for _, fd := range cfg.Devices {
 		host := matchHostDriver(fd.Vendor, fd.Class)
-		if fd.Driver != "" && fd.Driver != DriverVFIO {
+		if fd.Driver != "" && fd.Driver != vfio.DriverVFIO {
 			// A device the table does not know keeps the driver it
 			// booted on as its host driver (a NIC on ixgbe, ...).
 			host = fd.Driver
 		}
-		devs = append(devs, kdev{FakeDevice: fd, HostDriver: host})
+		devs = append(devs, kdev{Function: fd, HostDriver: host})
 	}
 	return newKernel(cfg.Drivers, devs)
 }
@@ -127,19 +129,19 @@ func newKernel(drivers []string, devs []kdev) (*Kernel, error) {
 		locks: make(map[string]chan struct{}),
 	}
 	for _, d := range drivers {
-		if err := validateDriverName(d); err != nil {
+		if err := vfio.ValidateDriverName(d); err != nil {
 			return nil, fmt.Errorf("vfio: simulated kernel: driver: %w", err)
 		}
 		k.drivers = append(k.drivers, d)
 	}
-	k.drivers = append(k.drivers, DriverVFIO)
+	k.drivers = append(k.drivers, vfio.DriverVFIO)
 	slices.Sort(k.drivers)
 	k.drivers = slices.Compact(k.drivers)
 
 	for i := range devs {
 		d := devs[i]
 		where := fmt.Sprintf("vfio: simulated kernel: device %s", quote(d.Address))
-		if err := ValidateAddress(d.Address); err != nil {
+		if err := vfio.ValidateAddress(d.Address); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if _, dup := k.devs[d.Address]; dup {
@@ -148,18 +150,18 @@ func newKernel(drivers []string, devs []kdev) (*Kernel, error) {
 		switch {
 		case d.Class > 0xffffff:
 			return nil, fmt.Errorf("%s: class %#x is wider than 24 bits", where, d.Class)
-		case d.IOMMUGroup < -1 || d.IOMMUGroup > maxIOMMUGroup:
+		case d.IOMMUGroup < -1 || d.IOMMUGroup > vfio.MaxIOMMUGroup:
 			return nil, fmt.Errorf("%s: IOMMU group %d out of range (-1 for none)", where, d.IOMMUGroup)
-		case d.NUMANode < -1 || d.NUMANode > maxNUMANode:
+		case d.NUMANode < -1 || d.NUMANode > vfio.MaxNUMANode:
 			return nil, fmt.Errorf("%s: NUMA node %d out of range (-1 for unknown)", where, d.NUMANode)
 		case d.Driver != "" && !k.loaded(d.Driver):
 			return nil, fmt.Errorf("%s: bound to driver %q, which is not loaded (add it to drivers)", where, d.Driver)
-		case d.Driver == DriverVFIO && d.IOMMUGroup < 0:
+		case d.Driver == vfio.DriverVFIO && d.IOMMUGroup < 0:
 			return nil, fmt.Errorf("%s: bound to vfio-pci without an IOMMU group, which the kernel never allows", where)
 		}
 		for _, name := range []string{d.Override, d.HostDriver} {
 			if name != "" {
-				if err := validateDriverName(name); err != nil {
+				if err := vfio.ValidateDriverName(name); err != nil {
 					return nil, fmt.Errorf("%s: %w", where, err)
 				}
 			}
@@ -194,9 +196,9 @@ func split(rel string) []string {
 	return strings.Split(rel, "/")
 }
 
-// ReadFile implements FS.
+// ReadFile implements vfio.FS.
 func (k *Kernel) ReadFile(name string) ([]byte, error) {
-	dev, rel, err := cleanName("read", name)
+	dev, rel, err := vfio.CleanName("read", name)
 	if err != nil {
 		return nil, err
 	}
@@ -222,9 +224,9 @@ func (k *Kernel) ReadFile(name string) ([]byte, error) {
 	return slices.Clone(n.content), nil
 }
 
-// Readlink implements FS.
+// Readlink implements vfio.FS.
 func (k *Kernel) Readlink(name string) (string, error) {
-	dev, rel, err := cleanName("readlink", name)
+	dev, rel, err := vfio.CleanName("readlink", name)
 	if err != nil {
 		return "", err
 	}
@@ -246,9 +248,9 @@ func (k *Kernel) Readlink(name string) (string, error) {
 	return n.link, nil
 }
 
-// ReadDir implements FS. Names are sorted, as os.ReadDir sorts them.
+// ReadDir implements vfio.FS. Names are sorted, as os.ReadDir sorts them.
 func (k *Kernel) ReadDir(name string) ([]string, error) {
-	dev, rel, err := cleanName("readdir", name)
+	dev, rel, err := vfio.CleanName("readdir", name)
 	if err != nil {
 		return nil, err
 	}
@@ -271,9 +273,9 @@ func (k *Kernel) ReadDir(name string) ([]string, error) {
 	return names, nil
 }
 
-// Exists implements FS; like stat(2) it follows links.
+// Exists implements vfio.FS; like stat(2) it follows links.
 func (k *Kernel) Exists(name string) bool {
-	dev, rel, err := cleanName("stat", name)
+	dev, rel, err := vfio.CleanName("stat", name)
 	if err != nil {
 		return false
 	}
