@@ -1,4 +1,4 @@
-package vfio_test
+package fakekernel_test
 
 import (
 	"encoding/json"

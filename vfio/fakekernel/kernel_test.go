@@ -1,4 +1,4 @@
-package vfio_test
+package fakekernel_test
 
 import (
 	"errors"
@@ -27,55 +27,55 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:   "driver_override alone does not unbind",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}},
 			driver: "nvidia", ovr: "vfio-pci",
 		},
 		{
 			name:   "a newline clears driver_override",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DevicePath(gpuA, "driver_override"), "\n"}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {devicePath(gpuA, "driver_override"), "\n"}},
 			driver: "nvidia",
 		},
 		{
 			name:   "an empty write clears driver_override",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci\n"}, {vfio.DevicePath(gpuA, "driver_override"), ""}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci\n"}, {devicePath(gpuA, "driver_override"), ""}},
 			driver: "nvidia",
 		},
 		{
 			name:   "drivers_probe binds the override driver",
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA + "\n"}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA + "\n"}},
 			driver: vfio.DriverVFIO, ovr: vfio.DriverVFIO,
 		},
 		{
 			name:   "drivers_probe binds the host driver by ID without an override",
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{vfio.DriversProbe, gpuA}},
+			writes: []write{{driversProbe, gpuA}},
 			driver: "nvidia",
 		},
 		{
 			name:   "drivers_probe on a bound device is a no-op",
 			dev:    gpu(gpuA, 12, "nvidia"),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA}},
 			driver: "nvidia", ovr: vfio.DriverVFIO,
 		},
 		{
 			name:   `override "none" keeps every driver away`,
 			dev:    gpu(gpuA, 12, ""),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "none"}, {vfio.DriversProbe, gpuA}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "none"}, {driversProbe, gpuA}},
 			driver: "", ovr: "none",
 		},
 		{
 			name:   "vfio-pci without an IOMMU group: probe succeeds, binds nothing",
 			dev:    gpu(gpuA, -1, ""),
-			writes: []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {vfio.DriversProbe, gpuA}},
+			writes: []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {driversProbe, gpuA}},
 			driver: "", ovr: vfio.DriverVFIO,
 		},
 		{
 			name:    "vfio-pci bind without an IOMMU group is EINVAL",
 			dev:     gpu(gpuA, -1, ""),
-			writes:  []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/vfio-pci/bind", gpuA}},
+			writes:  []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/vfio-pci/bind", gpuA}},
 			wantErr: syscall.EINVAL,
 			ovr:     vfio.DriverVFIO,
 		},
@@ -88,7 +88,7 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "bind to a driver other than the override is ENODEV",
 			dev:     gpu(gpuA, 12, ""),
-			writes:  []write{{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/nvidia/bind", gpuA}},
+			writes:  []write{{devicePath(gpuA, "driver_override"), "vfio-pci"}, {"bus/pci/drivers/nvidia/bind", gpuA}},
 			wantErr: syscall.ENODEV,
 			ovr:     vfio.DriverVFIO,
 		},
@@ -120,7 +120,7 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "driver/unbind of an unbound device does not exist",
 			dev:     gpu(gpuA, 12, ""),
-			writes:  []write{{vfio.DevicePath(gpuA, "driver/unbind"), gpuA}},
+			writes:  []write{{devicePath(gpuA, "driver/unbind"), gpuA}},
 			wantErr: fs.ErrNotExist,
 		},
 		{
@@ -132,7 +132,7 @@ func TestKernelSemantics(t *testing.T) {
 		{
 			name:    "read-only attributes are EACCES",
 			dev:     gpu(gpuA, 12, "nvidia"),
-			writes:  []write{{vfio.DevicePath(gpuA, "vendor"), "0x1002"}},
+			writes:  []write{{devicePath(gpuA, "vendor"), "0x1002"}},
 			wantErr: syscall.EACCES,
 			driver:  "nvidia",
 		},
@@ -204,23 +204,23 @@ func TestKernelTree(t *testing.T) {
 		return strings.Join(s, " ")
 	}
 	checks := []struct{ got, want string }{
-		{read(vfio.DevicePath(gpuA, "vendor")), "0x10de\n"},
-		{read(vfio.DevicePath(gpuA, "class")), "0x030200\n"},
-		{read(vfio.DevicePath(gpuA, "numa_node")), "0\n"},
-		{read(vfio.DevicePath(gpuA, "driver_override")), "(null)\n"},
+		{read(devicePath(gpuA, "vendor")), "0x10de\n"},
+		{read(devicePath(gpuA, "class")), "0x030200\n"},
+		{read(devicePath(gpuA, "numa_node")), "0\n"},
+		{read(devicePath(gpuA, "driver_override")), "(null)\n"},
 		{read("bus/pci/drivers/vfio-pci/" + gpuA + "/device"), "0x2330\n"},
 		{read("kernel/iommu_groups/12/devices/" + audioA + "/class"), "0x040300\n"},
-		{read(vfio.DevicePath(gpuA, "iommu_group/devices/"+audioA+"/vendor")), "0x10de\n"},
-		{link(vfio.DevicePath(gpuA, "driver")), "../../../bus/pci/drivers/vfio-pci"},
-		{link(vfio.DevicePath(gpuA, "iommu_group")), "../../../kernel/iommu_groups/12"},
-		{link(vfio.DevicePath(gpuA, "")), "../../../devices/pci0000:00/0000:3b:00.0"},
-		{link(vfio.DevicePath("0000:5e:00.4", "physfn")), "../" + gpuB},
+		{read(devicePath(gpuA, "iommu_group/devices/"+audioA+"/vendor")), "0x10de\n"},
+		{link(devicePath(gpuA, "driver")), "../../../bus/pci/drivers/vfio-pci"},
+		{link(devicePath(gpuA, "iommu_group")), "../../../kernel/iommu_groups/12"},
+		{link(devicePath(gpuA, "")), "../../../devices/pci0000:00/0000:3b:00.0"},
+		{link(devicePath("0000:5e:00.4", "physfn")), "../" + gpuB},
 		{link("kernel/iommu_groups/12/devices/" + gpuA), "../../../../devices/pci0000:00/0000:3b:00.0"},
 		{dir("kernel/iommu_groups"), "12 30 31"},
 		{dir("kernel/iommu_groups/12/devices"), gpuA + " " + audioA},
 		{dir("bus/pci/drivers/vfio-pci"), gpuA + " bind unbind"},
 		{dir("bus/pci/drivers"), "ixgbe nvidia pcieport snd_hda_intel vfio-pci xhci_hcd"},
-		{dir(vfio.DevicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node reset reset_method subsystem_device subsystem_vendor vendor"},
+		{dir(devicePath(gpuB, "")), "class config device driver driver_override iommu_group numa_node reset reset_method subsystem_device subsystem_vendor vendor"},
 		{dir("/dev/vfio"), "12 vfio"},
 	}
 	for i, c := range checks {
@@ -228,7 +228,7 @@ func TestKernelTree(t *testing.T) {
 			t.Errorf("check %d: got %q, want %q", i, c.got, c.want)
 		}
 	}
-	cfg := []byte(read(vfio.DevicePath(gpuA, "config")))
+	cfg := []byte(read(devicePath(gpuA, "config")))
 	if len(cfg) != 256 || cfg[0] != 0xde || cfg[1] != 0x10 || cfg[2] != 0x30 || cfg[3] != 0x23 || cfg[0x0b] != 0x03 {
 		t.Errorf("config space header % x", cfg[:16])
 	}
@@ -236,13 +236,13 @@ func TestKernelTree(t *testing.T) {
 		err  error
 		want error
 	}{
-		{errOf(k.ReadFile(vfio.DevicePath(gpuA, "nope"))), fs.ErrNotExist},
-		{errOf(k.ReadFile(vfio.DevicePath(gpuA, ""))), syscall.EISDIR},
-		{errOf(k.ReadFile(vfio.DriversProbe)), syscall.EACCES},
+		{errOf(k.ReadFile(devicePath(gpuA, "nope"))), fs.ErrNotExist},
+		{errOf(k.ReadFile(devicePath(gpuA, ""))), syscall.EISDIR},
+		{errOf(k.ReadFile(driversProbe)), syscall.EACCES},
 		{errOf(k.ReadFile("/dev/vfio/12")), syscall.EINVAL},
-		{errOf(k.Readlink(vfio.DevicePath(gpuA, "vendor"))), syscall.EINVAL},
-		{errOf(k.ReadDir(vfio.DevicePath(gpuA, "vendor"))), syscall.ENOTDIR},
-		{errOf(k.ReadFile(vfio.DevicePath(gpuA, "vendor/x"))), syscall.ENOTDIR},
+		{errOf(k.Readlink(devicePath(gpuA, "vendor"))), syscall.EINVAL},
+		{errOf(k.ReadDir(devicePath(gpuA, "vendor"))), syscall.ENOTDIR},
+		{errOf(k.ReadFile(devicePath(gpuA, "vendor/x"))), syscall.ENOTDIR},
 		{errOf(k.ReadFile("/etc/passwd")), vfio.ErrInvalidPath},
 		{errOf(k.ReadFile("/dev/../etc/passwd")), vfio.ErrInvalidPath},
 	}
@@ -251,7 +251,7 @@ func TestKernelTree(t *testing.T) {
 			t.Errorf("error %d: %v, want %v", i, e.err, e.want)
 		}
 	}
-	if k.Exists("/dev/vfio/30") || !k.Exists("/dev/vfio/vfio") || !k.Exists(vfio.DevicePath(gpuA, "driver")) || k.Exists(vfio.DevicePath(gpuB, "physfn")) {
+	if k.Exists("/dev/vfio/30") || !k.Exists("/dev/vfio/vfio") || !k.Exists(devicePath(gpuA, "driver")) || k.Exists(devicePath(gpuB, "physfn")) {
 		t.Error("Exists disagrees with the tree")
 	}
 }
@@ -264,10 +264,10 @@ func TestKernelVFIODeviceNodeFollowsBinding(t *testing.T) {
 		name, data string
 		want       bool
 	}{
-		{vfio.DevicePath(gpuA, "driver_override"), "vfio-pci", false},
-		{vfio.DriversProbe, gpuA, true},
-		{vfio.DevicePath(audioA, "driver_override"), "vfio-pci", true},
-		{vfio.DriversProbe, audioA, true},
+		{devicePath(gpuA, "driver_override"), "vfio-pci", false},
+		{driversProbe, gpuA, true},
+		{devicePath(audioA, "driver_override"), "vfio-pci", true},
+		{driversProbe, audioA, true},
 		{"bus/pci/drivers/vfio-pci/unbind", gpuA, true}, // audio still holds the group
 		{"bus/pci/drivers/vfio-pci/unbind", audioA, false},
 	}
@@ -309,9 +309,9 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- k.WriteFile(vfio.DevicePath(gpuA, "driver/unbind"), []byte(gpuA)) }()
+	go func() { done <- k.WriteFile(devicePath(gpuA, "driver/unbind"), []byte(gpuA)) }()
 
-	if err := k.WriteFile(vfio.DevicePath(gpuB, "driver/unbind"), []byte(gpuB)); err != nil {
+	if err := k.WriteFile(devicePath(gpuB, "driver/unbind"), []byte(gpuB)); err != nil {
 		t.Fatalf("unbind of another device while one is held: %v", err)
 	}
 	if _, err := vfio.New(k).Devices(); err != nil {
@@ -330,10 +330,10 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 		t.Errorf("after the held unbind returned the GPU is on %q", d)
 	}
 	// Only the next unbind was held.
-	if err := k.WriteFile(vfio.DevicePath(gpuA, "driver_override"), []byte("nvidia")); err != nil {
+	if err := k.WriteFile(devicePath(gpuA, "driver_override"), []byte("nvidia")); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.WriteFile(vfio.DriversProbe, []byte(gpuA)); err != nil {
+	if err := k.WriteFile(driversProbe, []byte(gpuA)); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.WriteFile("bus/pci/drivers/nvidia/unbind", []byte(gpuA)); err != nil {
