@@ -22,7 +22,10 @@ type attempt struct {
 	rr     api.ReserveRequest // what each owner is asked to reserve
 	want   []placement.Want   // the request, as placement ranks it
 	prefer string             // the preferred server, or ""
-	view   []target           // the servers as this attempt saw them first
+	// anyNode lets a remembered ID be placed elsewhere than the server it
+	// last ran on (lifecycle.go).
+	anyNode bool
+	view    []target // the servers as this attempt saw them first
 	// vouch, when set, says whether the claim ID's home vouched that
 	// nobody else is placing it; it is asked once a reservation is made,
 	// before committing it (it may wait for the home's answer), and a
@@ -85,9 +88,15 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 			}
 			c, err := at.placeVouched(ctx, vouch)
 			if vouch("") {
-				// Reserved elsewhere than the server the ID last ran on,
-				// which can hold it: go back there (lifecycle.go).
-				return placed(at.returnTo(ctx, recalled(at.prefer, r.ans.LastOwner), c, err))
+				// The ID's home vouched for it: a reservation elsewhere
+				// than the server the ID last ran on goes back there, or
+				// (any_node) goes back there first when it can hold it
+				// (lifecycle.go).
+				last := recalled(at.prefer, r.ans.LastOwner)
+				if !at.anyNode && last != "" {
+					return placed(at.mustReturn(ctx, last, c, err))
+				}
+				return placed(at.returnTo(ctx, last, c, err))
 			}
 			var nv *notVouched
 			if errors.As(err, &nv) && !nv.held && r.err == nil && (r.ans.State == api.DirHeld || r.ans.State == api.DirPending) {
@@ -104,6 +113,9 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		switch ans.State {
 		case api.DirNew:
 			last := recalled(at.prefer, ans.LastOwner)
+			if !at.anyNode && last != "" {
+				return placed(api.Claim{}, &goBack{node: last})
+			}
 			p := *at
 			if last != "" {
 				p.prefer = last

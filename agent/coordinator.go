@@ -50,11 +50,7 @@ func (co *coordinator) Claim(ctx context.Context, id string, req api.ClaimReques
 	if err := validateVCPUs(req.VCPUs); err != nil {
 		return api.Claim{}, err
 	}
-	coordinate := co.coordinate
-	if req.SameNode {
-		coordinate = co.claimSameNode
-	}
-	c, err := coordinate(ctx, id, req)
+	c, err := co.claimWhere(ctx, id, req)
 	co.rec.ClaimDone(outcome(err), time.Since(start))
 	if err == nil {
 		c = withVCPUWarning(c, req.VCPUs)
@@ -146,6 +142,7 @@ func (co *coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 		rr:          api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName},
 		want:        wants(lreq.Items),
 		prefer:      req.PreferNode,
+		anyNode:     req.AnyNode,
 		view:        co.targets(),
 	}, nil
 }

@@ -142,7 +142,9 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 	}
 	for i := range req.Nodes {
 		id := nodeClaimID(name, i)
-		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: apiItems(items), Labels: map[string]string{groupLabel: name}})
+		// any_node: a node of an earlier group of this name is remembered
+		// where it ran, which must not pin the new group's nodes there.
+		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: apiItems(items), Labels: map[string]string{groupLabel: name}, AnyNode: true})
 		if err != nil {
 			a.log.Warn("group creation failed; releasing its placed nodes", "group", name, "node", i, "err", err)
 			for j := range i {

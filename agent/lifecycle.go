@@ -15,9 +15,11 @@ import (
 // claims the same ID. The owner remembers a released claim (its ledger,
 // for remember_released) and tells the ID's home, which remembers the
 // server in memory; a later claim of the ID without a preferred server
-// goes back there when that server can hold it, and says so in a warning
-// when it cannot. The owners re-send what they remember when the homes
-// move, so the memory survives a home's restart.
+// goes back there, and when that server cannot hold it the answer is "not
+// available" with what it can hold (the platform's "Select an alternative
+// GPU"). With any_node such a claim is placed elsewhere instead, with a
+// warning. The owners re-send what they remember when the homes move, so
+// the memory survives a home's restart.
 
 // vCPU guidance of the platform: 8 to 16 vCPUs per GPU.
 const (
@@ -69,11 +71,14 @@ func recalled(prefer, last string) string {
 
 // stays reports whether a reservation on server may be committed as far
 // as last, the server the ID last ran on, is concerned: nothing is
-// remembered, it is that server, or that server cannot hold the request
-// by this attempt's view.
+// remembered, it is that server, or (with any_node) that server cannot
+// hold the request by this attempt's view.
 func (at *attempt) stays(last, server string) bool {
 	if last == "" || last == server {
 		return true
+	}
+	if !at.anyNode {
+		return false
 	}
 	t, ok := targetNamed(at.view, last)
 	if !ok {
@@ -101,6 +106,32 @@ func (at *attempt) returnTo(ctx context.Context, last string, c api.Claim, err e
 	p.prefer = last
 	c, err = p.placeVouched(ctx, func(string) bool { return true })
 	return at.notePlaced(last, c, err)
+}
+
+// goBack is the answer of a placement that found the ID remembered on
+// node, the server it last ran on, without committing it there: the claim
+// may not move (no any_node), and coordinator.claimWhere places it on node
+// alone, or answers with what node can hold.
+type goBack struct{ node string }
+
+func (g *goBack) Error() string { return "the claim goes back to " + g.node }
+
+// mustReturn finishes a placement whose ID's home vouched for it and
+// remembers last, when the claim may not move: committed on last, it is
+// done; a reservation elsewhere is dropped and the answer is a *goBack.
+func (at *attempt) mustReturn(ctx context.Context, last string, c api.Claim, err error) (api.Claim, error) {
+	var nv *notVouched
+	switch {
+	case errors.As(err, &nv):
+		if nv.held {
+			// The owner already held it committed (a retry): that is the claim.
+			return at.commit(ctx, nv.t)
+		}
+		at.abortReservation(ctx, nv.t)
+	case err == nil || errors.Is(err, errCommitUnknown):
+		return at.notePlaced(last, c, err)
+	}
+	return api.Claim{}, &goBack{node: last}
 }
 
 // notePlaced warns when a claim of a remembered ID was placed elsewhere

@@ -11,8 +11,9 @@ import (
 
 // A VM stopped and started again (release, then claim of the same ID with
 // no server named) goes back to the server it ran on, even when best fit
-// would pick another; when that server is full, it goes elsewhere and the
-// answer says so.
+// would pick another; when that server is full, the answer is "not
+// available" naming it, and nothing is placed; with any_node it goes
+// elsewhere and the answer says so.
 func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
 	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
 	ctx := context.Background()
@@ -60,15 +61,30 @@ func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
 		})
 	}
 
-	// c fills up meanwhile: the VM starts elsewhere, with a warning.
+	// c fills up meanwhile: the VM does not start elsewhere by itself. The
+	// first reservation lands on a or b (best fit by the view), is dropped,
+	// and the answer names c.
 	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 8}}, PreferNode: "c"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err = b.Claim(ctx, id, one)
-	if err != nil || cl.Node == "c" {
-		t.Fatalf("start with c full: %+v, %v", cl, err)
+	waitFor(t, "the view to see c full", 5*time.Second, func() bool { return freeOf(b, "NVIDIA H100 80GB") == 12 })
+	_, err = b.Claim(ctx, id, one)
+	e := apiErr(t, err)
+	want := "The following GPUs are not available: 1x NVIDIA H100 80GB on c, the server claim vm-restart last ran on; claim it with --any-node (any_node) to place it on another server"
+	if e.Code != api.CodeNotAvailable || e.Message != want || len(e.Alternatives) != 0 {
+		t.Fatalf("start with c full: %s %q %+v, want not_available %q and no alternatives (c has nothing free)", e.Code, e.Message, e.Alternatives, want)
 	}
-	want := "claim vm-restart last ran on c, which cannot hold 1x NVIDIA H100 80GB now; placed on " + cl.Node
+	for _, x := range []*Agent{a, b, c} {
+		if got, err := x.ledger.Get(id); err == nil {
+			t.Errorf("%s holds %+v after the refused start, want nothing (the reservation dropped)", x.cfg.NodeName, got)
+		}
+	}
+	// With any_node it starts elsewhere, with a warning.
+	cl, err = b.Claim(ctx, id, api.ClaimRequest{GPUs: one.GPUs, AnyNode: true})
+	if err != nil || cl.Node == "c" {
+		t.Fatalf("start with c full and any_node: %+v, %v", cl, err)
+	}
+	want = "claim vm-restart last ran on c, which cannot hold 1x NVIDIA H100 80GB now; placed on " + cl.Node
 	if len(cl.Warnings) != 1 || cl.Warnings[0] != want {
 		t.Errorf("warnings = %q, want %q", cl.Warnings, want)
 	}
@@ -151,10 +167,11 @@ func TestClusterReleaseOfAGPUInUseThroughAnotherAgent(t *testing.T) {
 	}
 }
 
-// same_node: a VM that must restart where it ran (its disks are there)
-// gets "not available" with what that server can hold when it is full,
-// and is never placed elsewhere.
-func TestClusterSameNodeOffersAlternativesInsteadOfMoving(t *testing.T) {
+// A VM that must restart where it ran (its disks are there) gets "not
+// available" with what that server can hold when it is full, and is never
+// placed elsewhere: by default, and with same_node (a synonym without
+// prefer_node). any_node lets it move.
+func TestClusterRestartOffersAlternativesInsteadOfMoving(t *testing.T) {
 	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
 	ctx := context.Background()
 	two := []api.Item{{Model: "H100 80GB", Count: 2}}
@@ -173,24 +190,34 @@ func TestClusterSameNodeOffersAlternativesInsteadOfMoving(t *testing.T) {
 		return err == nil && ans.LastOwner == "c"
 	})
 
-	_, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, SameNode: true})
-	e := apiErr(t, err)
-	want := "The following GPUs are not available: 2x NVIDIA H100 80GB on c, where claim vm-s must stay"
-	if e.Code != api.CodeNotAvailable || e.Message != want {
-		t.Fatalf("same-node claim with c full: %s %q, want not_available %q", e.Code, e.Message, want)
+	for _, req := range []api.ClaimRequest{{GPUs: two}, {GPUs: two, SameNode: true}} {
+		_, err := b.Claim(ctx, "vm-s", req)
+		e := apiErr(t, err)
+		want := "The following GPUs are not available: 2x NVIDIA H100 80GB on c, the server claim vm-s last ran on; claim it with --any-node (any_node) to place it on another server"
+		if e.Code != api.CodeNotAvailable || e.Message != want {
+			t.Fatalf("claim (same_node %v) with c full: %s %q, want not_available %q", req.SameNode, e.Code, e.Message, want)
+		}
+		if len(e.Alternatives) != 1 || api.DescribeItems(e.Alternatives[0].GPUs) != "1x NVIDIA H100 80GB" {
+			t.Errorf("alternatives = %+v, want what c can hold: 1x NVIDIA H100 80GB", e.Alternatives)
+		}
+		if _, err := a.Get(ctx, "vm-s"); !isCode(err, api.CodeNotFound) {
+			t.Errorf("vm-s after the refused claim: %v, want not found anywhere", err)
+		}
 	}
-	if len(e.Alternatives) != 1 || api.DescribeItems(e.Alternatives[0].GPUs) != "1x NVIDIA H100 80GB" {
-		t.Errorf("alternatives = %+v, want what c can hold: 1x NVIDIA H100 80GB", e.Alternatives)
+	if _, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, SameNode: true, AnyNode: true}); apiErr(t, err).Code != api.CodeInvalid {
+		t.Errorf("same_node with any_node: %v, want invalid", err)
 	}
-	if _, err := a.Get(ctx, "vm-s"); !isCode(err, api.CodeNotFound) {
-		t.Errorf("vm-s after the refused same-node claim: %v, want not found anywhere", err)
-	}
-	// Without same_node it moves, with a warning.
-	if cl, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two}); err != nil || cl.Node == "c" || len(cl.Warnings) != 1 {
-		t.Fatalf("claim without same_node: %+v, %v", cl, err)
+	// With any_node it moves, with a warning.
+	if cl, err := b.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, AnyNode: true}); err != nil || cl.Node == "c" || len(cl.Warnings) != 1 {
+		t.Fatalf("claim with any_node: %+v, %v", cl, err)
 	}
 	if _, err := b.Release(ctx, "vm-s"); err != nil {
 		t.Fatal(err)
+	}
+	// A server named with same_node: stay there, whatever is remembered.
+	_, err := a.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, PreferNode: "c", SameNode: true})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || e.Message != "The following GPUs are not available: 2x NVIDIA H100 80GB on c, where claim vm-s must stay" {
+		t.Fatalf("same-node claim on c, full: %s %q", e.Code, e.Message)
 	}
 	// With room on c again, same_node puts it there.
 	if _, err := c.Release(ctx, "filler"); err != nil {
@@ -198,5 +225,35 @@ func TestClusterSameNodeOffersAlternativesInsteadOfMoving(t *testing.T) {
 	}
 	if cl, err := a.Claim(ctx, "vm-s", api.ClaimRequest{GPUs: two, PreferNode: "c", SameNode: true}); err != nil || cl.Node != "c" {
 		t.Fatalf("same-node claim with room on c: %+v, %v", cl, err)
+	}
+}
+
+// A node group created again under an earlier group's name is not pinned
+// to the servers the earlier nodes ran on: its claims pass any_node.
+func TestClusterGroupIgnoresRememberedNodes(t *testing.T) {
+	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	two := []api.Item{{Model: "H100 80GB", Count: 2}}
+	id := nodeClaimID("pool", 0)
+	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: two, PreferNode: "c"}); err != nil || cl.Node != "c" {
+		t.Fatalf("the earlier group's node: %+v, %v", cl, err)
+	}
+	if _, err := a.Release(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}, PreferNode: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	home := map[string]*Agent{"a": a, "b": b, "c": c}[homeOf(id, a.targets()).name]
+	waitFor(t, "the home to learn the release", 5*time.Second, func() bool {
+		ans, err := home.LookupDirectory(ctx, id)
+		return err == nil && ans.LastOwner == "c"
+	})
+	if _, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: two}); apiErr(t, err).Code != api.CodeNotAvailable {
+		t.Fatalf("a plain claim of %s: %v, want not available (c is full)", id, err)
+	}
+	g, err := b.CreateGroup(ctx, "pool", api.GroupRequest{Nodes: 1, GPUs: two})
+	if err != nil || len(g.Claims) != 1 || g.Claims[0].Node == "c" {
+		t.Fatalf("group pool again: %+v, %v; want its node on a or b", g, err)
 	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -9,13 +10,35 @@ import (
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
-// claimSameNode places a claim that must stay on one server: the one the
-// caller names (prefer_node), or else the one the ID last ran on. When
-// that server cannot hold the request, the answer is "not available" with
-// what that server can hold instead: the platform's "Select an alternative
-// GPU" for a VM that restarts where its disks are. With no server named
-// and none remembered, the claim is placed like any other.
-func (co *coordinator) claimSameNode(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+// claimWhere places a claim where it may go. A claim with same_node and a
+// server named (prefer_node) goes there or nowhere. A claim of an ID
+// remembered on a server (released there within remember_released) with
+// no server named goes back there or nowhere, unless any_node lets it
+// move: the coordinator's placement finds the memory at the ID's home and
+// answers a *goBack when it did not commit there, and the claim is then
+// placed on that server alone.
+func (co *coordinator) claimWhere(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+	if req.SameNode && req.AnyNode {
+		return api.Claim{}, api.Invalid("any_node", "same_node keeps the claim on one server and any_node lets it move: give one of them")
+	}
+	if req.SameNode && req.PreferNode != "" {
+		return co.claimOn(ctx, id, req, req.PreferNode, false)
+	}
+	c, err := co.coordinate(ctx, id, req)
+	var gb *goBack
+	if errors.As(err, &gb) {
+		co.log.Info("claim goes back to the server it last ran on", "claim", id, "node", gb.node)
+		return co.claimOn(ctx, id, req, gb.node, true)
+	}
+	return c, err
+}
+
+// claimOn places a claim that must stay on node: the server the caller
+// named, or (remembered) the one the ID last ran on. Node's capacity is
+// read fresh first; when it cannot hold the request, the answer is "not
+// available" with what node can hold instead: the platform's "Select an
+// alternative GPU" for a VM that restarts where its disks are.
+func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequest, node string, remembered bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -23,27 +46,39 @@ func (co *coordinator) claimSameNode(ctx context.Context, id string, req api.Cla
 	if err != nil {
 		return api.Claim{}, err
 	}
-	node := req.PreferNode
-	if node == "" {
-		node = co.recallLastOwner(ctx, id, at.view)
-	}
-	if node == "" {
-		return co.coordinate(ctx, id, req)
-	}
+	req.PreferNode = node
+	req.SameNode = false
 	if _, err := co.Get(ctx, id); err == nil {
 		// Held already (a retry, or never released): the usual answer.
 		return co.coordinate(ctx, id, req)
 	}
+	why := fmt.Sprintf("where claim %s must stay", id)
+	if remembered {
+		why = fmt.Sprintf("the server claim %s last ran on", id)
+	}
 	t, ok := targetNamed(at.view, node)
 	if !ok {
+		if remembered {
+			return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s goes back to %s, the server it last ran on, which this agent does not see now; retry, or claim it with --any-node (any_node) to place it on another server", id, node)}
+		}
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s must stay on %s, which this agent does not see now; retry, or claim without same_node", id, node)}
 	}
+	refuse := func(fresh []placement.Server) error {
+		err := co.refuse(at.rr.Items, fresh)
+		if e, ok := err.(*api.Error); ok {
+			e.Message += " on " + node + ", " + why
+			if remembered {
+				e.Message += "; claim it with --any-node (any_node) to place it on another server"
+			}
+		}
+		return err
+	}
 	fresh := at.recheck(ctx, []target{t})
 	if len(placement.Rank(fresh, at.want, "", nil)) == 0 {
-		return api.Claim{}, co.refuseOn(id, node, at.rr.Items, fresh)
+		return api.Claim{}, refuse(fresh)
 	}
-	req.PreferNode = node
 	c, err := co.coordinateOn(ctx, id, req, fresh)
 	if err != nil || c.Node == node {
 		return c, err
@@ -58,7 +93,7 @@ func (co *coordinator) claimSameNode(ctx context.Context, id string, req api.Cla
 			return api.Claim{}, fmt.Errorf("claim %s must stay on %s but was placed on %s, and releasing it there failed (release it by hand): %w", id, node, c.Node, rerr)
 		}
 	}
-	return api.Claim{}, co.refuseOn(id, node, at.rr.Items, at.recheck(ctx, []target{t}))
+	return api.Claim{}, refuse(at.recheck(ctx, []target{t}))
 }
 
 // withFresh replaces the view of the targets named in fresh.
@@ -71,33 +106,4 @@ func withFresh(targets []target, fresh []placement.Server) []target {
 		}
 	}
 	return targets
-}
-
-// refuseOn is "not available" for a claim that must stay on node, with the
-// alternatives node can hold now.
-func (co *coordinator) refuseOn(id, node string, items []api.Item, servers []placement.Server) error {
-	err := co.refuse(items, servers)
-	if e, ok := err.(*api.Error); ok {
-		e.Message += fmt.Sprintf(" on %s, where claim %s must stay", node, id)
-	}
-	return err
-}
-
-// recallLastOwner asks the ID's home where the ID was last released.
-func (co *coordinator) recallLastOwner(ctx context.Context, id string, targets []target) string {
-	if co.cluster == nil {
-		return "" // this server alone: nowhere else to go
-	}
-	home := homeOf(id, targets)
-	dir, ok := home.owner.(api.Directory)
-	if !ok {
-		return ""
-	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
-	defer cancel()
-	ans, err := dir.LookupDirectory(lctx, id)
-	if err != nil {
-		return ""
-	}
-	return ans.LastOwner
 }

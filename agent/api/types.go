@@ -72,10 +72,16 @@ type ClaimRequest struct {
 	// VCPUs is the VM's vCPU count, when the caller says it: outside the
 	// 8–16 per GPU the platform recommends, the answer carries a warning.
 	VCPUs int `json:"vcpus,omitempty"`
-	// SameNode keeps the claim on PreferNode, or else on the server the ID
-	// last ran on: when that server cannot hold the request the answer is
-	// not_available with what it can hold, instead of another server.
+	// SameNode keeps the claim on PreferNode: when that server cannot hold
+	// the request the answer is not_available with what it can hold,
+	// instead of another server. Without PreferNode it is the default (a
+	// remembered ID goes back to the server it last ran on and nowhere
+	// else), accepted for older callers.
 	SameNode bool `json:"same_node,omitempty"`
+	// AnyNode lets a remembered ID (released within remember_released) be
+	// placed on another server, with a warning, when the server it last
+	// ran on cannot hold the request. It is still tried first.
+	AnyNode bool `json:"any_node,omitempty"`
 }
 
 // ResizeRequest changes a claim's GPUs (model or count).

@@ -160,6 +160,7 @@ func newClaimCmd(g *globals) *cobra.Command {
 		ho           handoffFlags
 		vcpus        int
 		sameNode     bool
+		anyNode      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
@@ -170,7 +171,10 @@ request, or --prefer-node when that one can) and bound there, with its IOMMU
 group, to vfio-pci. MODEL is matched case-insensitively, with or without
 "NVIDIA ", spaces and dashes alike, or by a unique abbreviation ("H100 80GB",
 "h100-80gb", "L40S"). Claiming again with the same ID and request returns
-the same claim. Exit code 3 when no server can hold the request (the
+the same claim. An ID released within remember_released goes back to the
+server it last ran on; when that server cannot hold the request the answer
+is "not available" with what it can hold (exit code 3), unless --any-node
+lets it go elsewhere. Exit code 3 when no server can hold the request (the
 alternatives follow), 6 when the ID is held under another request.`,
 		Args: idArg("one claim ID"),
 		// A new claim's ID is the caller's: nothing to complete.
@@ -185,7 +189,11 @@ alternatives follow), 6 when the ID is held under another request.`,
 				return usagef("--vcpus %d: give the VM's vCPU count, at least 1", vcpus)
 			}
 			req.VCPUs = vcpus
+			if sameNode && anyNode {
+				return usagef("--same-node and --any-node: give one of them")
+			}
 			req.SameNode = sameNode
+			req.AnyNode = anyNode
 			return callClaim(g, cmd, ho, func(ctx context.Context, c *api.Client) (api.Claim, error) { return c.Claim(ctx, args[0], req) })
 		},
 	}
@@ -194,7 +202,8 @@ alternatives follow), 6 when the ID is held under another request.`,
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
 	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (default: the server the ID last ran on, when remembered)")
 	cmd.Flags().IntVar(&vcpus, "vcpus", 0, "the VM's vCPUs: warns outside 8-16 per GPU")
-	cmd.Flags().BoolVar(&sameNode, "same-node", false, "stay on --prefer-node, or on the server the ID last ran on: not available (with alternatives) when it is full")
+	cmd.Flags().BoolVar(&sameNode, "same-node", false, "stay on --prefer-node: not available (with alternatives) when it is full (without --prefer-node: the default)")
+	cmd.Flags().BoolVar(&anyNode, "any-node", false, "let an ID released within remember_released go to another server when the one it last ran on is full (with a warning)")
 	_ = cmd.RegisterFlagCompletionFunc("gpu", completeModels(g))
 	_ = cmd.RegisterFlagCompletionFunc("prefer-node", completeNodes(g))
 	return cmd

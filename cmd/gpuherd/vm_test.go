@@ -179,6 +179,19 @@ func TestCLIClaimSameNode(t *testing.T) {
 	if out := ok(t, sock, "claim", "vm-1", "--gpu", "H100 80GB:1", "--prefer-node", "test", "--same-node"); !strings.HasPrefix(out, "Claim vm-1 on test: claimed") {
 		t.Errorf("same-node claim that fits: %q", out)
 	}
+	if r := gpuherd(t, sock, "claim", "vm-2", "--gpu", "H100 80GB:1", "--same-node", "--any-node"); r.code != exitUsage || !strings.Contains(r.stderr, "--same-node and --any-node") {
+		t.Errorf("--same-node with --any-node: %s; want a usage error", r)
+	}
+}
+
+// --any-node reaches the agent as any_node: a server alone remembers no
+// other server, and the claim is an ordinary one.
+func TestCLIClaimAnyNode(t *testing.T) {
+	t.Parallel()
+	sock := startAgent(t)
+	if out := ok(t, sock, "claim", "vm-1", "--gpu", "H100 80GB:1", "--any-node"); !strings.HasPrefix(out, "Claim vm-1 on test: claimed") {
+		t.Errorf("claim --any-node: %q", out)
+	}
 }
 
 // An alternative of several models is printed as the flags that ask for it.
