@@ -140,7 +140,11 @@ func (at *attempt) notePlaced(last string, c api.Claim, err error) (api.Claim, e
 	if err != nil || last == "" || c.Node == last {
 		return c, err
 	}
-	c.Warnings = append(c.Warnings, fmt.Sprintf("claim %s last ran on %s, which cannot hold %s now; placed on %s", at.id, last, api.DescribeItems(c.Items), c.Node))
+	why := "cannot hold " + api.DescribeItems(c.Items) + " now"
+	if _, seen := targetNamed(at.view, last); !seen {
+		why = "this agent does not see now"
+	}
+	c.Warnings = append(c.Warnings, fmt.Sprintf("claim %s last ran on %s, which %s; placed on %s", at.id, last, why, c.Node))
 	return c, nil
 }
 

@@ -257,3 +257,26 @@ func TestClusterGroupIgnoresRememberedNodes(t *testing.T) {
 		t.Fatalf("group pool again: %+v, %v; want its node on a or b", g, err)
 	}
 }
+
+// A claim of an ID remembered on a server this agent no longer sees (down,
+// cut off, removed) is placed wherever it fits: the VM cannot restart on a
+// server that is gone, and "unavailable" would have a retrying client loop
+// for a claim that holds nothing anywhere.
+func TestClusterRestartWhenTheLastServerIsGone(t *testing.T) {
+	_, a, _, _ := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	req := api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}
+	cl, err := a.claimOn(ctx, "vm-gone", req, "gone", true)
+	if err != nil {
+		t.Fatalf("claim remembered on a server nobody sees: %v; want placed elsewhere", err)
+	}
+	if cl.Node == "gone" || cl.Node == "" {
+		t.Fatalf("placed on %q", cl.Node)
+	}
+	// Not remembered but named with same_node: the caller asked for that
+	// server alone, so the answer stays a retryable unavailable.
+	_, err = a.claimOn(ctx, "vm-pinned", req, "gone", false)
+	if e := apiErr(t, err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "gone") {
+		t.Fatalf("same_node on an unseen server: %v; want unavailable naming it", err)
+	}
+}

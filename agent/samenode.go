@@ -59,8 +59,12 @@ func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequ
 	t, ok := targetNamed(at.view, node)
 	if !ok {
 		if remembered {
-			return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("claim %s goes back to %s, the server it last ran on, which this agent does not see now; retry, or claim it with --any-node (any_node) to place it on another server", id, node)}
+			// The server it last ran on is gone from this agent's view
+			// (down, cut off, removed): the VM cannot restart there, so
+			// it goes wherever it fits, with a warning, rather than
+			// answer "retry" until the server is back or the memory ends.
+			req.PreferNode, req.AnyNode = "", true
+			return co.coordinate(ctx, id, req)
 		}
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s must stay on %s, which this agent does not see now; retry, or claim without same_node", id, node)}
