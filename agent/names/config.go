@@ -69,10 +69,12 @@ func LANTiming() Timing {
 	}
 }
 
-// FastTiming is for tests in one process.
+// FastTiming is for tests in one process: short enough for many elections
+// a test, long enough that a loaded 2-core machine running -race does not
+// make the leader step down between two heartbeats.
 func FastTiming() Timing {
 	return Timing{
-		Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 100 * time.Millisecond,
+		Heartbeat: 250 * time.Millisecond, Election: 250 * time.Millisecond, LeaderLease: 250 * time.Millisecond,
 		Commit: 5 * time.Millisecond, Hold: 2 * time.Second, Expire: 20 * time.Millisecond,
 		SnapshotInterval: time.Second, SnapshotThreshold: 8192, TrailingLogs: 10240,
 	}
