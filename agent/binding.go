@@ -17,7 +17,14 @@ type bindFailure struct {
 	err         error
 }
 
+// errKeptBack: a GPU released while a VM still holds its VFIO group open
+// is kept back from new claims until the VM lets go.
+var errKeptBack = errors.New("a VM still holds its VFIO group open after its release; it is offered again once the VM lets go")
+
 func (b *bindFailure) Error() string {
+	if errors.Is(b.err, errKeptBack) {
+		return fmt.Sprintf("claim %s: GPU %s was not taken: %v", b.claim, b.addr, b.err)
+	}
 	if errors.Is(b.err, vfio.ErrGroupNotViable) {
 		return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci: its IOMMU group changed and cannot be passed through now (the GPU is unusable; nothing of its group was written): %v", b.claim, b.addr, b.err)
 	}

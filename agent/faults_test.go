@@ -366,7 +366,7 @@ func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 		if n := localFree(b, "NVIDIA L40S"); n != 0 {
 			t.Fatalf("b has %d L40S free with 2 claimed and 2 reserved", n)
 		}
-		took := waitFor(t, "the orphan reservation expires and is swept", faultLease+3*time.Second, func() bool {
+		took := waitFor(t, "the orphan reservation expires and is swept", faultLease+10*time.Second, func() bool {
 			_, err := b.Lookup(ctx, "vm-orphan")
 			return isCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
 		})
@@ -434,7 +434,7 @@ func TestIntegrationFaultSlowOwner(t *testing.T) {
 	if cl, err := c.Get(ctx, "vm-slow"); err != nil || cl.Node != "c" || cl.State != api.StateClaimed {
 		t.Errorf("get vm-slow while b holds a late reservation: %+v, %v; want the claim on c", cl, err)
 	}
-	took := waitFor(t, "b's late reservation expires", faultLease+3*time.Second, func() bool {
+	took := waitFor(t, "b's late reservation expires", faultLease+10*time.Second, func() bool {
 		_, err := b.ledger.Get("vm-slow")
 		return err != nil && localFree(b, "NVIDIA L40S") == 4 && noneOnVFIO(t, b)
 	})

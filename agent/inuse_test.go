@@ -444,3 +444,43 @@ func TestInUseChecksRunConcurrently(t *testing.T) {
 		}
 	}
 }
+
+// A release frees a GPU in the ledger before it marks the GPU kept back
+// (both under the GPU's device lock): a reservation made in that window
+// waits for the lock and then finds the GPU held open by the released
+// VM. It must not take it: a second VM's QEMU would find the group busy
+// (TestInUseChecksRunConcurrently once failed so, with EBUSY on open).
+func TestReservationNeverTakesAGPUAVMStillHolds(t *testing.T) {
+	dir := t.TempDir()
+	a := startAgent(t, testConfig(t, dir), machine(t, "dgx-h100", dir), nil)
+	defer a.Close()
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "fill", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.Claim(ctx, "vm-0", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := c.GPUs[0].PCIAddress
+	// The window: vm-0 released in the ledger, its GPU not yet marked as
+	// kept back (what the release does next, under the lock the
+	// reservation below then waits for).
+	if _, err := a.ledger.Release("vm-0", a.now()); err != nil {
+		t.Fatal(err)
+	}
+	a.use.mu.Lock()
+	a.use.returning = map[string]*returning{held: {since: a.now(), why: "release vm-0", warned: a.now()}}
+	a.use.mu.Unlock()
+
+	got, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 1}}, Coordinator: a.cfg.NodeName})
+	if err == nil {
+		t.Fatalf("reserved %+v: the GPU a VM still holds open went to another claim", got.GPUs)
+	}
+	if !strings.Contains(err.Error(), "still holds") {
+		t.Errorf("refusal does not say why: %v", err)
+	}
+	if _, err := a.ledger.Get("vm-1"); err == nil {
+		t.Error("the refused reservation was left in the ledger")
+	}
+}

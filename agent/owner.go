@@ -88,6 +88,18 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		return ledger.Claim{}, fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound)
 	}
 	if fresh {
+		// A release frees its GPUs in the ledger before it can see that a
+		// VM still holds one open and keep it back (under this lock): a
+		// reservation made in between must not hand that GPU to a second
+		// VM, whose QEMU would find its group busy.
+		for _, addr := range c.GPUs {
+			if o.use.isReturning(addr) {
+				if _, rerr := o.ledger.Release(id, o.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+					o.log.Error("dropping reservation of a GPU kept back", "claim", id, "err", rerr)
+				}
+				return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: errKeptBack}
+			}
+		}
 		// Look before touching: every group this claim would bind is
 		// checked before any binding changes.
 		if err := o.lookBeforeBind(id, c.GPUs); err != nil {
