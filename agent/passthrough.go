@@ -18,6 +18,10 @@ import (
 
 // passState holds the verdicts and what decides them.
 type passState struct {
+	// assess serializes assessments from reading the configuration to
+	// storing the verdicts: a watch batch that read the allow list before a
+	// reload must not store its verdict after the reload's.
+	assess   sync.Mutex
 	mu       sync.RWMutex
 	cfg      vfio.ReadinessConfig
 	verdicts map[string]vfio.Verdict // by GPU address
@@ -61,6 +65,8 @@ func (a *Agent) unusable(addr string) string {
 // returns the GPUs whose verdict changed and, of those, the ones that are
 // ready now. A GPU that cannot be read at all is left to the health check.
 func (a *Agent) assessGPUs(addrs []string, why string) (changed, nowReady []string) {
+	a.pass.assess.Lock()
+	defer a.pass.assess.Unlock()
 	a.pass.mu.RLock()
 	cfg := a.pass.cfg
 	a.pass.mu.RUnlock()
