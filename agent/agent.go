@@ -87,6 +87,10 @@ type Agent struct {
 	fenced map[string]string        // address → why the agent stopped offering it
 
 	use vmUse // the VMs holding GPUs open (inuse.go)
+
+	// names is the authority over claim IDs and group names; nil when this
+	// server runs alone (nameauthority.go).
+	names NameAuthority
 }
 
 var _ api.Service = (*Agent)(nil)
@@ -105,6 +109,7 @@ type options struct {
 	peerNet     PeerNetwork
 	readTimeout time.Duration
 	events      vfio.PCIEventSource
+	names       NameAuthority
 }
 
 // WithPCIEvents replaces the source of PCI uevents (by default the kernel's
@@ -169,7 +174,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
-		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot()}
+		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	a.watch.resync = make(chan struct{}, 1)
 	a.OnPCIChange(a.checkDriversOnEvents)

@@ -33,7 +33,7 @@ func threeAgents(t *testing.T, settle time.Duration, pa, pb, pc string) (tc *tes
 	return tc, a, b, c
 }
 
-func names(n int) []target {
+func namedTargets(n int) []target {
 	out := make([]target, n)
 	for i := range out {
 		out[i] = target{name: fmt.Sprintf("gpu-%03d", i)}
@@ -45,7 +45,7 @@ func names(n int) []target {
 // the IDs it was home for.
 func TestDirectoryHomesSpreadAndStay(t *testing.T) {
 	const servers, ids = 50, 20000
-	all := names(servers)
+	all := namedTargets(servers)
 	count := map[string]int{}
 	home := map[string]string{}
 	for i := range ids {

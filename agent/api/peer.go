@@ -13,6 +13,10 @@ type ReserveRequest struct {
 	Items       []Item            `json:"items"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Coordinator string            `json:"coordinator"`
+	// Token is the name registry's grant of the claim ID to this
+	// placement; the owner confirms it before it commits (docs/names.md).
+	// 0 when the cluster has no registry.
+	Token uint64 `json:"token,omitempty"`
 }
 
 // Owner is what a server offers coordinators for its own GPUs: the one

@@ -37,6 +37,10 @@ type Claim struct {
 	// Use is the VM running on the claim (MarkUse); zero when none. Files
 	// written before it existed have none.
 	Use Use `json:"use,omitzero"`
+	// NameToken is the name registry's token for the claim ID that this
+	// claim was confirmed under (agent/names); 0 when the server runs
+	// alone or the claim predates the registry.
+	NameToken uint64 `json:"name_token,omitempty"`
 }
 
 // GPU is what the ledger needs to know about one GPU of this server; the

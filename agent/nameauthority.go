@@ -1,0 +1,28 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// NameAuthority is the cluster's one authority over claim IDs and
+// node-group names (agent/names, docs/names.md): a name is acquired before
+// anything is reserved under it, confirmed by the owner that commits it,
+// and released once the owner's ledger has let it go. *names.Registry is
+// the real one; nil when this server runs alone (its ledger is then the
+// only authority it needs).
+type NameAuthority interface {
+	Acquire(ctx context.Context, key names.Key, caller, owner, request string, members []string) (names.Grant, error)
+	Confirm(ctx context.Context, key names.Key, token uint64, owner string, members []string) (names.Record, error)
+	Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error)
+	SetMembers(ctx context.Context, key names.Key, token uint64, members []string) (names.Record, error)
+	Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error)
+	RemoveMember(ctx context.Context, node string) ([]names.Key, error)
+}
+
+var _ NameAuthority = (*names.Registry)(nil)
+
+// WithNames makes n the agent's name authority instead of the registry its
+// configuration describes; tests share one in-process registry this way.
+func WithNames(n NameAuthority) Option { return func(o *options) { o.names = n } }
