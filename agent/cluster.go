@@ -102,7 +102,7 @@ func (a *Agent) startCluster() error {
 	}
 	c.g = g
 	c.server = &http.Server{
-		Handler:           api.NewPeerHandler(a, a, a.log),
+		Handler:           withCertCaller(api.NewPeerHandler(a, a, a.log)),
 		TLSConfig:         srvTLS,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       a.requestReadTimeout(),
@@ -312,3 +312,15 @@ func (b brokenOwner) LookupDirectory(context.Context, string) (api.DirAnswer, er
 }
 func (b brokenOwner) UpdateDirectory(context.Context, api.DirUpdate) error { return b.err }
 func (b brokenOwner) Capacity(context.Context) (api.Capacity, error)       { return api.Capacity{}, b.err }
+
+// withCertCaller attaches the node name of the verified client certificate
+// to every peer API request (api.CallerOf); the listener's TLS
+// configuration refuses any request without one.
+func withCertCaller(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if node, err := pki.PeerName(r); err == nil {
+			r = r.WithContext(api.WithCaller(r.Context(), node))
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -15,6 +15,8 @@ import (
 	"net/http/httptest"
 	"sync"
 	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
 )
 
 // ErrRefused is what a call to a killed member, or to an address nobody
@@ -228,7 +230,9 @@ func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, ctx.Err()
 		}
 	}
-	sreq := req.Clone(ctx)
+	// The member that called, as a mutual-TLS listener reads it from the
+	// client certificate.
+	sreq := req.Clone(api.WithCaller(ctx, rt.from))
 	sreq.Body = io.NopCloser(bytes.NewReader(body))
 	sreq.ContentLength = int64(len(body))
 	sreq.RequestURI = req.URL.RequestURI()

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
 )
 
 // echo answers with the caller's address, so a test sees who reached whom.
@@ -104,5 +106,20 @@ func TestAbortedHandlerGivesNoAnswer(t *testing.T) {
 	addr, _ := n.Serve("b", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
 	if _, err := call(t, &n, "a", addr, time.Second); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("aborted handler: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
+
+// The handler learns which member called, as from a client certificate.
+func TestCallerIsTheMemberThatCalled(t *testing.T) {
+	var n Network
+	addr, _ := n.Serve("b", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		node, _ := api.CallerOf(r.Context())
+		io.WriteString(w, node)
+	}))
+	for _, from := range []string{"a", "c"} {
+		got, err := call(t, &n, from, addr, time.Second)
+		if err != nil || got != from {
+			t.Fatalf("caller seen by b: %q, %v; want %q", got, err, from)
+		}
 	}
 }
