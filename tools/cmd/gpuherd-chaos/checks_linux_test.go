@@ -151,6 +151,8 @@ func TestClassify(t *testing.T) {
 		{&api.Error{Code: api.CodeNotAvailable}, outNotAvailable},
 		{&api.Error{Code: api.CodeNotFound}, outNotFound},
 		{&api.Error{Code: api.CodeLeaseExpired}, outRefused},
+		{&api.Error{Code: api.CodeConflict}, outConflict},
+		{&api.Error{Code: api.CodeInUse}, outRefused},
 		{&api.Error{Code: api.CodeUnavailable}, outAmbiguous},
 		{api.ErrAgentDown, outAmbiguous},
 	} {
@@ -167,7 +169,9 @@ func TestClassify(t *testing.T) {
 		want   outcome
 	}{
 		{4, "", outNotFound},
-		{6, "", outRefused},
+		{6, "", outConflict},
+		{6, `{"error":{"code":"conflict","message":"held under another request"}}`, outConflict},
+		{6, `{"error":{"code":"in_use","message":"a VM uses it"}}`, outRefused},
 		{2, "", outRefused},
 		{5, `{"error":{"code":"unreachable","message":"agent not reachable"}}`, outAmbiguous},
 		{5, "gpuherd: agent not reachable", outAmbiguous},
