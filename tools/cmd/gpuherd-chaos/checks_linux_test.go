@@ -32,7 +32,7 @@ func consistent() (*finalState, *history) {
 	h := newHistory(func(string, ...any) {})
 	h.recs["vm-1"] = &claimRec{id: "vm-1", committed: true, node: "n1", gpus: []string{"0000:18:00.0"}, ackAt: t0}
 	h.recs["vm-2"] = &claimRec{id: "vm-2", committed: true, node: "n1", gpus: []string{"0000:2a:00.0"}, ackAt: t0,
-		releaseSentAt: t0.Add(time.Second), released: true}
+		releaseSentAt: t0.Add(time.Second), released: true, releaseAckAt: t0.Add(time.Second)}
 	c := claimOn("n1", "vm-1", api.StateClaimed, "0000:18:00.0")
 	fs := &finalState{
 		status: map[string]api.Status{"n1": {Node: "n1", GPUs: []api.GPU{
