@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -17,13 +18,33 @@ import (
 // found as acknowledged).
 func probeHealed(w *workload, rng *rand.Rand, tag string) {
 	const strict = "with every fault healed and every agent up"
-	for i, a := range w.agents {
-		w.getUnknown(a, fmt.Sprintf("nx-%s-g%d", tag, i), i%2 == 0, strict)
-		w.releaseUnknown(a, fmt.Sprintf("nx-%s-r%d", tag, i), i%2 == 1, strict)
+	probe(w, w.agents, rng, heldRecs(w.h, ""), tag, strict)
+}
+
+// probe asks every agent of via, all at once (a call may wait out an
+// owner's timeout), for two IDs that never existed and for a share of the
+// claims held.
+func probe(w *workload, via []*agent, rng *rand.Rand, held []*claimRec, tag, strict string) {
+	var wg sync.WaitGroup
+	for i, a := range via {
+		var mine []*claimRec
+		for k, rec := range held {
+			if k%len(via) == i {
+				mine = append(mine, rec)
+			}
+		}
+		cli := rng.IntN(2) == 0
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.getUnknown(a, fmt.Sprintf("nx-%s-g%d", tag, i), cli, strict)
+			w.releaseUnknown(a, fmt.Sprintf("nx-%s-r%d", tag, i), !cli, strict)
+			for _, rec := range mine {
+				w.get(a, rec, cli)
+			}
+		}()
 	}
-	for _, rec := range heldRecs(w.h, "") {
-		w.get(w.agents[rng.IntN(len(w.agents))], rec, rng.IntN(2) == 0)
-	}
+	wg.Wait()
 }
 
 // heldRecs are the claims the run certainly holds now, on node (any node
@@ -75,13 +96,7 @@ func deadMember(ctx context.Context, w *workload, rng *rand.Rand, logf func(stri
 		logf("dead member: %v; probing anyway", err)
 	}
 	strict := fmt.Sprintf("with %s dead (every agent sees it so) and every other fault healed", dead.name)
-	for i, a := range live {
-		w.getUnknown(a, fmt.Sprintf("nx-dead-g%d", i), i%2 == 0, strict)
-		w.releaseUnknown(a, fmt.Sprintf("nx-dead-r%d", i), i%2 == 1, strict)
-	}
-	for _, rec := range heldRecs(w.h, dead.name) {
-		w.get(live[rng.IntN(len(live))], rec, rng.IntN(2) == 0)
-	}
+	probe(w, live, rng, heldRecs(w.h, dead.name), "dead", strict)
 	return dead
 }
 
