@@ -29,14 +29,17 @@ fi
 
 make build
 (cd tools && go build -o ../bin/gpuherd-chaos ./cmd/gpuherd-chaos)
+# FAULTS_NETNS_PREFIX names this run's namespaces, so that two runs on one
+# machine (two checkouts) never remove each other's.
+prefix="${FAULTS_NETNS_PREFIX:-ghc}"
 # Whatever happens, leave no namespace (or agent in one) behind.
-trap 'bin/gpuherd-chaos --cleanup || true' EXIT
+trap 'bin/gpuherd-chaos --cleanup --netns-prefix "$prefix" || true' EXIT
 
 # Fixed seeds: a failure prints its seed, and the same command line replays
 # the same schedule of faults and requests (timing still varies).
 status=0
 run() {
-	timeout --signal=TERM --kill-after=15 120 bin/gpuherd-chaos "$@" || status=1
+	timeout --signal=TERM --kill-after=15 120 bin/gpuherd-chaos --netns-prefix "$prefix" "$@" || status=1
 }
 run --seed 1 --agents 5 --duration 35s
 run --seed 2 --agents 7 --duration 35s --claimers 12
