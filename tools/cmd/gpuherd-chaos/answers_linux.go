@@ -29,7 +29,9 @@ const timeFmt = "15:04:05.000"
 //     request was ever accepted under the ID.
 func (h *history) judgeClaimLocked(rec *claimRec, via string, items []api.Item, start time.Time, o outcome, msg string, c api.Claim) {
 	same := slices.Equal(items, rec.items)
-	held := rec.heldAt(start)
+	// Held from before the request until now: a release sent while it was
+	// on its way may have freed the name first.
+	held := rec.heldAt(start) && rec.releaseSentAt.IsZero()
 	got := claimAddrs(c)
 	switch {
 	case o == outOK && !same:
@@ -72,7 +74,9 @@ func (h *history) judgeGetLocked(rec *claimRec, via string, start time.Time, o o
 				c.State, c.Node, claimAddrs(c), rec.node, rec.gpus)
 		}
 	case outNotFound:
-		if rec.heldAt(start) {
+		// Held from before the get until now (a release sent meanwhile
+		// may have been applied before the get looked).
+		if rec.heldAt(start) && rec.releaseSentAt.IsZero() {
 			h.violateLocked("held-id-not-found", "get %s through %s at %s answered %q; it was acknowledged on %s %v at %s and not released",
 				rec.id, via, start.Format(timeFmt), msg, rec.node, rec.gpus, rec.ackAt.Format(timeFmt))
 		}

@@ -70,6 +70,11 @@ func TestJudgeClaim(t *testing.T) {
 			r.releaseSentAt = t0.Add(time.Second)
 			return r
 		}, h100x2, outNotAvailable, api.Claim{}, ""},
+		{"not available with a release sent while it was on its way", func() *claimRec {
+			r := heldRec()
+			r.releaseSentAt = later.Add(time.Second)
+			return r
+		}, h100x2, outNotAvailable, api.Claim{}, ""},
 		{"its own request answered conflict", func() *claimRec {
 			return &claimRec{id: "vm-1", items: h100x2, ambiguousClaim: true}
 		}, h100x2, outConflict, api.Claim{}, "false-conflict"},
@@ -105,6 +110,7 @@ func TestJudgeGet(t *testing.T) {
 		{"held, read as not found", heldRec, t0.Add(time.Second), outNotFound, api.Claim{}, "held-id-not-found"},
 		{"not found while the release is on its way", released, t0.Add(1500 * time.Millisecond), outNotFound, api.Claim{}, ""},
 		{"found while the release is on its way", released, t0.Add(1500 * time.Millisecond), outOK, onN1, ""},
+		{"not found, with a release sent while the get was on its way", released, t0.Add(500 * time.Millisecond), outNotFound, api.Claim{}, ""},
 		{"released, gone", released, t0.Add(3 * time.Second), outNotFound, api.Claim{}, ""},
 		{"released, still found", released, t0.Add(3 * time.Second), outOK, onN1, "released-id-still-held"},
 	}
