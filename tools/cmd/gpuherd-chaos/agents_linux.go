@@ -22,6 +22,10 @@ const (
 	peerPort   = "7947"
 )
 
+// startMarker begins the line the harness writes into an agent's log at
+// each start, so that the checks can read what one process logged.
+const startMarker = "=== gpuherd-chaos: start "
+
 // profiles are the simulated servers, in turn: H100s on two servers of
 // different sizes, so that H100 requests have a choice and contend.
 var profiles = []string{"dgx-h100", "mixed", "l40s-4", "a100-pcie-4", "rtx6000pro-2"}
@@ -111,7 +115,7 @@ func (a *agent) start() error {
 	}
 	a.starts++
 	a.clockBase = readOffset(a.clockFile)
-	fmt.Fprintf(logFile, "=== gpuherd-chaos: start #%d of %s at %s, clock offset %s ===\n", a.starts, a.name, time.Now().Format(time.RFC3339Nano), a.clockBase)
+	fmt.Fprintf(logFile, startMarker+"#%d of %s at %s, clock offset %s ===\n", a.starts, a.name, time.Now().Format(time.RFC3339Nano), a.clockBase)
 	cmd := exec.Command("ip", append([]string{"netns", "exec", a.ns, a.bin}, a.args...)...)
 	cmd.Env = append(os.Environ(), "GPUHERD_SOCKET=")
 	cmd.Stdout, cmd.Stderr = logFile, logFile

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -38,7 +39,11 @@ func (m *monitor) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		var wg sync.WaitGroup
+		var (
+			wg    sync.WaitGroup
+			rmu   sync.Mutex
+			round = map[string][]api.Claim{} // node → its committed claims this round
+		)
 		for _, a := range m.agents {
 			if err := a.crashed(); err != nil {
 				m.mu.Lock()
@@ -55,24 +60,50 @@ func (m *monitor) run(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				m.sample(ctx, a)
+				own := m.sample(ctx, a)
+				rmu.Lock()
+				round[a.name] = own
+				rmu.Unlock()
 			}()
 		}
 		wg.Wait()
+		checkOneServerPerID(m.h, round)
 	}
 }
 
-func (m *monitor) sample(ctx context.Context, a *agent) {
+// checkOneServerPerID reports a claim ID committed on two servers at once,
+// from one round of samples of the owners' ledgers. Node claims of groups
+// are left out: a group resize that moves a node commits the new placement
+// before it releases the old one.
+func checkOneServerPerID(h *history, round map[string][]api.Claim) {
+	where := map[string][]string{}
+	for node, cs := range round {
+		for _, c := range cs {
+			if c.State == api.StateClaimed && !strings.Contains(c.ID, ".node-") {
+				where[c.ID] = append(where[c.ID], fmt.Sprintf("%s %v", node, claimAddrs(c)))
+			}
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(where)) {
+		if ws := where[id]; len(ws) > 1 {
+			slices.Sort(ws)
+			h.violateOnce("two-servers "+id+" "+strings.Join(ws, " "), "id-on-two-servers", "%s is committed on %s at once (owners' ledgers, one sampling round at %s)", id, strings.Join(ws, " and "), time.Now().Format(timeFmt))
+		}
+	}
+}
+
+// sample checks one agent and returns the claims its own ledger lists.
+func (m *monitor) sample(ctx context.Context, a *agent) []api.Claim {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st, err := a.client.Status(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	before := time.Now()
 	claims, err := a.client.Claims(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	after := time.Now()
 	m.mu.Lock()
@@ -112,6 +143,7 @@ func (m *monitor) sample(ctx context.Context, a *agent) {
 	checkNoSharedGPU(m.h, a.name, own, func(c api.Claim) bool {
 		return c.State == api.StateClaimed || (c.State == api.StateReserved && a.realTime(c.ExpiresAt).After(after))
 	})
+	return own
 }
 
 // checkNoSharedGPU reports every GPU of node that is in two live claims.
@@ -253,16 +285,22 @@ func finalCheck(fs *finalState, h *history, runEnd time.Time) (claims, gpus int)
 	for _, id := range ids {
 		cs := fs.byID[id]
 		if len(cs) > 1 {
-			h.notes["claim ID held on several servers"]++
+			// One name, one authority: a duplicate is never allowed.
+			h.violateLocked("id-on-two-servers", "%s is held as %s after every fault healed", id, describe(cs))
 		}
 		rec := h.recs[id]
+		if rec == nil && h.groupOf(id) != nil {
+			continue // a group's node claim: the group checks below
+		}
 		for _, c := range cs {
 			asAcked := rec != nil && rec.committed && c.Node == rec.node && slices.Equal(claimAddrs(c), rec.gpus)
 			switch {
 			case rec == nil:
 				h.violateLocked("unknown-claim", "%s on %s: no claimer ever asked for it", id, c.Node)
-			case asAcked && rec.released:
-				h.violateLocked("released-claim-present", "%s on %s %v: its release was acknowledged", id, c.Node, claimAddrs(c))
+			case rec.released && (asAcked || !rec.lastTryEnd.After(rec.releaseAckAt)):
+				// An acknowledged release, after every claim attempt had
+				// ended, leaves no GPUs under the ID anywhere.
+				h.violateLocked("released-claim-present", "%s on %s %v: its release was acknowledged at %s", id, c.Node, claimAddrs(c), rec.releaseAckAt.Format(timeFmt))
 			case asAcked:
 			case rec.ambiguousClaim:
 				// An attempt whose answer was lost committed here (or
@@ -273,6 +311,17 @@ func finalCheck(fs *finalState, h *history, runEnd time.Time) (claims, gpus int)
 				h.violateLocked("phantom-claim", "%s on %s %v: the claimer was told %s", id, c.Node, claimAddrs(c), tellWhat(rec))
 			}
 		}
+	}
+	// Groups: all or nothing, and nothing left after a delete.
+	for _, name := range slices.Sorted(maps.Keys(h.groups)) {
+		g := h.groups[name]
+		var nodes []api.Claim
+		for _, id := range ids {
+			if strings.HasPrefix(id, g.groupPrefix()) {
+				nodes = append(nodes, fs.byID[id]...)
+			}
+		}
+		h.judgeGroupLocked(g, nodes, "final state")
 	}
 	// Over the whole history: two claims acknowledged on one GPU were never
 	// both certainly held at once. A claim is certainly held from its

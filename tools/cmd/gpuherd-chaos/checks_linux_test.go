@@ -32,7 +32,7 @@ func consistent() (*finalState, *history) {
 	h := newHistory(func(string, ...any) {})
 	h.recs["vm-1"] = &claimRec{id: "vm-1", committed: true, node: "n1", gpus: []string{"0000:18:00.0"}, ackAt: t0}
 	h.recs["vm-2"] = &claimRec{id: "vm-2", committed: true, node: "n1", gpus: []string{"0000:2a:00.0"}, ackAt: t0,
-		releaseSentAt: t0.Add(time.Second), released: true}
+		releaseSentAt: t0.Add(time.Second), released: true, releaseAckAt: t0.Add(time.Second)}
 	c := claimOn("n1", "vm-1", api.StateClaimed, "0000:18:00.0")
 	fs := &finalState{
 		status: map[string]api.Status{"n1": {Node: "n1", GPUs: []api.GPU{
@@ -151,6 +151,8 @@ func TestClassify(t *testing.T) {
 		{&api.Error{Code: api.CodeNotAvailable}, outNotAvailable},
 		{&api.Error{Code: api.CodeNotFound}, outNotFound},
 		{&api.Error{Code: api.CodeLeaseExpired}, outRefused},
+		{&api.Error{Code: api.CodeConflict}, outConflict},
+		{&api.Error{Code: api.CodeInUse}, outRefused},
 		{&api.Error{Code: api.CodeUnavailable}, outAmbiguous},
 		{api.ErrAgentDown, outAmbiguous},
 	} {
@@ -167,7 +169,9 @@ func TestClassify(t *testing.T) {
 		want   outcome
 	}{
 		{4, "", outNotFound},
-		{6, "", outRefused},
+		{6, "", outConflict},
+		{6, `{"error":{"code":"conflict","message":"held under another request"}}`, outConflict},
+		{6, `{"error":{"code":"in_use","message":"a VM uses it"}}`, outRefused},
 		{2, "", outRefused},
 		{5, `{"error":{"code":"unreachable","message":"agent not reachable"}}`, outAmbiguous},
 		{5, "gpuherd: agent not reachable", outAmbiguous},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -72,6 +73,34 @@ func (f *faulter) take(rng *rand.Rand, class string, n int) []int {
 	}
 	sort.Ints(free)
 	return free
+}
+
+// takeOne reserves node i for a fault of class; false when it is in use.
+func (f *faulter) takeOne(class string, i int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.busy[class][i] {
+		return false
+	}
+	f.busy[class][i] = true
+	return true
+}
+
+// takeSplit reserves the one partition that may be on at a time.
+func (f *faulter) takeSplit() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.splitActive {
+		return false
+	}
+	f.splitActive = true
+	return true
+}
+
+func (f *faulter) giveSplit() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.splitActive = false
 }
 
 func (f *faulter) give(class string, nodes []int) {
@@ -209,13 +238,9 @@ func (f *faulter) lane(ctx context.Context, rng *rand.Rand, deadline time.Time) 
 			f.logf("heal  %s n%d", kind, nodes[0])
 			f.give("link", nodes)
 		case faultSplit:
-			f.mu.Lock()
-			if f.splitActive {
-				f.mu.Unlock()
+			if !f.takeSplit() {
 				continue
 			}
-			f.splitActive = true
-			f.mu.Unlock()
 			perm := rng.Perm(len(f.agents))
 			k := 1 + rng.IntN(len(f.agents)/2)
 			var a, b []int
@@ -242,9 +267,7 @@ func (f *faulter) lane(ctx context.Context, rng *rand.Rand, deadline time.Time) 
 				}
 			}
 			f.logf("heal  %s %v | %v", kind, a, b)
-			f.mu.Lock()
-			f.splitActive = false
-			f.mu.Unlock()
+			f.giveSplit()
 		case faultLoss:
 			nodes := f.take(rng, "loss", 1+rng.IntN(2))
 			if len(nodes) == 0 {
@@ -291,8 +314,8 @@ func (f *faulter) summary() string {
 	defer f.mu.Unlock()
 	total := 0
 	s := ""
-	for _, k := range faultKinds {
-		s += fmt.Sprintf("  %-36s %d\n", k, f.counts[k])
+	for _, k := range append(slices.Clone(faultKinds), ownerFaultKinds...) {
+		s += fmt.Sprintf("  %-40s %d\n", k, f.counts[k])
 		total += f.counts[k]
 	}
 	return fmt.Sprintf("faults: %d\n%s", total, s)

@@ -30,6 +30,8 @@ type options struct {
 	settle   time.Duration
 	cliShare float64
 	lanes    int
+	owners   int
+	groups   int
 	keep     bool
 	cleanup  bool
 	prefix   string
@@ -47,6 +49,8 @@ func parseFlags() options {
 	flag.DurationVar(&o.settle, "directory-settle", 2*time.Second, "the agents' --directory-settle: short, so that the claim directory vouches between faults")
 	flag.Float64Var(&o.cliShare, "cli-share", 0.2, "share of the claimers' operations that run the gpuherd CLI instead of the API client")
 	flag.IntVar(&o.lanes, "fault-lanes", 2, "faults injected concurrently")
+	flag.IntVar(&o.owners, "owner-lanes", 2, "concurrent owner scenarios: a claim lands, its owner is killed, frozen past a lease, cut off or partitioned with the name authority, while clients retry the claim through the other agents")
+	flag.IntVar(&o.groups, "group-clients", 1, "concurrent clients creating, resizing and deleting node groups")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) also when the run passes")
 	flag.BoolVar(&o.cleanup, "cleanup", false, "only remove what a crashed run left (its namespaces and their processes), then exit")
 	flag.StringVar(&o.prefix, "netns-prefix", "ghc", "prefix of the network namespaces this program creates and removes")
@@ -84,7 +88,7 @@ func run() int {
 	o := parseFlags()
 	ck := &clock{start: time.Now()}
 	logf := ck.logf
-	if flag.NArg() > 0 || o.agents < 2 || o.agents > 200 || o.lease < 3*time.Second || o.settle < 0 || o.duration <= 0 || o.claimers < 1 || o.lanes < 0 ||
+	if flag.NArg() > 0 || o.agents < 2 || o.agents > 200 || o.lease < 3*time.Second || o.settle < 0 || o.duration <= 0 || o.claimers < 1 || o.lanes < 0 || o.owners < 0 || o.groups < 0 ||
 		(o.sabotage != "" && o.sabotage != "wipe-ledger") {
 		fmt.Fprintln(os.Stderr, "gpuherd-chaos: bad flags (see -h): need 2 to 200 agents, a lease of at least 3s, a directory settle of 0 or more, a positive duration, 1 claimer or more")
 		return 2
@@ -117,8 +121,8 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "gpuherd-chaos: --binary: %v (run `make build`)\n", err)
 		return 2
 	}
-	fmt.Printf("gpuherd-chaos: seed=%d agents=%d duration=%s claimers=%d fault-lanes=%d lease=%s directory-settle=%s binary=%s\n",
-		o.seed, o.agents, o.duration, o.claimers, o.lanes, o.lease, o.settle, bin)
+	fmt.Printf("gpuherd-chaos: seed=%d agents=%d duration=%s claimers=%d fault-lanes=%d owner-lanes=%d group-clients=%d lease=%s directory-settle=%s binary=%s\n",
+		o.seed, o.agents, o.duration, o.claimers, o.lanes, o.owners, o.groups, o.lease, o.settle, bin)
 
 	dir, err := os.MkdirTemp("", "gpuherd-chaos-")
 	if err != nil {
@@ -126,6 +130,7 @@ func run() int {
 		return 2
 	}
 	h := newHistory(logf)
+	h.seed = o.seed
 	var agents []*agent
 	failed := true
 	defer func() {
@@ -201,12 +206,24 @@ func run() int {
 		cwg.Add(1)
 		go w.claimer(k, rand.New(rand.NewPCG(o.seed, uint64(k))), &cwg)
 	}
+	for k := 1; k <= o.groups; k++ {
+		cwg.Add(1)
+		go w.groupClient(rand.New(rand.NewPCG(o.seed, uint64(500+k))), &cwg)
+	}
 	deadline := time.Now().Add(o.duration)
 	for l := 1; l <= o.lanes; l++ {
 		fwg.Add(1)
 		go func() {
 			defer fwg.Done()
 			f.lane(ctx, rand.New(rand.NewPCG(o.seed, uint64(1000+l))), deadline)
+		}()
+	}
+	owners := &ownerScenarios{w: w, f: f, lease: o.lease}
+	for l := 1; l <= o.owners; l++ {
+		fwg.Add(1)
+		go func() {
+			defer fwg.Done()
+			owners.lane(ctx, l, rand.New(rand.NewPCG(o.seed, uint64(2000+l))), deadline)
 		}()
 	}
 	sleep(ctx, time.Until(deadline))
@@ -230,6 +247,19 @@ func run() int {
 	}
 	for _, a := range agents {
 		a.signal(syscall.SIGCONT)
+	}
+	// Before the restart forgets them: no GPU the running process fenced
+	// may be offered as free.
+	for _, a := range agents {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := a.client.Status(cctx)
+		cancel()
+		log, lerr := readLog(a)
+		if err == nil && lerr == nil {
+			checkFencedNotFree(h, a.name, sinceLastStart(log), st)
+		}
+	}
+	for _, a := range agents {
 		if err := a.crashed(); err != nil {
 			h.violate("agent-crashed", "%v%s", err, a.tail(20))
 		}
@@ -267,6 +297,20 @@ func run() int {
 	if fs != nil {
 		nClaims, nGPUs = finalCheck(fs, h, runEnd)
 	}
+	prng := rand.New(rand.NewPCG(o.seed, 9999))
+	logf("healed: IDs that never existed and every held claim, through every agent")
+	probeHealed(w, prng, "healed")
+	if o.agents >= 3 {
+		deadMember(ctx, w, prng, logf)
+	}
+	for _, a := range agents {
+		log, err := readLog(a)
+		if err != nil {
+			f.harnessErr(err)
+			continue
+		}
+		checkFenceCancelled(h, a.name, log)
+	}
 
 	// The report.
 	h.mu.Lock()
@@ -282,7 +326,7 @@ func run() int {
 	for _, op := range ops {
 		n := 0
 		line := ""
-		for _, oc := range []outcome{outOK, outNotAvailable, outNotFound, outRefused, outAmbiguous} {
+		for _, oc := range []outcome{outOK, outNotAvailable, outNotFound, outConflict, outRefused, outAmbiguous} {
 			if c := h.ops[op][oc]; c > 0 {
 				line += fmt.Sprintf(" %s=%d", oc, c)
 				n += c

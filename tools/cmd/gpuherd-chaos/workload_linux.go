@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ const (
 	claimTimeout   = 30 * time.Second
 	releaseTimeout = 15 * time.Second
 	getTimeout     = 10 * time.Second
+	groupTimeout   = 45 * time.Second // a create places its nodes one after the other
 )
 
 // outcome classifies an answer. Only "ok" and the definitive refusals say
@@ -32,13 +34,15 @@ const (
 	outOK           outcome = "ok"
 	outNotAvailable outcome = "not_available"
 	outNotFound     outcome = "not_found"
-	outRefused      outcome = "refused" // invalid, conflict, lease_expired: nothing was committed
+	outRefused      outcome = "refused"  // invalid, lease_expired, in_use: nothing was committed
+	outConflict     outcome = "conflict" // the ID is held under another request
 	outAmbiguous    outcome = "ambiguous"
 )
 
-// claimRec is what the run knows about one claim ID. IDs are never reused:
-// each claim attempt gets a fresh ID, and only an attempt whose fate is
-// unknown is retried, with the same ID and request.
+// claimRec is what the run knows about one claim ID. IDs are never reused
+// after a release: each claim gets a fresh ID, and a client retries an
+// attempt whose fate is unknown with the same ID and request, through the
+// other agents (retry_linux.go).
 type claimRec struct {
 	id    string
 	items []api.Item
@@ -48,31 +52,43 @@ type claimRec struct {
 	committed      bool // an attempt answered "claimed"
 	node           string
 	gpus           []string  // sorted PCI addresses
-	ackAt          time.Time // when the committed answer arrived
+	ackAt          time.Time // when the first committed answer arrived
+	lastTryEnd     time.Time // when the last attempt with rec's request ended (answered or timed out)
 
 	releaseSentAt    time.Time // first release attempt began (zero: none)
-	released         bool      // a release answered ok
+	released         bool      // a release was acknowledged
+	releaseAckAt     time.Time // when (zero: never)
 	ambiguousRelease bool      // a release's fate is unknown
 }
 
-// noteRelease404: `release` of a claim this run holds answered "not found",
-// which callers take for "already released". An unreachable owner gives a
-// retryable 503 instead; a rare case under loss and partitions still answers
-// 404 and is under investigation. Counted and printed, not failed: it cannot
-// break an invariant (the claim stays held, and the final check finds it).
-const noteRelease404 = "FINDING release of a held claim answered not_found"
+// heldAt reports whether the claimer certainly held rec at t: acknowledged
+// before t, and no release sent yet.
+func (rec *claimRec) heldAt(t time.Time) bool {
+	return rec.committed && !rec.ackAt.After(t) && (rec.releaseSentAt.IsZero() || rec.releaseSentAt.After(t))
+}
+
+// releasedBefore reports whether an acknowledged release of rec came back
+// before t, after every claim attempt had ended: from then on no server may
+// hold GPUs under rec's ID.
+func (rec *claimRec) releasedBefore(t time.Time) bool {
+	return rec.released && rec.releaseAckAt.Before(t) && !rec.lastTryEnd.After(rec.releaseAckAt)
+}
 
 // history is shared by the claimers and read by the checks.
 type history struct {
 	mu   sync.Mutex
+	seed uint64 // printed with every violation, to replay it
 	recs map[string]*claimRec
-	ops  map[string]map[outcome]int // op kind → outcome → count
+	// groups are the node groups the group client made (groups_linux.go).
+	groups map[string]*groupRec
+	ops    map[string]map[outcome]int // op kind → outcome → count
 	// notes are expected effects of faults that the report counts but that
 	// are not violations (see docs/protocol.md).
 	notes map[string]int
 	// violations of the invariants, by kind, with their details.
 	violations map[string]int
 	details    []string
+	reported   map[string]bool // keys of violations reported once (violateOnce)
 	logf       func(format string, args ...any)
 }
 
@@ -83,16 +99,28 @@ func (h *history) violate(kind, format string, args ...any) {
 	h.violateLocked(kind, format, args...)
 }
 
+// violateOnce records a violation the first time key is seen: a state
+// that the monitor finds again at every sample is one violation.
+func (h *history) violateOnce(key, kind, format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.reported[key] {
+		return
+	}
+	h.reported[key] = true
+	h.violateLocked(kind, format, args...)
+}
+
 func (h *history) violateLocked(kind, format string, args ...any) {
 	h.violations[kind]++
-	d := fmt.Sprintf("VIOLATION %s: %s", kind, fmt.Sprintf(format, args...))
+	d := fmt.Sprintf("VIOLATION %s (seed %d): %s", kind, h.seed, fmt.Sprintf(format, args...))
 	h.details = append(h.details, d)
 	h.logf("%s", d)
 }
 
 func newHistory(logf func(format string, args ...any)) *history {
-	return &history{recs: map[string]*claimRec{}, ops: map[string]map[outcome]int{}, notes: map[string]int{},
-		violations: map[string]int{}, logf: logf}
+	return &history{recs: map[string]*claimRec{}, groups: map[string]*groupRec{}, ops: map[string]map[outcome]int{}, notes: map[string]int{},
+		violations: map[string]int{}, reported: map[string]bool{}, logf: logf}
 }
 
 func (h *history) count(op string, o outcome) {
@@ -116,7 +144,9 @@ func classify(err error) outcome {
 			return outNotAvailable
 		case api.CodeNotFound:
 			return outNotFound
-		case api.CodeInvalid, api.CodeUnknownModel, api.CodeConflict, api.CodeLeaseExpired:
+		case api.CodeConflict:
+			return outConflict
+		case api.CodeInvalid, api.CodeUnknownModel, api.CodeLeaseExpired, api.CodeInUse:
 			return outRefused
 		}
 	}
@@ -124,9 +154,10 @@ func classify(err error) outcome {
 }
 
 // classifyCLI maps the CLI's answer by its exit code: 0 ok, 2 usage,
-// 3 not available, 4 not found, 6 conflict; 5 (a server did not answer)
-// and 1 are ambiguous unless the error's code, which `-o json` writes on
-// stderr, says the answer is definitive (a message's wording never decides).
+// 3 not available, 4 not found, 6 conflict or in use (the error's code
+// tells which); 5 (a server did not answer) and 1 are ambiguous unless the
+// error's code, which `-o json` writes on stderr, says the answer is
+// definitive (a message's wording never decides).
 func classifyCLI(code int, stdout, stderr string, err error) outcome {
 	switch {
 	case err != nil:
@@ -137,8 +168,14 @@ func classifyCLI(code int, stdout, stderr string, err error) outcome {
 		return outNotAvailable
 	case code == 4:
 		return outNotFound
-	case code == 2, code == 6:
+	case code == 2:
 		return outRefused
+	case code == 6:
+		var eb api.ErrorBody
+		if json.Unmarshal([]byte(stderr), &eb) == nil && eb.Error != nil && eb.Error.Code != api.CodeConflict {
+			return outRefused
+		}
+		return outConflict
 	}
 	var eb api.ErrorBody
 	if json.Unmarshal([]byte(stderr), &eb) == nil && eb.Error != nil {
@@ -146,6 +183,27 @@ func classifyCLI(code int, stdout, stderr string, err error) outcome {
 	}
 	_ = stdout
 	return outAmbiguous
+}
+
+// answerMsg is what an API answer said, for the evidence of a violation.
+func answerMsg(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
+
+// cliMsg is what a CLI answer said: the error's message (from `-o json`
+// on stderr) with its exit code.
+func cliMsg(code int, stderr string, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	var eb api.ErrorBody
+	if json.Unmarshal([]byte(stderr), &eb) == nil && eb.Error != nil {
+		return fmt.Sprintf("exit %d: %s: %s", code, eb.Error.Code, eb.Error.Message)
+	}
+	return fmt.Sprintf("exit %d: %s", code, strings.TrimSpace(stderr))
 }
 
 // workload is the set of concurrent claimers.
@@ -166,46 +224,61 @@ type modelSpec struct {
 }
 
 // claimer is one client of the platform: it claims, reads and releases its
-// own VMs' GPUs through random agents until told to stop.
+// own VMs' GPUs through random agents until told to stop. Like a real
+// client it retries an answer that leaves the outcome open (a 503, a
+// timeout, a dead agent) with the same ID and request through other agents
+// (retrying); now and then it re-sends the claim of a VM it holds, sends
+// another request under a held VM's ID (which must be refused as a
+// conflict), and reads or releases IDs that never existed.
 func (w *workload) claimer(k int, rng *rand.Rand, wg *sync.WaitGroup) {
 	defer wg.Done()
 	var held, uncertain []*claimRec
-	next := 0
+	next, unknown := 0, 0
 	for {
-		select {
-		case <-w.stop:
+		if w.stopped() {
 			return
-		default:
 		}
 		a := w.agents[rng.IntN(len(w.agents))]
 		viaCLI := rng.Float64() < w.cliShare
 		r := rng.IntN(100)
 		switch {
-		case len(held) > 0 && (len(held) >= w.maxHeld || r < 30):
+		case len(held) > 0 && (len(held) >= w.maxHeld || r < 28):
 			i := rng.IntN(len(held))
 			rec := held[i]
-			if w.release(a, rec, viaCLI) {
+			if w.releaseRetrying(rng, a, "", rec, viaCLI, retryBudget) {
 				held = slices.Delete(held, i, i+1)
 			}
-		case len(held) > 0 && r < 40:
+		case len(held) > 0 && r < 34:
 			w.get(a, held[rng.IntN(len(held))], viaCLI)
-		case len(uncertain) > 0 && r < 50:
+		case len(held) > 0 && r < 38:
+			rec := held[rng.IntN(len(held))]
+			other := w.otherRequest(rng, rec.items)
+			w.retrying(rng, a, "", retryBudget, func(a *agent) outcome { return w.claim(a, rec, other, viaCLI) })
+		case len(held) > 0 && r < 42:
+			rec := held[rng.IntN(len(held))]
+			w.retrying(rng, a, "", retryBudget, func(a *agent) outcome { return w.claim(a, rec, rec.items, viaCLI) })
+		case r < 45:
+			unknown++
+			id := fmt.Sprintf("nx-c%d-%d", k, unknown)
+			if rng.IntN(3) == 0 {
+				w.releaseUnknown(a, id, viaCLI, "")
+			} else {
+				w.getUnknown(a, id, viaCLI, "")
+			}
+		case len(uncertain) > 0 && r < 52:
 			i := rng.IntN(len(uncertain))
 			rec := uncertain[i]
-			switch w.claim(a, rec, viaCLI) {
+			switch w.retrying(rng, a, "", retryBudget, func(a *agent) outcome { return w.claim(a, rec, rec.items, viaCLI) }) {
 			case outOK:
 				uncertain = slices.Delete(uncertain, i, i+1)
 				held = append(held, rec)
-			case outRefused:
+			case outRefused, outConflict:
 				uncertain = slices.Delete(uncertain, i, i+1)
 			}
 		default:
 			next++
-			rec := &claimRec{id: fmt.Sprintf("vm-c%d-%d", k, next), items: w.request(rng)}
-			w.h.mu.Lock()
-			w.h.recs[rec.id] = rec
-			w.h.mu.Unlock()
-			switch w.claim(a, rec, viaCLI) {
+			rec := w.newRec(fmt.Sprintf("vm-c%d-%d", k, next), w.request(rng))
+			switch w.retrying(rng, a, "", retryBudget, func(a *agent) outcome { return w.claim(a, rec, rec.items, viaCLI) }) {
 			case outOK:
 				held = append(held, rec)
 			case outAmbiguous:
@@ -218,6 +291,24 @@ func (w *workload) claimer(k int, rng *rand.Rand, wg *sync.WaitGroup) {
 		case <-time.After(time.Duration(50+rng.IntN(350)) * time.Millisecond):
 		}
 	}
+}
+
+func (w *workload) stopped() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// newRec registers a claim ID the run is about to ask for.
+func (w *workload) newRec(id string, items []api.Item) *claimRec {
+	rec := &claimRec{id: id, items: items}
+	w.h.mu.Lock()
+	w.h.recs[rec.id] = rec
+	w.h.mu.Unlock()
+	return rec
 }
 
 // request is a random request: mostly one model, 1 to 3 units (up to 4 of
@@ -247,6 +338,35 @@ func (w *workload) request(rng *rand.Rand) []api.Item {
 	return items
 }
 
+// otherRequest is a request that differs from items and that the cluster
+// could hold: one GPU fewer or more of the first model, or another model.
+func (w *workload) otherRequest(rng *rand.Rand, items []api.Item) []api.Item {
+	out := slices.Clone(items)
+	most := 1
+	for _, m := range w.models {
+		if m.name == out[0].Model {
+			most = m.maxOne
+		}
+	}
+	switch {
+	case out[0].Count > 1:
+		out[0].Count--
+	case out[0].Count < most:
+		out[0].Count++
+	default:
+		for _, k := range rng.Perm(len(w.models)) {
+			if m := w.models[k]; m.name != out[0].Model {
+				out[0] = api.Item{Model: m.name, Count: 1}
+				break
+			}
+		}
+	}
+	if slices.Equal(out, items) { // a cluster of one model of one unit per server
+		out = append(out, api.Item{Model: out[0].Model, Count: 1})
+	}
+	return out
+}
+
 func gpuArgs(items []api.Item) []string {
 	var args []string
 	for _, it := range items {
@@ -264,17 +384,21 @@ func claimAddrs(c api.Claim) []string {
 	return out
 }
 
-// claim places rec (a first attempt or a retry) and records what it learnt.
-func (w *workload) claim(a *agent, rec *claimRec, viaCLI bool) outcome {
+// claim asks a for rec's ID with items: rec's own request (a first attempt,
+// a retry, or a re-send of a held claim) or another one, which must be
+// refused as a conflict. It records what it learnt and judges the answer.
+func (w *workload) claim(a *agent, rec *claimRec, items []api.Item, viaCLI bool) outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	var (
-		c api.Claim
-		o outcome
+		c   api.Claim
+		o   outcome
+		msg string
 	)
+	start := time.Now()
 	if viaCLI {
-		out, stderr, code, err := a.cli(ctx, append([]string{"claim", rec.id, "-o", "json"}, gpuArgs(rec.items)...)...)
-		o = classifyCLI(code, out, stderr, err)
+		out, stderr, code, err := a.cli(ctx, append([]string{"claim", rec.id, "-o", "json"}, gpuArgs(items)...)...)
+		o, msg = classifyCLI(code, out, stderr, err), cliMsg(code, stderr, err)
 		if o == outOK {
 			if err := json.Unmarshal([]byte(out), &c); err != nil {
 				o = outAmbiguous
@@ -282,9 +406,10 @@ func (w *workload) claim(a *agent, rec *claimRec, viaCLI bool) outcome {
 		}
 	} else {
 		var err error
-		c, err = a.client.Claim(ctx, rec.id, api.ClaimRequest{GPUs: rec.items})
-		o = classify(err)
+		c, err = a.client.Claim(ctx, rec.id, api.ClaimRequest{GPUs: items})
+		o, msg = classify(err), answerMsg(err)
 	}
+	end := time.Now()
 	if o == outNotFound {
 		o = outAmbiguous // a claim is never "not found"
 	}
@@ -292,19 +417,35 @@ func (w *workload) claim(a *agent, rec *claimRec, viaCLI bool) outcome {
 		w.logf("claim %s through %s answered state %q, want claimed", rec.id, a.name, c.State)
 		o = outAmbiguous
 	}
-	kind := "claim"
-	if rec.ambiguousClaim {
-		kind = "claim-retry"
-	}
-	w.h.count(kind, o)
+	same := slices.Equal(items, rec.items)
 	w.h.mu.Lock()
 	defer w.h.mu.Unlock()
+	kind := "claim"
+	switch {
+	case !same:
+		kind = "claim-other" // another request under a held ID
+	case rec.committed:
+		kind = "claim-again" // a re-send of a held claim
+	case rec.ambiguousClaim:
+		kind = "claim-retry"
+	}
+	if w.h.ops[kind] == nil {
+		w.h.ops[kind] = map[outcome]int{}
+	}
+	w.h.ops[kind][o]++
+	w.h.judgeClaimLocked(rec, a.name, items, start, o, msg, c)
+	if !same {
+		return o
+	}
+	rec.lastTryEnd = end
 	switch o {
 	case outOK:
-		rec.committed, rec.node, rec.gpus, rec.ackAt = true, c.Node, claimAddrs(c), time.Now()
+		if !rec.committed {
+			rec.committed, rec.node, rec.gpus, rec.ackAt = true, c.Node, claimAddrs(c), end
+		}
 	case outAmbiguous:
 		rec.ambiguousClaim = true
-	case outRefused:
+	case outRefused, outConflict:
 		rec.refused = true
 	}
 	return o
@@ -312,54 +453,85 @@ func (w *workload) claim(a *agent, rec *claimRec, viaCLI bool) outcome {
 
 // release frees rec; it reports whether rec should leave the held list
 // (released, or its fate unknown: the final check accepts either).
-func (w *workload) release(a *agent, rec *claimRec, viaCLI bool) bool {
+func (w *workload) release(a *agent, rec *claimRec, viaCLI bool) (outcome, bool) {
+	start := time.Now()
 	w.h.mu.Lock()
 	if rec.releaseSentAt.IsZero() {
-		rec.releaseSentAt = time.Now()
+		rec.releaseSentAt = start
 	}
 	w.h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	var o outcome
+	var (
+		o   outcome
+		msg string
+	)
 	if viaCLI {
 		out, stderr, code, err := a.cli(ctx, "release", rec.id, "-o", "json")
-		o = classifyCLI(code, out, stderr, err)
+		o, msg = classifyCLI(code, out, stderr, err), cliMsg(code, stderr, err)
 	} else {
 		_, err := a.client.Release(ctx, rec.id)
-		o = classify(err)
+		o, msg = classify(err), answerMsg(err)
 	}
+	end := time.Now()
 	w.h.count("release", o)
 	w.h.mu.Lock()
 	defer w.h.mu.Unlock()
 	switch o {
 	case outOK:
-		rec.released = true
-		return true
-	case outNotFound:
-		if rec.ambiguousRelease {
-			return true // an earlier release whose answer was lost did it
+		if !rec.released {
+			rec.released, rec.releaseAckAt = true, end
 		}
-		// The agent asked could not find a claim this run holds.
-		w.h.notes[noteRelease404]++
-		w.logf("FINDING release %s through %s answered not_found; it is committed on %s and was never released", rec.id, a.name, rec.node)
+		return o, true
+	case outNotFound:
+		if rec.ambiguousRelease || rec.released || !rec.committed {
+			// An earlier release whose answer was lost did it.
+			if !rec.released {
+				rec.released, rec.releaseAckAt = true, end
+			}
+			return o, true
+		}
+		w.h.violateLocked("held-id-not-found", "release %s through %s answered not_found at %s (%s); it was acknowledged on %s %v at %s and never released before",
+			rec.id, a.name, end.Format(timeFmt), msg, rec.node, rec.gpus, rec.ackAt.Format(timeFmt))
 	case outAmbiguous:
-		rec.ambiguousRelease = true // retried later; the final check accepts either fate
+		rec.ambiguousRelease = true // retried; the final check accepts either fate
 	}
-	return false
+	return o, false
+}
+
+// releaseRetrying releases rec through a and, while the answer leaves the
+// outcome open, through other agents (never avoid) for up to budget. It
+// reports whether rec should leave the held list.
+func (w *workload) releaseRetrying(rng *rand.Rand, a *agent, avoid string, rec *claimRec, viaCLI bool, budget time.Duration) bool {
+	done := false
+	w.retrying(rng, a, avoid, budget, func(a *agent) outcome {
+		o, d := w.release(a, rec, viaCLI)
+		done = d
+		return o
+	})
+	if !done {
+		w.h.mu.Lock()
+		done = rec.ambiguousRelease // its fate is unknown: the final check accepts either
+		w.h.mu.Unlock()
+	}
+	return done
 }
 
 // get reads rec back through any agent; a claim with one definitive history
-// must come back as it was committed.
-func (w *workload) get(a *agent, rec *claimRec, viaCLI bool) {
+// must come back as it was committed, a held one must not be "not found",
+// and a released one must be gone.
+func (w *workload) get(a *agent, rec *claimRec, viaCLI bool) outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
 	defer cancel()
 	var (
-		c api.Claim
-		o outcome
+		c   api.Claim
+		o   outcome
+		msg string
 	)
+	start := time.Now()
 	if viaCLI {
 		out, stderr, code, err := a.cli(ctx, "get", rec.id, "-o", "json")
-		o = classifyCLI(code, out, stderr, err)
+		o, msg = classifyCLI(code, out, stderr, err), cliMsg(code, stderr, err)
 		if o == outOK {
 			if err := json.Unmarshal([]byte(out), &c); err != nil {
 				o = outAmbiguous
@@ -368,17 +540,54 @@ func (w *workload) get(a *agent, rec *claimRec, viaCLI bool) {
 	} else {
 		var err error
 		c, err = a.client.Get(ctx, rec.id)
-		o = classify(err)
+		o, msg = classify(err), answerMsg(err)
 	}
 	w.h.count("get", o)
 	w.h.mu.Lock()
 	defer w.h.mu.Unlock()
-	switch o {
-	case outOK:
-		if !rec.ambiguousClaim && !rec.ambiguousRelease && (c.Node != rec.node || !slices.Equal(claimAddrs(c), rec.gpus) || c.State != api.StateClaimed) {
-			w.h.violateLocked("get-mismatch", "get %s through %s: %s on %s %v, committed as %s %v", rec.id, a.name, c.State, c.Node, claimAddrs(c), rec.node, rec.gpus)
-		}
-	case outNotFound:
-		w.h.notes["get answered not_found for a held claim (owner unreachable)"]++
+	w.h.judgeGetLocked(rec, a.name, start, o, msg, c)
+	return o
+}
+
+// getUnknown reads an ID that no client ever claimed: it must never be
+// found, and when strict says why it must (every fault healed; one member
+// dead, all else healed) it must be "not found", not a retryable 503.
+func (w *workload) getUnknown(a *agent, id string, viaCLI bool, strict string) outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
+	defer cancel()
+	var (
+		o   outcome
+		msg string
+	)
+	if viaCLI {
+		out, stderr, code, err := a.cli(ctx, "get", id, "-o", "json")
+		o, msg = classifyCLI(code, out, stderr, err), cliMsg(code, stderr, err)
+	} else {
+		_, err := a.client.Get(ctx, id)
+		o, msg = classify(err), answerMsg(err)
 	}
+	w.h.count("get-unknown", o)
+	w.h.judgeUnknown("get", id, a.name, o, msg, strict)
+	return o
+}
+
+// releaseUnknown releases an ID that no client ever claimed: the same rules
+// as getUnknown.
+func (w *workload) releaseUnknown(a *agent, id string, viaCLI bool, strict string) outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	var (
+		o   outcome
+		msg string
+	)
+	if viaCLI {
+		out, stderr, code, err := a.cli(ctx, "release", id, "-o", "json")
+		o, msg = classifyCLI(code, out, stderr, err), cliMsg(code, stderr, err)
+	} else {
+		_, err := a.client.Release(ctx, id)
+		o, msg = classify(err), answerMsg(err)
+	}
+	w.h.count("release-unknown", o)
+	w.h.judgeUnknown("release", id, a.name, o, msg, strict)
+	return o
 }
