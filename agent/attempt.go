@@ -337,6 +337,11 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
 	r, err := t.owner.Reserve(rctx, at.id, at.rr)
 	cancel()
+	if isCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
+		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		r, err = t.owner.Reserve(rctx, at.id, at.rr)
+		cancel()
+	}
 	if err == nil && at.vouch != nil && !at.vouch(t.name) {
 		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
 	}
