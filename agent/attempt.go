@@ -390,7 +390,8 @@ func (at *attempt) abortReservation(ctx context.Context, t target) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	if _, err := t.owner.AbortReservation(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		at.log.Warn("reservation not aborted; its lease will expire it", "claim", at.id, "node", t.name, "err", err)
+		at.log.Warn("reservation not aborted; retrying until its lease would have expired it", "claim", at.id, "node", t.name, "err", err)
+		at.keepAborting(t, err) // orphans.go
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -14,8 +15,9 @@ import (
 // that never arrives (the owner slow or cut off) leaves a reservation no
 // placement will commit, under the ID and another request. Until its lease
 // ran out it made the ID's next claim answer a false conflict naming that
-// owner, and a release answer with "state":"reserved". Three rules keep it
-// from mattering:
+// owner, and a release answer with "state":"reserved". The coordinator keeps
+// sending the abort while the reservation may live (keepAborting), and
+// three rules keep what is left from mattering:
 //
 //   - the owner replaces a reservation whose name token is older than the
 //     new request's (ledger/tokens.go), and returns its GPUs to the idle
@@ -25,6 +27,47 @@ import (
 //     (dropOrphan): by the home's word it belongs to no placement;
 //   - a release that finds only a reservation drops it and answers "not
 //     found" (neverClaimed): there was no claim to release.
+
+// abortRetryEvery is how often keepAborting sends an abort again.
+const abortRetryEvery = time.Second
+
+// keepAborting sends the abort of at.id's reservation on the peer t again,
+// in the background, every abortRetryEvery, until the owner answers (the
+// reservation is gone, or a claim committed under the ID refuses it) or a
+// lease has passed since the first failure (first): by then the owner's
+// sweep has dropped the reservation anyway. An owner that was only slow
+// loses the orphan seconds after it answers again, not a lease later.
+func (at *attempt) keepAborting(t target, first error) {
+	if t.self {
+		return // this agent's own ledger answered: nothing to retry
+	}
+	// Real time, not the agent's clock: it bounds a goroutine.
+	deadline := time.Now().Add(time.Duration(at.cfg.ReservationLease))
+	go func() {
+		tick := time.NewTicker(abortRetryEvery)
+		defer tick.Stop()
+		last := first
+		for time.Now().Before(deadline) {
+			<-tick.C
+			actx, cancel := context.WithTimeout(context.Background(), abortTimeout)
+			_, err := t.owner.AbortReservation(actx, at.id)
+			cancel()
+			if err == nil || isCode(err, api.CodeNotFound) || isCode(err, api.CodeConflict) {
+				at.log.Info("late abort of a reservation delivered", "claim", at.id, "node", t.name, "answer", errText(err))
+				return
+			}
+			last = err
+		}
+		at.log.Warn("reservation never aborted; its lease has expired it", "claim", at.id, "node", t.name, "err", last)
+	}()
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "dropped"
+	}
+	return err.Error()
+}
 
 // replacedGPUs returns the GPUs of prev, the live reservation under the ID
 // before a Reserve that returned c, when c replaced it under a newer name

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/claimtest"
@@ -74,7 +75,7 @@ func TestOrphanReservationMakesNoFalseConflict(t *testing.T) {
 	if cutter.cut.Load() == 0 || lerr != nil || orphan.Coordinator != "b" {
 		t.Fatalf("no orphan to test with: %d aborts cut, c holds %+v (%v)", cutter.cut.Load(), orphan, lerr)
 	}
-	cutter.on.Store(false)
+	// c stays cut off from b's aborts: only the rules of orphans.go help.
 
 	if _, err := a.Release(ctx, "vm-x"); err != nil {
 		t.Fatalf("release of vm-x: %v", err)
@@ -93,6 +94,42 @@ func TestOrphanReservationMakesNoFalseConflict(t *testing.T) {
 				t.Errorf("the orphan's GPU %s is on %q, want the idle driver", addr, d)
 			}
 		}
+	}
+}
+
+// The coordinator keeps sending an abort that did not arrive: once the
+// owner answers again, the orphan is gone within seconds, not a lease
+// (30 s) later.
+func TestLostAbortIsSentAgain(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	cutter := &abortCutter{Network: tc.peers, from: "b", to: "c"}
+	tc.opts = []Option{WithPeerNetwork(cutter)}
+	a := tc.start("a", "a100-pcie-4")
+	b := tc.start("b", "rtx6000pro-2")
+	c := tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool {
+		return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, a100) == 4 && len(x.targets()) == 3
+	})
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	cutter.on.Store(true)
+	if _, err := b.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); !isCode(err, api.CodeConflict) {
+		t.Fatalf("second claim of vm-x with another request: %v, want conflict", err)
+	}
+	if _, err := c.ledger.Get("vm-x"); err != nil || cutter.cut.Load() == 0 {
+		t.Fatalf("no orphan to test with: %d aborts cut, %v", cutter.cut.Load(), err)
+	}
+	cutter.on.Store(false) // c answers b again
+	took := waitFor(t, "the orphan on c dropped", 10*time.Second, func() bool {
+		_, err := c.ledger.Get("vm-x")
+		return err != nil
+	})
+	t.Logf("orphan dropped %v after the owner answered again", took)
+	if n := localFree(c, "NVIDIA L40S"); n != 4 {
+		t.Errorf("c has %d L40S free, want 4", n)
 	}
 }
 
