@@ -85,6 +85,9 @@ type Agent struct {
 	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
 	order  []string                 // addresses, sorted
 	fenced map[string]string        // address → why the agent stopped offering it
+	// invMu makes pushInventory's read of the GPUs and its hand-over to
+	// the ledger one step, so a stale push never undoes a fence.
+	invMu sync.Mutex
 
 	use vmUse // the VMs holding GPUs open (inuse.go)
 
@@ -349,6 +352,8 @@ func (a *Agent) discover() error {
 // pushInventory gives the ledger the GPUs with their current health: the
 // inventory's view plus what the agent fenced off.
 func (a *Agent) pushInventory() error {
+	a.invMu.Lock()
+	defer a.invMu.Unlock()
 	a.mu.RLock()
 	out := make([]ledger.GPU, 0, len(a.order))
 	for _, addr := range a.order {

@@ -337,6 +337,11 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
 	r, err := t.owner.Reserve(rctx, at.id, at.rr)
 	cancel()
+	if isCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
+		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		r, err = t.owner.Reserve(rctx, at.id, at.rr)
+		cancel()
+	}
 	if err == nil && at.vouch != nil && !at.vouch(t.name) {
 		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
 	}
@@ -385,7 +390,8 @@ func (at *attempt) abortReservation(ctx context.Context, t target) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	if _, err := t.owner.AbortReservation(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		at.log.Warn("reservation not aborted; its lease will expire it", "claim", at.id, "node", t.name, "err", err)
+		at.log.Warn("reservation not aborted; retrying until its lease would have expired it", "claim", at.id, "node", t.name, "err", err)
+		at.keepAborting(t, err) // orphans.go
 	}
 }
 

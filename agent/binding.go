@@ -37,7 +37,9 @@ func (b *bindFailure) Unwrap() error { return b.err }
 // The caller holds the GPU's device lock.
 func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	start := time.Now()
-	res, err := a.binder.Bind(ctx, addr)
+	mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
+	res, err := a.binder.Bind(mctx, addr)
+	cancel()
 	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
 	if errors.Is(err, vfio.ErrGroupNotViable) {
 		// Refused before any write: the group changed since it was
@@ -65,7 +67,9 @@ func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, sk
 			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
 		}
 		start := time.Now()
-		res, err := a.binder.Release(ctx, addr, a.policy)
+		mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
+		res, err := a.binder.Release(mctx, addr, a.policy)
+		cancel()
 		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
 		if err != nil {
 			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))

@@ -162,7 +162,10 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 		return api.Claim{}, co.apiError(err)
 	}
 	targets := co.targets()
-	abort := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Abort(ctx, id) }
+	abort := func(ctx context.Context, t target) (api.Claim, error) {
+		c, err := t.owner.Abort(ctx, id)
+		return neverClaimed(t.name, c, err) // orphans.go
+	}
 	h, err := co.askHome(ctx, targets, id, abort)
 	if h.done {
 		return h.claim, err

@@ -34,7 +34,7 @@ const bindAttempts = 8
 // to vfio-pci; the coordinator then commits, or lets the lease run out. A GPU
 // that fails to bind is fenced off and the reservation retried on the others.
 func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
-	req := ledger.Request{Labels: rr.Labels}
+	req := ledger.Request{Labels: rr.Labels, NameToken: rr.Token}
 	for _, it := range rr.Items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
 	}
@@ -70,13 +70,20 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 // dropped and its other GPUs returned to the idle driver.
 func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
 	lease := time.Duration(o.cfg.ReservationLease)
+	prev, perr := o.ledger.Get(id)
 	c, err := o.ledger.Reserve(id, req, coordinator, o.now(), lease)
 	if err != nil {
 		return ledger.Claim{}, err
 	}
 	fresh := c.State == ledger.StateReserved
-	unlock := o.locks.lock(c.GPUs...)
+	orphaned := replacedGPUs(prev, perr == nil, c) // orphans.go
+	unlock := o.locks.lock(append(slices.Clone(c.GPUs), orphaned...)...)
 	defer unlock()
+	if len(orphaned) > 0 {
+		o.log.Warn("replaced the reservation of a placement that lost the claim ID", "claim", id,
+			"old_coordinator", prev.Coordinator, "old_token", prev.NameToken, "token", c.NameToken, "old_gpus", prev.GPUs)
+		o.toIdleLocked(ctx, "reservation "+id+" replaced by a newer claim of the ID", orphaned, "")
+	}
 	// The claim may have gone between ledger.Reserve and the device locks:
 	// a retry of the same claim through another coordinator adopts the
 	// reservation, and the first coordinator's abort can drop it and return

@@ -23,6 +23,9 @@ type Report struct {
 	Claims   []Claim          `json:"claims"` // as the file holds them: an older gpuherd's file may hold reservations, which Open removes
 	Drains   map[string]Drain `json:"drains"`
 	Facts    int              `json:"facts"` // GPUs with cached NVML facts
+	// Problems is every unreadable or contradictory record; Inspect then
+	// fails with a *IntegrityError and the other fields may be partial.
+	Problems []Problem `json:"problems,omitempty"`
 }
 
 // Drain is one drained GPU as the file holds it.
@@ -36,9 +39,11 @@ type Drain struct {
 // and reads every record exactly as Open would, and reports what it holds.
 // It never writes to the file, so unlike Open it reports, rather than
 // removes, the reservations a file written by an older gpuherd may hold.
-// It fails with the same errors as Open (a *CorruptError naming the record,
-// ErrSchemaTooNew), and with ErrLocked while an agent holds the file: stop
-// it first, or back the ledger up through the agent.
+// It fails with the same errors as Open (a *IntegrityError listing every
+// unreadable or contradictory record, also in Report.Problems; a
+// *CorruptError for the file itself; ErrSchemaTooNew), and with ErrLocked
+// while an agent holds the file: stop it first, or back the ledger up
+// through the agent.
 func Inspect(path string, lockTimeout time.Duration) (Report, error) {
 	if lockTimeout <= 0 {
 		lockTimeout = DefaultLockTimeout
@@ -87,6 +92,9 @@ func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
 		}
 		st, err := load(tx, path)
 		if err != nil {
+			return recordsError(tx, path, err)
+		}
+		if err := checkIntegrity(st, path); err != nil {
 			return err
 		}
 		fmt.Sscan(string(tx.Bucket(bucketMeta).Get(keySchema)), &rep.Schema)
@@ -101,6 +109,12 @@ func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
 		rep.Facts = tx.Bucket(bucketFacts).Stats().KeyN
 		return nil
 	})
+	var ie *IntegrityError
+	if errors.As(err, &ie) {
+		rep.Problems = ie.Problems
+		rep.Claims = nil
+		return rep, err
+	}
 	if err != nil {
 		return Report{}, err
 	}

@@ -26,7 +26,10 @@ import (
 // Retries are safe: while claim id is live, the same request (same items in
 // any order, same labels) returns the existing claim unchanged, reserved or
 // committed, and a different one fails with *ConflictError. A reservation
-// that has expired is replaced by a new one, possibly on other GPUs.
+// that has expired is replaced by a new one, possibly on other GPUs, and so
+// is a live reservation whose NameToken is older than req's (see
+// supersedes); a req whose NameToken is older than the live claim's fails
+// with a *ConflictError whose Stale is set.
 //
 // Errors: *ValidationError for a malformed id, request, coordinator or lease;
 // *NotAvailableError listing every item this server cannot place in full.
@@ -48,11 +51,23 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
 		if old, ok := st.claims[id]; ok && old.Live(now) {
-			if !sameRequest(old.Claim, req) {
-				return false, &ConflictError{ID: id, Existing: old.Claim}
+			switch supersedes(req.NameToken, old.Claim) {
+			case tokenNewer:
+				// The placement that made it lost the name (tokens.go):
+				// the reservation is an orphan, and its GPUs are free
+				// for this one.
+				if err := st.deleteClaim(tx, id); err != nil {
+					return false, err
+				}
+			case tokenOlder:
+				return false, &ConflictError{ID: id, Existing: old.Claim, Stale: req.NameToken}
+			default:
+				if !sameRequest(old.Claim, req) {
+					return false, &ConflictError{ID: id, Existing: old.Claim}
+				}
+				out = old.Claim
+				return false, nil
 			}
-			out = old.Claim
-			return false, nil
 		}
 
 		free := st.freeByModel(now)
@@ -81,6 +96,7 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 				Coordinator: coordinator,
 				CreatedAt:   now,
 				ExpiresAt:   now.Add(lease),
+				NameToken:   req.NameToken,
 			},
 			GPUModels: models,
 		}

@@ -73,9 +73,16 @@ func (e *NotAvailableError) Is(target error) bool { return target == ErrNotAvail
 type ConflictError struct {
 	ID       string
 	Existing Claim
+	// Stale is the request's name token when it was older than the
+	// existing claim's: a placement that lost the name to a newer one.
+	Stale uint64
 }
 
 func (e *ConflictError) Error() string {
+	if e.Stale != 0 {
+		return fmt.Sprintf("claim %q: this placement's name token %d is older than the %s claim's %d: a newer claim of the ID holds it; retry the claim to learn its state",
+			e.ID, e.Stale, e.Existing.State, e.Existing.NameToken)
+	}
 	return fmt.Sprintf("claim %q already exists (%s, %s) with a different request; release it first or use another ID",
 		e.ID, e.Existing.State, describeItems(e.Existing.Items))
 }

@@ -99,8 +99,12 @@ type Ledger struct {
 // from it, in one write, and DroppedAtOpen lists them.
 //
 // It fails with ErrLocked when another process holds the file, with
-// ErrSchemaTooNew when a newer gpuherd wrote it, and with a *CorruptError
-// when any record cannot be read: it never starts empty over existing data.
+// ErrSchemaTooNew when a newer gpuherd wrote it, with a *CorruptError when
+// the file itself cannot be read, and with a *IntegrityError naming every
+// unreadable record and every contradiction between claims (a GPU in two
+// claims, a claim naming a GPU it holds no model for, items that do not
+// match the GPUs' models): it never starts empty over existing data, nor
+// serves from a file that would hand one GPU to two VMs.
 func Open(path string, opts ...Option) (*Ledger, error) {
 	o := options{maxGPUs: DefaultMaxGPUs, lockTimeout: DefaultLockTimeout}
 	for _, opt := range opts {
@@ -198,8 +202,10 @@ func initFile(db *bolt.DB, path string) (*state, []Claim, error) {
 			return err
 		}
 		var err error
-		st, err = load(tx, path)
-		return err
+		if st, err = load(tx, path); err != nil {
+			return recordsError(tx, path, err) // every problem, not the first
+		}
+		return checkIntegrity(st, path) // integrity.go
 	})
 	if err != nil {
 		return nil, nil, err

@@ -12,6 +12,10 @@ type Item struct {
 type Request struct {
 	Items  []Item            `json:"items"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// NameToken is the name registry's token for the claim ID that the
+	// placement asking for this holds (api.ReserveRequest.Token); 0 when
+	// there is no registry. See Reserve for what a newer one replaces.
+	NameToken uint64 `json:"name_token,omitempty"`
 }
 
 // State is the state of a claim in the owner's ledger.

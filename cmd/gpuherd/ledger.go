@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
@@ -51,14 +53,15 @@ func (f *ledgerFlags) path(cmd *cobra.Command) (string, error) {
 func newLedgerCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ledger",
-		Short: "Check or back up the claims ledger of a stopped agent",
+		Short: "Check, back up or repair the claims ledger of a stopped agent",
 		Long: `The ledger (ledger.db in the data directory) is the truth about who holds
 which GPU of this server. "check" reads it without writing and says exactly
-what is wrong with it; "backup" makes a consistent copy. Both need the agent
-stopped: a running agent holds the file locked. The recovery procedure is in
+what is wrong with it; "backup" makes a consistent copy; "remove-claim"
+deletes one claim record the agent refuses to start with. All need the
+agent stopped: a running agent holds the file locked. The recovery procedure is in
 the README, "Ledger problems".`,
 	}
-	cmd.AddCommand(newLedgerCheckCmd(g), newLedgerBackupCmd(g))
+	cmd.AddCommand(newLedgerCheckCmd(g), newLedgerBackupCmd(g), newLedgerRemoveClaimCmd(g))
 	return cmd
 }
 
@@ -69,8 +72,10 @@ func newLedgerCheckCmd(g *globals) *cobra.Command {
 		Short: "Verify every page and record of the ledger, read-only, and list its claims",
 		Long: `Open the ledger read-only, run bbolt's page check, read every record as the
 agent would at start, and print the claims, drains and revision it holds.
-Exit 0 when the agent would accept the file, 1 with the exact problem (the
-file, the bucket and record) when it would not. Nothing is ever written.`,
+Every problem is listed: an unreadable record, a GPU in two claims, a claim
+naming a GPU the ledger does not hold, a claim whose items do not match its
+GPUs' models. Exit 0 when the agent would accept the file, 1 when it would
+not. Nothing is ever written.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path, err := f.path(cmd)
@@ -78,6 +83,15 @@ file, the bucket and record) when it would not. Nothing is ever written.`,
 				return err
 			}
 			rep, err := ledger.Inspect(path, f.wait)
+			var ie *ledger.IntegrityError
+			if errors.As(err, &ie) {
+				// Every problem, then one line on what to do.
+				if serr := g.show(rep, func(w *tabwriter.Writer) { printProblems(w, rep) }); serr != nil {
+					return serr
+				}
+				return fmt.Errorf("ledger %s: %d problem(s), listed above; the agent refuses to start on it: find which claim is right with the VMs running here (virsh list), then restore a backup or run `gpuherd ledger remove-claim ID` for each wrong claim: %w",
+					path, len(ie.Problems), ledger.ErrIntegrity)
+			}
 			if err != nil {
 				return err
 			}
@@ -147,4 +161,53 @@ func printLedger(w *tabwriter.Writer, rep ledger.Report, what string) {
 	for _, addr := range slices.Sorted(maps.Keys(rep.Drains)) {
 		fmt.Fprintf(w, "drained %s: %s\n", addr, rep.Drains[addr].Reason)
 	}
+}
+
+func newLedgerRemoveClaimCmd(g *globals) *cobra.Command {
+	var f ledgerFlags
+	cmd := &cobra.Command{
+		Use:   "remove-claim ID",
+		Short: "Delete one claim record from the ledger of a stopped agent",
+		Long: `Delete the record of claim ID from the ledger file, readable or not, in one
+fsynced write: the way out of a ledger the agent refuses to start with
+("ledger check" lists why). Find first which claim is right: compare with
+the VMs running on this server (virsh list) and the platform's records. The
+claim's GPUs are free when the agent starts again; a GPU a running VM still
+holds open is kept back until the VM lets go. Back the file up first
+(cp, not "ledger backup", which refuses a damaged ledger).`,
+		Args: exactArgs(1, "one claim ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := f.path(cmd)
+			if err != nil {
+				return err
+			}
+			c, err := ledger.RemoveClaim(path, args[0], f.wait)
+			if errors.Is(err, ledger.ErrNotFound) {
+				return &apiError{Code: api.CodeNotFound, Message: err.Error()}
+			}
+			if err != nil {
+				return err
+			}
+			return g.show(c, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "removed claim %s (%s, GPUs %s) from %s\n", c.ID, orDash(string(c.State)), orDash(strings.Join(c.GPUs, ",")), path)
+			})
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func printProblems(w *tabwriter.Writer, rep ledger.Report) {
+	fmt.Fprintf(w, "LEDGER %s: %d problem(s)\n", rep.Path, len(rep.Problems))
+	fmt.Fprintln(w, "RECORD\tGPU\tPROBLEM")
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "%s/%s\t%s\t%s\n", p.Bucket, p.Key, orDash(p.PCIAddress), p.Problem)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -61,6 +61,7 @@ type Kernel struct {
 	drivers []string
 	devs    map[string]*kdev
 	holds   map[string]chan struct{} // closed by Unhold
+	blocked map[string]chan struct{} // closed once an unbind waits on the hold (Blocked)
 	writes  []Write
 
 	// Simulated processes holding VFIO groups open (kernel_openers.go).

@@ -20,8 +20,24 @@ func (k *Kernel) Hold(addr string) error {
 	}
 	if k.holds[addr] == nil {
 		k.holds[addr] = make(chan struct{})
+		if k.blocked == nil {
+			k.blocked = make(map[string]chan struct{})
+		}
+		k.blocked[addr] = make(chan struct{})
 	}
 	return nil
+}
+
+// Blocked returns a channel that is closed once an unbind of the held
+// device at addr waits on Hold: a test's cue that a move is half-way.
+func (k *Kernel) Blocked(addr string) (<-chan struct{}, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	b := k.blocked[addr]
+	if b == nil {
+		return nil, fmt.Errorf("vfio: simulated kernel: blocked %s: not held; call Hold first", quote(addr))
+	}
+	return b, nil
 }
 
 // Unhold releases Hold: a blocked unbind completes, later ones do not block.
@@ -31,6 +47,7 @@ func (k *Kernel) Unhold(addr string) {
 	if h := k.holds[addr]; h != nil {
 		close(h)
 		delete(k.holds, addr)
+		delete(k.blocked, addr)
 	}
 }
 

@@ -308,8 +308,21 @@ func TestKernelHoldBlocksOnlyItsDevice(t *testing.T) {
 	if err := k.Hold(gpuA); err != nil {
 		t.Fatal(err)
 	}
+	blocked, err := k.Blocked(gpuA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Blocked(gpuB); err == nil {
+		t.Error("Blocked of a device that is not held: no error")
+	}
+	select {
+	case <-blocked:
+		t.Fatal("Blocked is closed before any unbind was written")
+	default:
+	}
 	done := make(chan error, 1)
 	go func() { done <- k.WriteFile(devicePath(gpuA, "driver/unbind"), []byte(gpuA)) }()
+	<-blocked // the unbind now waits on the hold
 
 	if err := k.WriteFile(devicePath(gpuB, "driver/unbind"), []byte(gpuB)); err != nil {
 		t.Fatalf("unbind of another device while one is held: %v", err)

@@ -124,6 +124,13 @@ func (k *Kernel) doWrite(name string, w kwrite) error {
 	if w.kind == writeUnbind {
 		k.mu.Lock()
 		hold := k.holds[w.addr]
+		if b := k.blocked[w.addr]; hold != nil && b != nil {
+			select {
+			case <-b:
+			default:
+				close(b)
+			}
+		}
 		k.mu.Unlock()
 		if hold != nil {
 			<-hold // NVRM: "Attempting to remove device ... with non-zero usage count"
