@@ -27,6 +27,10 @@ import (
 // any order, same labels) returns the existing claim unchanged, reserved or
 // committed, and a different one fails with *ConflictError. A reservation
 // that has expired is replaced by a new one, possibly on other GPUs.
+// req.NameToken is kept on a new reservation; a retry that brings a newer
+// (larger) token than a live reservation's moves the reservation to it, as
+// a newer grant of the name supersedes the older one (a committed claim
+// keeps the token it was confirmed under).
 //
 // Errors: *ValidationError for a malformed id, request, coordinator or lease;
 // *NotAvailableError listing every item this server cannot place in full.
@@ -50,6 +54,14 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 		if old, ok := st.claims[id]; ok && old.Live(now) {
 			if !sameRequest(old.Claim, req) {
 				return false, &ConflictError{ID: id, Existing: old.Claim}
+			}
+			if old.State == StateReserved && req.NameToken > old.NameToken {
+				old.NameToken = req.NameToken
+				if err := st.putClaim(tx, old); err != nil {
+					return false, err
+				}
+				out = old.Claim
+				return true, nil
 			}
 			out = old.Claim
 			return false, nil
@@ -81,6 +93,7 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 				Coordinator: coordinator,
 				CreatedAt:   now,
 				ExpiresAt:   now.Add(lease),
+				NameToken:   req.NameToken,
 			},
 			GPUModels: models,
 		}

@@ -12,6 +12,12 @@ type Item struct {
 type Request struct {
 	Items  []Item            `json:"items"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// NameToken is the name registry's grant of the claim ID to the
+	// placement that reserves (agent/names); Reserve keeps it on the
+	// reservation for the owner's confirmation at commit. It is not part
+	// of what is asked for: two requests that differ only in it are the
+	// same request.
+	NameToken uint64 `json:"name_token,omitempty"`
 }
 
 // State is the state of a claim in the owner's ledger.
