@@ -266,7 +266,7 @@ func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, ow
 		return t, api.Claim{}, ctx.Err()
 	case !errors.As(err, &e) || e.ServerFault():
 		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
-			Message: fmt.Sprintf("claim %s is held on %s, which did not answer (%v); retry when it is back", id, owner, err)}
+			Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, owner, owner, err)}
 	}
 	return t, api.Claim{}, err
 }
