@@ -155,6 +155,9 @@ func (at *attempt) acquireName(ctx context.Context, digest string) (token uint64
 		actx, cancel := context.WithTimeout(ctx, nameTimeout)
 		g, err := at.names.Acquire(actx, key, at.cfg.NodeName, "", digest, nil)
 		cancel()
+		if !names.IsUnavailable(err) {
+			at.rec.ClaimLookup(LookupRegistry)
+		}
 		if err != nil {
 			var r *names.RefusedError
 			if errors.As(err, &r) && r.Code == names.CodeConflict && r.Record != nil && r.Record.State == names.StateHeld {
@@ -316,13 +319,15 @@ func (co *coordinator) findNamed(ctx context.Context, targets []target, id strin
 	lctx, cancel := context.WithTimeout(ctx, nameTimeout)
 	rec, err = co.names.Lookup(lctx, names.Claim(id), names.Linearizable)
 	cancel()
+	if names.IsUnavailable(err) {
+		co.log.Info("name registry unavailable; looking the claim up on the servers", "claim", id, "err", err)
+		return api.Claim{}, target{}, rec, false, nil
+	}
+	co.rec.ClaimLookup(LookupRegistry)
 	switch {
 	case errors.Is(err, names.ErrNotFound):
 		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found: the name registry holds no such claim ID", id)}
-	case names.IsUnavailable(err):
-		co.log.Info("name registry unavailable; looking the claim up on the servers", "claim", id, "err", err)
-		return api.Claim{}, target{}, rec, false, nil
 	case err != nil:
 		return api.Claim{}, target{}, rec, true, claimNameError(id, err)
 	}

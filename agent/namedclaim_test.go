@@ -205,6 +205,32 @@ func TestClusterNamedUnknownIDWithDeadMemberIsNotFound(t *testing.T) {
 	if _, err := a.Release(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
 		t.Errorf("release of an unknown ID with c dead: %v; want not found", err)
 	}
+	if reg, every := lookupsOf(t, a, LookupRegistry), lookupsOf(t, a, LookupEveryServer); reg != 2 || every != 0 {
+		t.Errorf("lookups answered by the registry %v, by every server %v; want 2 and 0", reg, every)
+	}
+}
+
+// lookupsOf is a's gpuherd_claim_lookups_total for path.
+func lookupsOf(t *testing.T, a *Agent, path string) float64 {
+	t.Helper()
+	mfs, err := a.metrics.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpuherd_claim_lookups_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "path" && l.GetValue() == path {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no gpuherd_claim_lookups_total{path=%q}", path)
+	return 0
 }
 
 // A coordinator paused past its name's lease cannot commit: while it
