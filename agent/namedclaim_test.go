@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
 
@@ -348,6 +349,9 @@ func TestClusterNamedRetryWaitsForThePendingPlacement(t *testing.T) {
 		c   api.Claim
 		err error
 	}
+	if _, err := c.Get(ctx, "vm-x"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "being placed by a") {
+		t.Fatalf("get while vm-x is being placed: %v; want a 503 naming a", err)
+	}
 	second := make(chan answer, 1)
 	go func() {
 		cl, err := b.Claim(ctx, "vm-x", l40sReq(2))
@@ -366,5 +370,53 @@ func TestClusterNamedRetryWaitsForThePendingPlacement(t *testing.T) {
 	}
 	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != got.c.Node {
 		t.Fatalf("vm-x held on %v; the retry answered %s", on, got.c.Node)
+	}
+}
+
+// The owner commits only what the registry confirmed: a reservation
+// without a token (a coordinator of an older version) is refused; with the
+// registry unavailable the commit is a 503 and the reservation stays for
+// the retried commit; once confirmed, the claim is held on the owner in
+// the registry, and its release lets the name go.
+func TestClusterNamedOwnerCommitConfirms(t *testing.T) {
+	tc, _, b, _ := namedThree(t)
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a"}
+
+	if _, err := b.owner.Reserve(ctx, "vm-old", rr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.owner.Commit(ctx, "vm-old"); !isCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "no name token") {
+		t.Fatalf("commit of a reservation without a token: %v; want invalid_request naming the token", err)
+	}
+
+	g, err := tc.names.Acquire(ctx, names.Claim("vm-1"), "a", "", requestDigest(rr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Token = g.Record.Token
+	if _, err := b.owner.Reserve(ctx, "vm-1", rr); err != nil {
+		t.Fatal(err)
+	}
+	tc.names.SetDown(true)
+	if _, err := b.owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) {
+		t.Fatalf("commit with the registry down: %v; want unavailable", err)
+	}
+	if cl, err := b.ledger.Get("vm-1"); err != nil || cl.State != ledger.StateReserved {
+		t.Fatalf("reservation after the unconfirmed commit: %+v, %v; want it kept", cl, err)
+	}
+	tc.names.SetDown(false)
+	if _, err := b.owner.Commit(ctx, "vm-1"); err != nil {
+		t.Fatalf("commit once the registry answers: %v", err)
+	}
+	rec, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable)
+	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" {
+		t.Fatalf("registry record after the commit: %+v, %v; want held on b", rec, err)
+	}
+	if _, err := b.owner.Abort(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry still holds vm-1 after its release: %v", err)
 	}
 }
