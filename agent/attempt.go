@@ -208,13 +208,15 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				if len(tried) > 0 {
 					at.log.Info("claim placed after stale answers", "claim", at.id, "node", name, "attempt", len(tried)+1)
 				}
-				if at.vouch != nil {
-					return c, nil
+				if at.vouch != nil || at.rr.Token != 0 {
+					return c, nil // vouched for, or named by the registry: no other copy
 				}
 				return at.settle(ctx, c, byName[name], tried)
 			}
 			tried = append(tried, name)
-			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil {
+			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended: acquire it again
+
 				return api.Claim{}, err
 			}
 			if isCode(err, api.CodeNotAvailable) {

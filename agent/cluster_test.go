@@ -49,6 +49,9 @@ type testCluster struct {
 	gossip *gossiptest.Network
 	// tune, when set, replaces fastGossip as every agent's memberlist tuning.
 	tune func(*memberlist.Config)
+	// names is the name registry every agent shares (set by default; a
+	// test of the registry-less path sets it nil before starting agents).
+	names *testNames
 }
 
 // newTestCluster starts an empty cluster whose agents talk in memory: the
@@ -81,6 +84,7 @@ func newCluster(t testing.TB) *testCluster {
 		t.Fatal(err)
 	}
 	tc := &testCluster{t: t, dir: dir, agents: map[string]*Agent{}, cancel: map[string]context.CancelFunc{}, done: map[string]chan error{}}
+	tc.names = newTestNames(t)
 	t.Cleanup(func() {
 		for name := range tc.agents {
 			tc.stop(name)
@@ -140,6 +144,9 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 			c.Transport = tr
 		})}
 	}
+	if tc.names != nil {
+		opts = append(opts, WithNames(tc.names))
+	}
 	a, err := New(context.Background(), cfg, quietLog(), append(opts, tc.opts...)...)
 	if err != nil {
 		t.Fatalf("starting %s: %v", name, err)
@@ -191,17 +198,23 @@ func (tc *testCluster) converge(what string, cond func(a *Agent) bool) time.Dura
 	}
 }
 
-// bothLookups runs a cluster test twice: with the claim directory vouching
-// at once (directory_settle 0, the fast path), and with homes that never
-// vouch within the test (every lookup asks every server, the slow path).
+// bothLookups runs a cluster test three times: with the name registry
+// deciding claim IDs (the cluster's path), and without one: with the claim
+// directory vouching at once (directory_settle 0, the fast path), and with
+// homes that never vouch within the test (every lookup asks every server,
+// the slow path).
 func bothLookups(t *testing.T, test func(t *testing.T, tc *testCluster)) {
 	t.Parallel()
 	for _, mode := range []struct {
 		name   string
 		settle time.Duration
-	}{{"directory", 0}, {"every-server", time.Hour}} {
+		names  bool
+	}{{"registry", 0, true}, {"directory", 0, false}, {"every-server", time.Hour, false}} {
 		t.Run(mode.name, func(t *testing.T) {
 			tc := newTestCluster(t)
+			if !mode.names {
+				tc.names = nil
+			}
 			tc.adjust = func(c *Config) { c.DirectorySettle = Duration(min(mode.settle, 10*time.Minute)) }
 			test(t, tc)
 		})

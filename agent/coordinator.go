@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -100,6 +101,11 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 		return api.Claim{}, err
 	}
 	at.view = withFresh(at.view, fresh)
+	if co.names != nil {
+		// The name registry decides the ID (namedclaim.go): no home to
+		// vouch, no every-server lookup, no settling of copies.
+		return at.placeNamed(ctx)
+	}
 
 	// The fast way: the claim ID's home vouches that it is new, or says
 	// where it is.
@@ -165,6 +171,15 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 	abort := func(ctx context.Context, t target) (api.Claim, error) {
 		c, err := t.owner.Abort(ctx, id)
 		return neverClaimed(t.name, c, err) // orphans.go
+	}
+	if co.names != nil {
+		c, _, rec, handled, err := co.findNamed(ctx, targets, id, abort)
+		if handled && rec.State == names.StateLost {
+			return co.releaseLost(ctx, id, rec)
+		}
+		if handled {
+			return c, err
+		}
 	}
 	h, err := co.askHome(ctx, targets, id, abort)
 	if h.done {
@@ -243,6 +258,11 @@ func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequ
 			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: releasing the old GPUs failed, nothing changed: %w", id, owner.name, name, err)
 		}
 		co.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)
+		if co.names != nil {
+			if err := at.moveName(ctx, t); err != nil {
+				return api.Claim{}, err
+			}
+		}
 		return at.commit(ctx, t)
 	}
 	all := append(servers, owner.server)

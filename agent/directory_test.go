@@ -28,6 +28,22 @@ func threeAgents(t *testing.T, settle time.Duration, pa, pb, pc string) (tc *tes
 	t.Helper()
 	tc = newTestCluster(t)
 	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
+	return startThree(tc, pa, pb, pc)
+}
+
+// threeDirectoryAgents is threeAgents without a name registry: the claim
+// directory and the every-server lookups are then the claim path, as on a
+// cluster of agents without one.
+func threeDirectoryAgents(t *testing.T, settle time.Duration, pa, pb, pc string) (tc *testCluster, a, b, c *Agent) {
+	t.Helper()
+	tc = newTestCluster(t)
+	tc.names = nil
+	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
+	return startThree(tc, pa, pb, pc)
+}
+
+func startThree(tc *testCluster, pa, pb, pc string) (_ *testCluster, a, b, c *Agent) {
+	tc.t.Helper()
 	a, b, c = tc.start("a", pa), tc.start("b", pb), tc.start("c", pc)
 	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 3 })
 	return tc, a, b, c
@@ -150,6 +166,7 @@ func TestDirectoryRejectsBadUpdates(t *testing.T) {
 // retryable "did not answer", not "not found".
 func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 	tc := newTestCluster(t)
+	tc.names = nil // the directory is what this test is about
 	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
 	a := tc.start("a", "dgx-h100")
 	b := tc.start("b", "l40s-4")
@@ -207,6 +224,7 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 // by which time the owners have sent it their claims again.
 func TestIntegrationDirectoryHomeRestarts(t *testing.T) {
 	tc := newSocketCluster(t)
+	tc.names = nil // the directory is what this test is about
 	const settle = 3 * time.Second
 	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(settle) }
 	a := tc.start("a", "a100-pcie-4")
@@ -245,7 +263,7 @@ func TestIntegrationDirectoryHomeRestarts(t *testing.T) {
 
 // An owner's notice that its home does not take is sent again until it is.
 func TestClusterDirectoryNoticeRetried(t *testing.T) {
-	_, a, b, c := threeAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
+	_, a, b, c := threeDirectoryAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	// b cannot reach c's peer API for a while.
@@ -273,7 +291,7 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 // held already (a client's retry through another agent), the reservation
 // made meanwhile is dropped, and the answer is the claim that exists.
 func TestClusterReservesWhileAskingTheHome(t *testing.T) {
-	_, a, b, c := threeAgents(t, 0, "l40s-4", "l40s-4", "a100-pcie-4")
+	_, a, b, c := threeDirectoryAgents(t, 0, "l40s-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	req := api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a"}
@@ -308,7 +326,7 @@ func TestClusterReservesWhileAskingTheHome(t *testing.T) {
 // made while it was asked is what that way finds and commits: one
 // reservation, no abort and reserve again.
 func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
-	_, a, b, c := threeAgents(t, 10*time.Minute, "l40s-4", "l40s-4", "a100-pcie-4")
+	_, a, b, c := threeDirectoryAgents(t, 10*time.Minute, "l40s-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(c, "b")
 	if ans, err := b.LookupDirectory(ctx, id); err != nil || ans.State != api.DirUnsure {
@@ -329,7 +347,7 @@ func TestClusterUnsureHomeKeepsTheReservation(t *testing.T) {
 // found": the ID's home still says where it is held, and a get or a
 // release answers a retryable 503 naming that server.
 func TestClusterClaimOnAnUnseenOwnerIsNotNotFound(t *testing.T) {
-	tc, a, _, c := threeAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
+	tc, a, _, c := threeDirectoryAgents(t, 0, "a100-pcie-4", "l40s-4", "a100-pcie-4")
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || cl.Node != "b" {

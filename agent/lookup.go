@@ -18,6 +18,11 @@ import (
 // the home knows, otherwise by asking every server.
 func (co *coordinator) findClaim(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
 	lookup := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Lookup(ctx, id) }
+	if co.names != nil {
+		if c, t, _, handled, err := co.findNamed(ctx, targets, id, lookup); handled {
+			return c, t, err
+		}
+	}
 	h, err := co.askHome(ctx, targets, id, lookup)
 	if h.done {
 		return h.claim, h.on, err

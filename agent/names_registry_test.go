@@ -23,16 +23,20 @@ type testNames struct {
 
 var _ NameAuthority = (*testNames)(nil)
 
-func newTestNames(t *testing.T) *testNames {
+func newTestNames(t testing.TB, adjust ...func(*names.Config)) *testNames {
 	t.Helper()
 	_, trans := raft.NewInmemTransportWithTimeout(raft.ServerAddress("registry"), 500*time.Millisecond)
-	reg, err := names.Open(names.Config{
+	cfg := names.Config{
 		Node:      "registry",
 		Role:      names.RoleVoter,
 		Servers:   []names.Server{{ID: "registry", Address: "registry"}},
 		Transport: trans,
 		Timing:    names.FastTiming(),
-	})
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	reg, err := names.Open(cfg)
 	if err != nil {
 		t.Fatalf("opening the test name registry: %v", err)
 	}

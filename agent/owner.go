@@ -170,6 +170,8 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 		return api.Claim{}, o.apiError(err)
 	} else if !cur.CreatedAt.Equal(pending.CreatedAt) {
 		return api.Claim{}, o.apiError(fmt.Errorf("claim %s: the reservation was replaced while waiting for its GPUs: %w", id, ledger.ErrNotFound))
+	} else {
+		pending = cur // a retry may have moved it to a newer name grant meanwhile
 	}
 	if pending.State == ledger.StateReserved && pending.Live(o.now()) && !o.boundBy(id, pending) {
 		if err := o.lookBeforeBind(id, pending.GPUs); err != nil {
@@ -181,8 +183,19 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 			}
 		}
 	}
+	// With a name registry, the claim ID must be this server's under the
+	// reservation's grant before the ledger commits it (ownernames.go).
+	named := o.names != nil && pending.State == ledger.StateReserved && pending.Live(o.now())
+	if named {
+		if err := o.confirmName(ctx, pending); err != nil {
+			return api.Claim{}, err
+		}
+	}
 	c, err := o.ledger.Commit(id, o.now())
 	if err != nil {
+		if named {
+			o.releaseName(ctx, pending)
+		}
 		if errors.Is(err, ledger.ErrLeaseExpired) {
 			o.rec.Reservation(ReservationExpired)
 			o.log.Warn("reservation expired before commit", "claim", id)
@@ -239,6 +252,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		o.rec.Reservation(ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
 		o.remember(c)
+		o.releaseName(ctx, c)
 	}
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock := o.locks.lock(c.GPUs...)

@@ -46,6 +46,7 @@ const (
 	LookupLocal       = "local"
 	LookupDirectory   = "directory"
 	LookupEveryServer = "every_server"
+	LookupRegistry    = "registry"
 )
 
 // VFIO operations (Recorder.VFIOOperation).

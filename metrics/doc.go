@@ -98,7 +98,8 @@
 //	    counter: claim-ID lookups of the claims, gets and releases this agent
 //	    coordinated. path: local (this server holds the claim), directory
 //	    (the ID's home answered), every_server (the home could not vouch;
-//	    every server was asked). All present from the start at 0.
+//	    every server was asked), registry (the name registry answered).
+//	    All present from the start at 0.
 //	gpuherd_reservations_total{outcome}
 //	    counter: reservation events. outcome: reserved, committed, expired,
 //	    released, aborted (all present from the start at 0).

@@ -51,6 +51,7 @@ const (
 	LookupLocal       = "local"        // this server holds the claim
 	LookupDirectory   = "directory"    // the ID's home answered for it
 	LookupEveryServer = "every_server" // the home could not vouch: every server was asked
+	LookupRegistry    = "registry"     // the name registry answered for it
 )
 
 // VFIO operations, the values of the op label.
@@ -63,7 +64,7 @@ var (
 	claimOutcomes       = []string{ClaimGranted, ClaimNotAvailable, ClaimInvalid, ClaimConflict, ClaimBindFailed, ClaimError}
 	reservationOutcomes = []string{ReservationReserved, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted}
 	vfioOps             = []string{VFIOBind, VFIORelease}
-	lookupPaths         = []string{LookupLocal, LookupDirectory, LookupEveryServer}
+	lookupPaths         = []string{LookupLocal, LookupDirectory, LookupEveryServer, LookupRegistry}
 )
 
 // events holds the metrics fed by Recorder calls.
@@ -111,7 +112,7 @@ func newEvents() *events {
 		}, []string{"pci_address", "model", "xid"}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "claim_lookups_total",
-			Help: "Claim-ID lookups of claims, gets and releases coordinated by this agent: answered by this server's own ledger (local), by the ID's home (directory) or by asking every server (every_server).",
+			Help: "Claim-ID lookups of claims, gets and releases coordinated by this agent: answered by the name registry (registry), by this server's own ledger (local), by the ID's home (directory) or by asking every server (every_server).",
 		}, []string{"path"}),
 	}
 	// Every known label value exists from the start at 0, so that rate()

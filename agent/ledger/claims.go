@@ -29,7 +29,8 @@ import (
 // that has expired is replaced by a new one, possibly on other GPUs, and so
 // is a live reservation whose NameToken is older than req's (see
 // supersedes); a req whose NameToken is older than the live claim's fails
-// with a *ConflictError whose Stale is set.
+// with a *ConflictError whose Stale is set. A newer token with the same
+// request moves the reservation to it, GPUs and all.
 //
 // Errors: *ValidationError for a malformed id, request, coordinator or lease;
 // *NotAvailableError listing every item this server cannot place in full.
@@ -53,6 +54,18 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 		if old, ok := st.claims[id]; ok && old.Live(now) {
 			switch supersedes(req.NameToken, old.Claim) {
 			case tokenNewer:
+				if sameRequest(old.Claim, req) {
+					// The same request granted anew (its pending name
+					// lapsed and a retry took it again): the
+					// reservation and its GPUs carry on under the new
+					// token.
+					old.NameToken = req.NameToken
+					if err := st.putClaim(tx, old); err != nil {
+						return false, err
+					}
+					out = old.Claim
+					return true, nil
+				}
 				// The placement that made it lost the name (tokens.go):
 				// the reservation is an orphan, and its GPUs are free
 				// for this one.
@@ -64,6 +77,16 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 			default:
 				if !sameRequest(old.Claim, req) {
 					return false, &ConflictError{ID: id, Existing: old.Claim}
+				}
+				if old.State == StateReserved && old.NameToken == 0 && req.NameToken != 0 {
+					// Reserved before its placement held the name (a
+					// resize's move): the same request now brings it.
+					old.NameToken = req.NameToken
+					if err := st.putClaim(tx, old); err != nil {
+						return false, err
+					}
+					out = old.Claim
+					return true, nil
 				}
 				out = old.Claim
 				return false, nil

@@ -1,0 +1,398 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// The coordinator's side of the claim path through the name registry
+// (docs/protocol.md, "Placing a claim"; docs/names.md): a claim ID is
+// acquired before anything is reserved under it, so a retry through any
+// agent finds the first grant instead of placing a second copy, and a get
+// or release asks the registry where the ID is held instead of every
+// server. Used whenever the agent has a registry (Agent.names); without
+// one, the home directory and the every-server lookups do the job.
+
+// nameTimeout bounds one call to the registry; the registry itself waits
+// up to its Timing.Hold for a leader before it answers unavailable.
+const nameTimeout = 8 * time.Second
+
+// requestDigest is the registry's digest of a request: its canonical items
+// (by model) and labels, so every agent computes the same one for the same
+// request, whatever order the caller listed them in.
+func requestDigest(rr api.ReserveRequest) string {
+	items := slices.Clone(rr.Items)
+	slices.SortFunc(items, func(a, b api.Item) int { return cmp.Compare(a.Model, b.Model) })
+	h := sha256.New()
+	for _, it := range items {
+		fmt.Fprintf(h, "item %q %d\n", it.Model, it.Count)
+	}
+	for _, k := range slices.Sorted(maps.Keys(rr.Labels)) {
+		fmt.Fprintf(h, "label %q %q\n", k, rr.Labels[k])
+	}
+	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// placeNamed places a claim on the registry path: acquire the claim ID,
+// place it under the grant's token (the owner confirms the token before it
+// commits), and release the name when the placement ends without a
+// commit. A placement the registry's fencing stopped (the grant ended, or
+// the ID was confirmed on another owner meanwhile) acquires once more,
+// which then finds the claim or places it under a fresh grant.
+func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
+	digest := requestDigest(at.rr)
+	// The server the ID last ran on is a hint kept by its home (memory
+	// only); asked while the name is acquired.
+	lastCh := make(chan string, 1)
+	go func() { lastCh <- at.lastOwner(ctx) }()
+	var (
+		last    string
+		gotLast bool
+	)
+	for round := 0; ; round++ {
+		token, c, done, err := at.acquireName(ctx, digest)
+		if done {
+			return c, err
+		}
+		if !gotLast {
+			select {
+			case last = <-lastCh:
+			case <-ctx.Done():
+			}
+			gotLast = true
+		}
+		at.rr.Token = token
+		c, err = at.placeRemembered(ctx, last)
+		switch {
+		case err == nil, errors.Is(err, errCommitUnknown):
+			// Committed, or perhaps: the name stays for the owner's
+			// confirmation (or lapses with its lease).
+			return c, err
+		case round == 0 && (isCode(err, api.CodeLeaseExpired) || isCode(err, api.CodeConflict)):
+			at.log.Debug("claim placement fenced by the name registry; acquiring the name again", "claim", at.id, "token", token, "err", err)
+			continue
+		}
+		at.releaseName(ctx, token)
+		return c, err
+	}
+}
+
+// placeRemembered places the claim, sending it back to last, the server
+// its ID last ran on, when one is remembered (lifecycle.go): without
+// any_node the claim goes there or nowhere (coordinator.claimWhere places
+// it there after the *goBack); with it, that server is tried first.
+func (at *attempt) placeRemembered(ctx context.Context, last string) (api.Claim, error) {
+	last = recalled(at.prefer, last)
+	if last != "" && !at.anyNode {
+		return api.Claim{}, &goBack{node: last}
+	}
+	p := *at
+	if last != "" {
+		p.prefer = last
+	}
+	c, err := p.place(ctx)
+	return at.notePlaced(last, c, err)
+}
+
+// heldOn returns the claim when node holds it, committed, under this
+// attempt's request.
+func (at *attempt) heldOn(ctx context.Context, node string) (api.Claim, error) {
+	t, ok := targetNamed(at.targets(), node)
+	if !ok {
+		return api.Claim{}, fmt.Errorf("claim %s: %s is not in this agent's view", at.id, node)
+	}
+	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	c, err := t.owner.Lookup(lctx, at.id)
+	if err != nil || c.State != api.StateClaimed || !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+		return api.Claim{}, fmt.Errorf("claim %s is not held on %s under this request", at.id, node)
+	}
+	return c, nil
+}
+
+// lastOwner asks the claim ID's home which server it was last released on
+// (within remember_released), or "" when it does not know or does not
+// answer.
+func (at *attempt) lastOwner(ctx context.Context) string {
+	if at.prefer != "" || at.cluster == nil {
+		return ""
+	}
+	home := homeOf(at.id, at.view)
+	dir, ok := home.owner.(api.Directory)
+	if !ok {
+		return ""
+	}
+	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	ans, err := dir.LookupDirectory(lctx, at.id)
+	if err != nil || ans.State == api.DirHeld {
+		return ""
+	}
+	return ans.LastOwner
+}
+
+// acquireName acquires the claim ID for this attempt's request. It returns
+// the grant's token when this attempt is to place the claim (a new grant,
+// or this agent's own earlier one); done when the answer is already known:
+// the claim as its owner holds it (a retry of a placed claim), or an error.
+// A grant pending under another coordinator (a client that retried through
+// another agent) is waited for, as long as its lease, rather than placed a
+// second time.
+func (at *attempt) acquireName(ctx context.Context, digest string) (token uint64, c api.Claim, done bool, err error) {
+	key := names.Claim(at.id)
+	deadline := time.Now().Add(at.pendingTTL())
+	for {
+		actx, cancel := context.WithTimeout(ctx, nameTimeout)
+		g, err := at.names.Acquire(actx, key, at.cfg.NodeName, "", digest, nil)
+		cancel()
+		if !names.IsUnavailable(err) {
+			at.rec.ClaimLookup(LookupRegistry)
+		}
+		if err != nil {
+			var r *names.RefusedError
+			if errors.As(err, &r) && r.Code == names.CodeConflict && r.Record != nil && r.Record.State == names.StateHeld {
+				// Held under another digest: the claim may have been
+				// resized in place since, to what this request asks.
+				if c, herr := at.heldOn(ctx, r.Record.Owner); herr == nil {
+					return 0, c, true, nil
+				}
+			}
+			return 0, api.Claim{}, true, claimNameError(at.id, err)
+		}
+		rec := g.Record
+		switch {
+		case !g.Retry, rec.State == names.StatePending && rec.Caller == at.cfg.NodeName:
+			return rec.Token, api.Claim{}, false, nil
+		case rec.State == names.StateHeld:
+			c, err := at.fromHolder(ctx, rec)
+			return 0, c, true, err
+		}
+		// Pending under another coordinator: wait for it to be held, or
+		// to go (released, or lapsed), then ask again.
+		rec, err = at.awaitPlacement(ctx, rec, deadline)
+		if err != nil {
+			return 0, api.Claim{}, true, err
+		}
+		if rec.State == names.StateHeld {
+			c, err := at.fromHolder(ctx, rec)
+			return 0, c, true, err
+		}
+	}
+}
+
+// awaitPlacement polls the registry while rec, a grant pending under
+// another coordinator, stays pending: it returns the record once it is
+// held, or a zero record once the name is free again (acquire again).
+func (at *attempt) awaitPlacement(ctx context.Context, rec names.Record, deadline time.Time) (names.Record, error) {
+	key := names.Claim(at.id)
+	wait := 10 * time.Millisecond
+	for {
+		if time.Now().After(deadline) {
+			return names.Record{}, &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s is being placed by %s, which has not finished; retry", at.id, rec.Caller)}
+		}
+		select {
+		case <-ctx.Done():
+			return names.Record{}, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
+		cur, err := at.names.Lookup(lctx, key, names.Linearizable)
+		cancel()
+		switch {
+		case errors.Is(err, names.ErrNotFound):
+			return names.Record{}, nil
+		case err != nil:
+			return names.Record{}, claimNameError(at.id, err)
+		case cur.State != names.StatePending || cur.Token != rec.Token:
+			return cur, nil
+		}
+	}
+}
+
+// fromHolder answers a claim whose ID the registry says is held on
+// rec.Owner under this request: the claim as that owner holds it. An
+// owner that does not answer is a retryable 503 naming it: the claim is
+// never placed a second time elsewhere.
+func (at *attempt) fromHolder(ctx context.Context, rec names.Record) (api.Claim, error) {
+	t, c, err := lookupHolder(ctx, at.coordinator, at.targets(), at.id, rec.Owner, func(ctx context.Context, t target) (api.Claim, error) {
+		return t.owner.Lookup(ctx, at.id)
+	})
+	if err != nil {
+		return api.Claim{}, err
+	}
+	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+		return api.Claim{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", at.id, c.Node, api.DescribeItems(c.Items))}
+	}
+	if c.State == api.StateClaimed {
+		return c, nil
+	}
+	// Confirmed, the owner's ledger commit still to come (or its
+	// coordinator gone in between): finish it.
+	return at.commit(ctx, t)
+}
+
+// lookupHolder runs op on owner, the server the registry says holds claim
+// id. Not in this agent's view, no answer, or no such claim in its ledger
+// (a commit in progress there, or a release whose name it has not let go
+// yet) are retryable 503s naming the owner; op's own refusals pass.
+func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, owner string, op func(context.Context, target) (api.Claim, error)) (target, api.Claim, error) {
+	t, ok := targetNamed(targets, owner)
+	if !ok {
+		return target{}, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s is held on %s, which this agent does not see now (down, or not in its view yet); retry when it is back", id, owner)}
+	}
+	octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	c, err := op(octx, t)
+	cancel()
+	var e *api.Error
+	switch {
+	case err == nil:
+		return t, c, nil
+	case isCode(err, api.CodeNotFound):
+		co.log.Warn("claim held on a server by the name registry but not in its ledger", "claim", id, "node", owner)
+		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s is held on %s by the name registry, but %s's ledger does not hold it (a commit in progress, or a release whose name %s has not let go yet); retry", id, owner, owner, owner)}
+	case ctx.Err() != nil:
+		return t, api.Claim{}, ctx.Err()
+	case !errors.As(err, &e) || e.ServerFault():
+		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, owner, owner, err)}
+	}
+	return t, api.Claim{}, err
+}
+
+// releaseName lets go of a grant this coordinator holds pending and will
+// not commit, so the ID is free at once instead of after the lease.
+func (at *attempt) releaseName(ctx context.Context, token uint64) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	defer cancel()
+	_, err := at.names.Release(rctx, names.Claim(at.id), token, at.cfg.NodeName)
+	if err != nil && !errors.Is(err, names.ErrNotFound) && !errors.Is(err, names.ErrStale) {
+		at.log.Warn("claim name not released after a placement without commit; it lapses with its lease", "claim", at.id, "token", token, "err", err)
+	}
+}
+
+// moveName gives a claim moving to t (coordinator.Resize) its name again:
+// the old owner's release let the name go, so it is acquired anew for the
+// new request and the reservation on t moved to the new grant, which t
+// confirms at commit. On failure the reservation is dropped.
+func (at *attempt) moveName(ctx context.Context, t target) error {
+	token, _, done, err := at.acquireName(ctx, requestDigest(at.rr))
+	if done {
+		if err == nil {
+			err = &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("claim %s was claimed again while it moved", at.id)}
+		}
+		at.abortReservation(ctx, t)
+		return fmt.Errorf("moving claim %s to %s: its GPUs were released, and its name could not be acquired again: %w", at.id, t.name, err)
+	}
+	at.rr.Token = token
+	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	_, err = t.owner.Reserve(rctx, at.id, at.rr)
+	cancel()
+	if err != nil {
+		at.abortReservation(ctx, t)
+		at.releaseName(ctx, token)
+		return fmt.Errorf("moving claim %s to %s: %w", at.id, t.name, err)
+	}
+	return nil
+}
+
+// findNamed runs op on the server the registry says holds claim id, for
+// get and release. handled is false when the registry did not answer: the
+// caller then asks the owners' ledgers, as without a registry. The
+// registry's "no such name" is a definite 404: no server is asked, so a
+// dead member cannot turn an unknown ID into a 503.
+func (co *coordinator) findNamed(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, rec names.Record, handled bool, err error) {
+	lctx, cancel := context.WithTimeout(ctx, nameTimeout)
+	rec, err = co.names.Lookup(lctx, names.Claim(id), names.Linearizable)
+	cancel()
+	if names.IsUnavailable(err) {
+		co.log.Info("name registry unavailable; looking the claim up on the servers", "claim", id, "err", err)
+		return api.Claim{}, target{}, rec, false, nil
+	}
+	co.rec.ClaimLookup(LookupRegistry)
+	switch {
+	case errors.Is(err, names.ErrNotFound):
+		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("claim %s not found: the name registry holds no such claim ID", id)}
+	case err != nil:
+		return api.Claim{}, target{}, rec, true, claimNameError(id, err)
+	}
+	switch rec.State {
+	case names.StatePending:
+		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s is being placed by %s; retry in a moment", id, rec.Caller)}
+	case names.StateLost:
+		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; release it to free its name", id, rec.Owner)}
+	}
+	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
+	return c, t, rec, true, err
+}
+
+// releaseLost frees the name of a claim whose owner was removed from the
+// cluster for good: there is no ledger left to release.
+func (co *coordinator) releaseLost(ctx context.Context, id string, rec names.Record) (api.Claim, error) {
+	rctx, cancel := context.WithTimeout(ctx, nameTimeout)
+	defer cancel()
+	if _, err := co.names.Release(rctx, names.Claim(id), rec.Token, ""); err != nil && !errors.Is(err, names.ErrNotFound) {
+		return api.Claim{}, claimNameError(id, err)
+	}
+	co.log.Info("released the name of a claim lost with its server", "claim", id, "node", rec.Owner)
+	return api.Claim{ID: id, Node: rec.Owner, State: api.StateReleased}, nil
+}
+
+// claimNameError is the API's answer for a registry error about claim id:
+// unavailable is a retryable 503 naming the registry servers that did not
+// answer, never "not available"; a name held by another request is a
+// conflict naming its holder.
+func claimNameError(id string, err error) error {
+	var (
+		u *names.UnavailableError
+		r *names.RefusedError
+	)
+	switch {
+	case errors.As(err, &u):
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("claim %s: %v", id, u)}
+	case !errors.As(err, &r):
+		return err
+	}
+	holder := ""
+	if r.Record != nil {
+		holder = r.Record.Owner
+		if r.Record.State == names.StatePending || holder == "" {
+			holder = r.Record.Caller
+		}
+	}
+	switch r.Code {
+	case names.CodeConflict:
+		state := "held"
+		if r.Record != nil && r.Record.State == names.StatePending {
+			state = "being placed"
+		}
+		return &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s is %s on %s under a different request; release it first or use another ID", id, state, holder)}
+	case names.CodeLost:
+		return &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; release it first", id, holder)}
+	case names.CodeNotFound:
+		return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("claim %s: %v", id, err)}
+	case names.CodeInvalid:
+		return api.Invalid("id", "claim %s: %v", id, err)
+	}
+	// limit, halted: the registry cannot take it now.
+	return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("claim %s: %v; retry later", id, err)}
+}

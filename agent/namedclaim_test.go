@@ -1,0 +1,422 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// The claim path through the name registry (namedclaim.go, ownernames.go):
+// the scenarios of issue 11, points 1, 2 and 6, on the in-memory network
+// with the shared test registry.
+
+const l40s = "NVIDIA L40S"
+
+// namedThree starts a coordinator without L40S (a, on A100s) and two
+// servers of 4 L40S each (b, c), sharing the test registry, and waits
+// until each sees all three.
+func namedThree(t *testing.T) (tc *testCluster, a, b, c *Agent) {
+	t.Helper()
+	tc = newTestCluster(t)
+	a, b, c = tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	return tc, a, b, c
+}
+
+// copiesOf lists the servers whose ledger holds claim id (reserved or
+// committed).
+func copiesOf(id string, agents ...*Agent) []string {
+	var on []string
+	for _, x := range agents {
+		if _, err := x.ledger.Get(id); err == nil {
+			on = append(on, x.cfg.NodeName)
+		}
+	}
+	return on
+}
+
+func l40sReq(n int) api.ClaimRequest {
+	return api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: n}}}
+}
+
+// Issue 11, point 1: vm-x is held on its owner; the owner is killed,
+// frozen, cut off or stopped, and the client retries through another
+// agent. The same request answers 503 naming the owner, another request a
+// conflict naming it; never a second copy, never "not available". Once the
+// owner is back the retry answers the one claim.
+func TestClusterNamedRetryWhileOwnerIsDown(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []string{"killed", "paused", "cut-off", "stopped"} {
+		t.Run(fault, func(t *testing.T) {
+			tc, a, b, c := namedThree(t)
+			ctx := context.Background()
+			first, err := a.Claim(ctx, "vm-x", l40sReq(2))
+			if err != nil {
+				t.Fatalf("claim vm-x: %v", err)
+			}
+			ownerName := first.Node
+			other := c
+			if ownerName == "c" {
+				other = b
+			}
+			var heal func()
+			switch fault {
+			case "killed":
+				tc.peers.Kill(ownerName)
+				heal = func() { tc.stop(ownerName); tc.start(ownerName, "l40s-4") }
+			case "paused":
+				tc.peers.Pause(ownerName)
+				heal = func() { tc.peers.Resume(ownerName) }
+			case "cut-off":
+				tc.peers.Partition([]string{ownerName}, []string{"a", other.cfg.NodeName})
+				heal = tc.peers.Heal
+			case "stopped":
+				tc.stop(ownerName)
+				waitFor(t, "the others to see "+ownerName+" gone", 10*time.Second, func() bool {
+					_, ok := targetNamed(other.targets(), ownerName)
+					return !ok
+				})
+				heal = func() { tc.start(ownerName, "l40s-4") }
+			}
+
+			_, err = other.Claim(ctx, "vm-x", l40sReq(2))
+			if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
+				t.Errorf("retry of vm-x through %s with its owner %s: %v; want a 503 naming %s", other.cfg.NodeName, fault, err, ownerName)
+			}
+			_, err = other.Claim(ctx, "vm-x", l40sReq(1))
+			if !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), ownerName) {
+				t.Errorf("claim of vm-x with another request while its owner is %s: %v; want a conflict naming %s", fault, err, ownerName)
+			}
+			if on := copiesOf("vm-x", a, other); len(on) > 0 {
+				t.Fatalf("a second copy of vm-x was placed on %v while its owner was %s", on, fault)
+			}
+
+			heal()
+			tc.converge("the owner back", func(x *Agent) bool { return freeOf(x, l40s) == 6 })
+			again, err := other.Claim(ctx, "vm-x", l40sReq(2))
+			if err != nil || again.Node != ownerName || !slices.Equal(gpuAddrs(again), gpuAddrs(first)) {
+				t.Fatalf("retry after the owner is back: %+v, %v; want the claim on %s with %v", again, err, ownerName, gpuAddrs(first))
+			}
+			if on := copiesOf("vm-x", tc.agents["a"], tc.agents["b"], tc.agents["c"]); len(on) != 1 {
+				t.Fatalf("vm-x held on %v, want exactly one server", on)
+			}
+		})
+	}
+}
+
+// Issue 11, point 2: a partition between the coordinator and the owner of
+// a claim; the client retries through the same coordinator, which cannot
+// reach the owner: 503 naming it, not a second copy on the other server.
+// After the heal there is exactly one copy, and its release frees every
+// GPU.
+func TestClusterNamedPartitionThenHealKeepsOneCopy(t *testing.T) {
+	tc, a, b, c := namedThree(t)
+	ctx := context.Background()
+	first, err := a.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.peers.Partition([]string{"a"}, []string{first.Node})
+	for range 2 {
+		if _, err := a.Claim(ctx, "vm-x", l40sReq(4)); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), first.Node) {
+			t.Fatalf("retry across the partition: %v; want a 503 naming %s", err, first.Node)
+		}
+	}
+	tc.peers.Heal()
+	again, err := a.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil || again.Node != first.Node {
+		t.Fatalf("retry after the heal: %+v, %v; want the claim on %s", again, err, first.Node)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 {
+		t.Fatalf("vm-x held on %v after the heal, want exactly one server", on)
+	}
+	if _, err := c.Release(ctx, "vm-x"); err != nil {
+		t.Fatal(err)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 0 {
+		t.Fatalf("vm-x still held on %v after its release", on)
+	}
+	if got := localFree(b, l40s) + localFree(c, l40s); got != 8 {
+		t.Fatalf("%d L40S free after the release, want all 8", got)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry still holds vm-x after its release: %v", err)
+	}
+	checkInvariants(t, a, b, c)
+}
+
+func isNamesNotFound(err error) bool {
+	r, ok := err.(*names.RefusedError)
+	return ok && r.Code == names.CodeNotFound
+}
+
+// A registry that cannot answer stops new claims only: a claim answers a
+// retryable 503 that names the registry's servers, never "not available"
+// and never a placement; gets and releases of existing claims work from
+// the owners' ledgers.
+func TestClusterNamedRegistryDown(t *testing.T) {
+	tc, a, b, c := namedThree(t)
+	ctx := context.Background()
+	held, err := a.Claim(ctx, "vm-1", l40sReq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.names.SetDown(true)
+	_, err = a.Claim(ctx, "vm-2", l40sReq(1))
+	if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
+		t.Fatalf("claim with the registry down: %v; want a 503 naming the registry", err)
+	}
+	if on := copiesOf("vm-2", a, b, c); len(on) > 0 {
+		t.Fatalf("vm-2 placed on %v with the registry down", on)
+	}
+	other := b
+	if held.Node == "b" {
+		other = c
+	}
+	if got, err := other.Get(ctx, "vm-1"); err != nil || got.Node != held.Node {
+		t.Fatalf("get with the registry down: %+v, %v; want the claim on %s", got, err, held.Node)
+	}
+	if _, err := other.Release(ctx, "vm-1"); err != nil {
+		t.Fatalf("release with the registry down: %v", err)
+	}
+	if on := copiesOf("vm-1", a, b, c); len(on) > 0 {
+		t.Fatalf("vm-1 still held on %v after its release", on)
+	}
+	if _, err := a.Get(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+		t.Fatalf("get of the released claim, every server answering: %v; want not found", err)
+	}
+}
+
+// Issue 11, point 6: with a member that does not answer, a get or release
+// of an ID that never existed is a definite 404 from the registry, not a
+// 503 naming the dead member.
+func TestClusterNamedUnknownIDWithDeadMemberIsNotFound(t *testing.T) {
+	tc, a, _, _ := namedThree(t)
+	tc.peers.Kill("c") // gossip still lists it; its peer API refuses
+	ctx := context.Background()
+	if _, err := a.Get(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+		t.Errorf("get of an unknown ID with c dead: %v; want not found", err)
+	}
+	if _, err := a.Release(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+		t.Errorf("release of an unknown ID with c dead: %v; want not found", err)
+	}
+	if reg, every := lookupsOf(t, a, LookupRegistry), lookupsOf(t, a, LookupEveryServer); reg != 2 || every != 0 {
+		t.Errorf("lookups answered by the registry %v, by every server %v; want 2 and 0", reg, every)
+	}
+}
+
+// lookupsOf is a's gpuherd_claim_lookups_total for path.
+func lookupsOf(t *testing.T, a *Agent, path string) float64 {
+	t.Helper()
+	mfs, err := a.metrics.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpuherd_claim_lookups_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "path" && l.GetValue() == path {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no gpuherd_claim_lookups_total{path=%q}", path)
+	return 0
+}
+
+// A coordinator paused past its name's lease cannot commit: while it
+// slept the name lapsed and a retry through another agent took a newer
+// grant and placed the claim; the paused coordinator's commit is refused
+// (stale token), its reservation dropped, and a retry through it answers
+// the one claim.
+func TestClusterNamedPausedCoordinatorIsFenced(t *testing.T) {
+	tc := newTestCluster(t)
+	const lease = 300 * time.Millisecond
+	tc.names = newTestNames(t, func(c *names.Config) { c.Lease = lease })
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+
+	// a acquires vm-x and reserves all of b's L40S, then "sleeps".
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 4}}, Coordinator: "a"}
+	g, err := tc.names.Acquire(ctx, names.Claim("vm-x"), "a", "", requestDigest(rr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Token = g.Record.Token
+	if _, err := b.owner.Reserve(ctx, "vm-x", rr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a's grant to lapse", 10*time.Second, func() bool {
+		_, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+		return isNamesNotFound(err)
+	})
+	b.changed() // gossip b's reservation, so that the retry does not pick b
+	tc.converge("b's reservation seen", func(x *Agent) bool { return freeOf(x, l40s) == 4 })
+
+	// The client retries through c: a newer grant, placed on c.
+	placed, err := c.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil || placed.Node != "c" {
+		t.Fatalf("retry through c: %+v, %v; want the claim on c", placed, err)
+	}
+
+	// a wakes and commits on b under its old grant: refused.
+	if _, err := b.owner.Commit(ctx, "vm-x"); !isCode(err, api.CodeLeaseExpired) {
+		t.Fatalf("commit under the lapsed grant: %v; want lease_expired (stale token)", err)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != "c" {
+		t.Fatalf("vm-x held on %v, want only c", on)
+	}
+	if free := localFree(b, l40s); free != 4 {
+		t.Fatalf("b has %d L40S free after the refused commit, want 4", free)
+	}
+	rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+	if err != nil || rec.State != names.StateHeld || rec.Owner != "c" || rec.Token <= g.Record.Token {
+		t.Fatalf("registry record %+v, %v; want held on c under a newer token than %d", rec, err, g.Record.Token)
+	}
+	// The client of the paused coordinator retries through it: the same claim.
+	again, err := a.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil || again.Node != "c" || !slices.Equal(gpuAddrs(again), gpuAddrs(placed)) {
+		t.Fatalf("retry through a: %+v, %v; want the claim on c", again, err)
+	}
+	checkInvariants(t, a, b, c)
+}
+
+// A placement that ends without a commit lets its name go at once: the ID
+// can be claimed again with another request right away.
+func TestClusterNamedNotAvailableReleasesTheName(t *testing.T) {
+	tc, a, _, _ := namedThree(t)
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-x", l40sReq(5)); !isCode(err, api.CodeNotAvailable) {
+		t.Fatalf("claim of 5 L40S: %v; want not available", err)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry holds vm-x after a placement that failed: %v", err)
+	}
+	if _, err := a.Claim(ctx, "vm-x", l40sReq(2)); err != nil {
+		t.Fatalf("claim of vm-x with another request: %v", err)
+	}
+}
+
+// watchedNames tells, on pending, of every Acquire that found the name
+// pending under another caller: a coordinator about to wait.
+type watchedNames struct {
+	*testNames
+	pending chan string
+}
+
+func (w *watchedNames) Acquire(ctx context.Context, key names.Key, caller, owner, request string, members []string) (names.Grant, error) {
+	g, err := w.testNames.Acquire(ctx, key, caller, owner, request, members)
+	if err == nil && g.Retry && g.Record.State == names.StatePending && g.Record.Caller != caller {
+		select {
+		case w.pending <- caller:
+		default:
+		}
+	}
+	return g, err
+}
+
+// A retry through another agent while the first placement is still
+// pending waits for it and answers its claim: the ID is placed once.
+func TestClusterNamedRetryWaitsForThePendingPlacement(t *testing.T) {
+	tc := newTestCluster(t)
+	w := &watchedNames{testNames: tc.names, pending: make(chan string, 1)}
+	tc.opts = append(tc.opts, WithNames(w))
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	tc.peers.Pause("a") // a's reservation waits, its grant pending
+	first := make(chan error, 1)
+	go func() {
+		_, err := a.Claim(ctx, "vm-x", l40sReq(2))
+		first <- err
+	}()
+	waitFor(t, "a's grant", 5*time.Second, func() bool {
+		r, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+		return err == nil && r.State == names.StatePending
+	})
+	type answer struct {
+		c   api.Claim
+		err error
+	}
+	if _, err := c.Get(ctx, "vm-x"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "being placed by a") {
+		t.Fatalf("get while vm-x is being placed: %v; want a 503 naming a", err)
+	}
+	second := make(chan answer, 1)
+	go func() {
+		cl, err := b.Claim(ctx, "vm-x", l40sReq(2))
+		second <- answer{cl, err}
+	}()
+	if who := <-w.pending; who != "b" {
+		t.Fatalf("%s found the grant pending, want b", who)
+	}
+	tc.peers.Resume("a")
+	if err := <-first; err != nil {
+		t.Fatalf("first claim: %v", err)
+	}
+	got := <-second
+	if got.err != nil {
+		t.Fatalf("retry through b: %v", got.err)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != got.c.Node {
+		t.Fatalf("vm-x held on %v; the retry answered %s", on, got.c.Node)
+	}
+}
+
+// The owner commits only what the registry confirmed: a reservation
+// without a token (a coordinator of an older version) is refused; with the
+// registry unavailable the commit is a 503 and the reservation stays for
+// the retried commit; once confirmed, the claim is held on the owner in
+// the registry, and its release lets the name go.
+func TestClusterNamedOwnerCommitConfirms(t *testing.T) {
+	tc, _, b, _ := namedThree(t)
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a"}
+
+	if _, err := b.owner.Reserve(ctx, "vm-old", rr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.owner.Commit(ctx, "vm-old"); !isCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "no name token") {
+		t.Fatalf("commit of a reservation without a token: %v; want invalid_request naming the token", err)
+	}
+
+	g, err := tc.names.Acquire(ctx, names.Claim("vm-1"), "a", "", requestDigest(rr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Token = g.Record.Token
+	if _, err := b.owner.Reserve(ctx, "vm-1", rr); err != nil {
+		t.Fatal(err)
+	}
+	tc.names.SetDown(true)
+	if _, err := b.owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) {
+		t.Fatalf("commit with the registry down: %v; want unavailable", err)
+	}
+	if cl, err := b.ledger.Get("vm-1"); err != nil || cl.State != ledger.StateReserved {
+		t.Fatalf("reservation after the unconfirmed commit: %+v, %v; want it kept", cl, err)
+	}
+	tc.names.SetDown(false)
+	if _, err := b.owner.Commit(ctx, "vm-1"); err != nil {
+		t.Fatalf("commit once the registry answers: %v", err)
+	}
+	rec, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable)
+	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" {
+		t.Fatalf("registry record after the commit: %+v, %v; want held on b", rec, err)
+	}
+	if _, err := b.owner.Abort(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry still holds vm-1 after its release: %v", err)
+	}
+}

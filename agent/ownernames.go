@@ -1,0 +1,108 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// The owner's side of the name registry (docs/names.md, "Fencing"): a
+// reservation is committed only after the registry confirmed its claim ID
+// on this server under the token the coordinator's grant carried, and a
+// released claim lets its name go once the ledger has let its GPUs go.
+
+// confirmName asks the registry to make this server the holder of the
+// reservation pending's claim ID, under its token. The caller holds the
+// reservation's device locks. A refusal (the grant ended: stale, expired;
+// the ID held on another server) drops the reservation, so nothing is
+// committed under a grant that no longer holds; an unavailable registry
+// keeps it, for the coordinator's retried commit.
+func (o *owner) confirmName(ctx context.Context, pending ledger.Claim) error {
+	id := pending.ID
+	if pending.NameToken == 0 {
+		return api.Invalid("token", "claim %s: the reservation carries no name token, so its coordinator %s did not acquire the claim ID from the name registry (an agent of an older version?); nothing was committed: upgrade %s, or claim through another agent", id, pending.Coordinator, pending.Coordinator)
+	}
+	// Not cancelled with the request: a confirmation that took effect
+	// must be followed by the ledger commit it allows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	_, err := o.names.Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
+	cancel()
+	if err == nil {
+		return nil
+	}
+	if names.IsUnavailable(err) {
+		return &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: not committed on %s, its name could not be confirmed: %v", id, o.cfg.NodeName, err)}
+	}
+	var r *names.RefusedError
+	if !errors.As(err, &r) {
+		return fmt.Errorf("claim %s: confirming its name: %w", id, err)
+	}
+	o.dropUnconfirmed(ctx, pending, err)
+	switch r.Code {
+	case names.CodeStale, names.CodeExpired, names.CodeNotFound:
+		return &api.Error{Code: api.CodeLeaseExpired,
+			Message: fmt.Sprintf("claim %s: not committed on %s: the name grant it was reserved under (token %d) ended first (%v); acquire the name again", id, o.cfg.NodeName, pending.NameToken, err)}
+	case names.CodeConflict:
+		holder := "another server"
+		if r.Record != nil && r.Record.Owner != "" {
+			holder = r.Record.Owner
+		}
+		return &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("claim %s is held on %s; not committed on %s", id, holder, o.cfg.NodeName)}
+	}
+	return &api.Error{Code: api.CodeConflict,
+		Message: fmt.Sprintf("claim %s: not committed on %s: %v", id, o.cfg.NodeName, err)}
+}
+
+// dropUnconfirmed drops a reservation whose claim ID the registry refused
+// to confirm and returns its GPUs to the idle driver. The caller holds the
+// reservation's device locks.
+func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why error) {
+	c, err := o.ledger.AbortReservation(pending.ID, o.now())
+	if err != nil {
+		if !errors.Is(err, ledger.ErrNotFound) {
+			o.log.Error("dropping a reservation whose name was not confirmed", "claim", pending.ID, "err", err)
+		}
+		return
+	}
+	o.rec.Reservation(ReservationAborted)
+	o.log.Info("reservation dropped: the name registry did not confirm its claim ID", "claim", pending.ID, "token", pending.NameToken, "gpus", c.GPUs, "why", why)
+	o.toIdleLocked(context.WithoutCancel(ctx), "reservation "+pending.ID+" not confirmed", c.GPUs, "")
+	o.changed()
+}
+
+// releaseName lets claim c's name go after its ledger released it (or
+// after a commit that failed once its name was confirmed), with the token
+// it was confirmed under, as its holder. A registry that cannot be reached
+// does not undo the release: the GPUs are free. The name stays held on
+// this server until the owner's pass over names held without a claim
+// (pendingNameRelease) lets it go.
+func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
+	if o.names == nil || c.NameToken == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	_, err := o.names.Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
+	cancel()
+	switch {
+	case err == nil:
+	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale):
+		// Free already, or granted again since: nothing of ours to free.
+		o.log.Debug("claim name already let go", "claim", c.ID, "token", c.NameToken, "err", err)
+	default:
+		o.pendingNameRelease(c, err)
+	}
+}
+
+// pendingNameRelease is where a name this server could not let go is left:
+// logged for now, for the owner's background pass over names held on this
+// server without a claim in its ledger, which releases them.
+func (o *owner) pendingNameRelease(c ledger.Claim, err error) {
+	o.log.Warn("claim released, but its name is still held in the name registry; left for the owner's background pass over names without a claim",
+		"claim", c.ID, "token", c.NameToken, "err", err)
+}
