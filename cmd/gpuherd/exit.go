@@ -65,7 +65,7 @@ func exitCode(err error) int {
 		return exitUsage
 	case api.CodeNotAvailable:
 		return exitNotAvailable
-	case api.CodeNotFound:
+	case api.CodeNotFound, api.CodeLost:
 		return exitNotFound
 	case api.CodeUnavailable, api.CodeLeaseExpired, codeUnreachable:
 		return exitUnavailable
