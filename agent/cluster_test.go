@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"os"
@@ -49,6 +50,8 @@ type testCluster struct {
 	gossip *gossiptest.Network
 	// tune, when set, replaces fastGossip as every agent's memberlist tuning.
 	tune func(*memberlist.Config)
+	// logFor, when set, gives an agent its logger instead of a silent one.
+	logFor func(name string) *slog.Logger
 }
 
 // newTestCluster starts an empty cluster whose agents talk in memory: the
@@ -140,7 +143,11 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 			c.Transport = tr
 		})}
 	}
-	a, err := New(context.Background(), cfg, quietLog(), append(opts, tc.opts...)...)
+	log := quietLog()
+	if tc.logFor != nil {
+		log = tc.logFor(name)
+	}
+	a, err := New(context.Background(), cfg, log, append(opts, tc.opts...)...)
 	if err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}

@@ -142,18 +142,43 @@ func lostError(r names.Record) error {
 		Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster for good (members remove); its GPUs went with that server. Release it (gpuherd release %s) to free the ID", r.Name, r.Owner, r.Name)}
 }
 
-// lostName reads claim id's record when err, the answer of the claim
-// path, may hide a lost name: not found, unavailable (its owner did not
-// answer), or lost already. ok says the record is lost.
-func (a *Agent) lostName(ctx context.Context, id string, err error) (names.Record, bool) {
+// registryRecord reads claim id's name when err, the answer of the claim
+// path, may hide what the registry knows: not found, unavailable (a server
+// that holds the ID, by the path's lookups, did not answer), or lost
+// already. found is false when the registry holds no such name; ok is
+// false when it was not asked or did not answer.
+func (a *Agent) registryRecord(ctx context.Context, id string, err error) (r names.Record, found, ok bool) {
 	if a.names == nil || !(isCode(err, api.CodeNotFound) || isCode(err, api.CodeUnavailable) || isCode(err, api.CodeLost)) {
-		return names.Record{}, false
+		return names.Record{}, false, false
 	}
 	r, lerr := a.names.Lookup(ctx, names.Claim(id), names.Linearizable)
-	if lerr != nil || r.State != names.StateLost {
-		return names.Record{}, false
+	switch {
+	case errors.Is(lerr, names.ErrNotFound):
+		return names.Record{}, false, true
+	case lerr != nil:
+		return names.Record{}, false, false
 	}
-	return r, true
+	return r, true, true
+}
+
+// registryAnswer is the answer for claim id when the claim path failed
+// with err and the registry answered: 410 for a lost name; 404 when the
+// registry holds no such name while the path waited for a server (a dead
+// or removed one, or one a stale record of the old claim directory still
+// names), since every claim an owner holds is named: the claim path names
+// it, and the owner's anti-entropy pass names a claim of an older ledger at
+// start. Otherwise err.
+func registryAnswer(id string, err error, r names.Record, found, ok bool) error {
+	switch {
+	case !ok:
+		return err
+	case found && r.State == names.StateLost:
+		return lostError(r)
+	case !found && isCode(err, api.CodeUnavailable):
+		return &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("claim %s not found: the name registry holds no such claim ID", id)}
+	}
+	return err
 }
 
 // Get answers a claim wherever it is held (coordinator.Get); a claim on a
@@ -163,10 +188,8 @@ func (a *Agent) Get(ctx context.Context, id string) (api.Claim, error) {
 	if err == nil {
 		return c, nil
 	}
-	if r, lost := a.lostName(ctx, id, err); lost {
-		return api.Claim{}, lostError(r)
-	}
-	return c, err
+	r, found, ok := a.registryRecord(ctx, id, err)
+	return c, registryAnswer(id, err, r, found, ok)
 }
 
 // Release frees a claim wherever it is held (coordinator.Release). A
@@ -177,9 +200,9 @@ func (a *Agent) Release(ctx context.Context, id string) (api.Claim, error) {
 	if err == nil {
 		return c, nil
 	}
-	r, lost := a.lostName(ctx, id, err)
-	if !lost {
-		return c, err
+	r, found, ok := a.registryRecord(ctx, id, err)
+	if !ok || !found || r.State != names.StateLost {
+		return c, registryAnswer(id, err, r, found, ok)
 	}
 	if _, rerr := a.names.Release(ctx, names.Claim(id), r.Token, r.Owner); rerr != nil && !errors.Is(rerr, names.ErrNotFound) {
 		if errors.Is(rerr, names.ErrStale) || errors.Is(rerr, names.ErrConflict) {
