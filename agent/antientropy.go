@@ -50,9 +50,9 @@ type antiEntropy struct {
 	passes atomic.Int64
 
 	mu sync.Mutex
-	// dups are the duplicate copies this server keeps (a VM uses them),
-	// by claim ID: the server of the registry's copy.
-	dups map[string]string
+	// dups are the duplicate copies this server holds, by claim ID: what
+	// the registry named instead when the pass found it.
+	dups map[string]sighting
 	// down: the last pass could not reach the registry (logged once).
 	down bool
 	// lostHere are claims of this ledger whose names the registry lists as
@@ -64,8 +64,17 @@ type antiEntropy struct {
 func (e *antiEntropy) mark(id string) (bool, string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	on, ok := e.dups[id]
-	return ok, on
+	d, ok := e.dups[id]
+	return ok, d.owner
+}
+
+// sighting is the registry's record that made a copy a duplicate: a copy
+// is released only when two passes in a row saw the same one, so that a
+// claim between two steps of the claim path (a move from one server to
+// another, a commit racing a release) is never taken for a duplicate.
+type sighting struct {
+	owner string
+	token uint64
 }
 
 // antiEntropyReport is what one pass did, for tests and the log.
@@ -74,7 +83,7 @@ type antiEntropyReport struct {
 	Freed    []string // names released: no claim in the ledger
 	Adopted  []string // claims given their missing name
 	Released []string // duplicate copies released
-	Kept     []string // duplicate copies kept: a VM uses them
+	Kept     []string // duplicate copies kept: a VM uses them, or first seen
 }
 
 // antiEntropyLoop runs a pass at once, then one every antiEntropyEvery
@@ -138,7 +147,10 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 		}
 	}
 
-	dups := map[string]string{}
+	a.ae.mu.Lock()
+	prev := a.ae.dups
+	a.ae.mu.Unlock()
+	dups := map[string]sighting{}
 	lostHere := map[string]bool{}
 	for _, id := range slices.Sorted(maps.Keys(claims)) {
 		c := claims[id]
@@ -166,10 +178,11 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 		case r.Owner == self:
 			// Confirmed here since the list was read.
 		default:
-			if a.resolveDuplicate(ctx, c, r) {
+			seen := sighting{owner: r.Owner, token: r.Token}
+			if a.resolveDuplicate(ctx, c, r, prev[id] == seen) {
 				rep.Released = append(rep.Released, id)
 			} else {
-				dups[id] = r.Owner
+				dups[id] = seen
 				rep.Kept = append(rep.Kept, id)
 			}
 		}
@@ -292,10 +305,14 @@ func (a *Agent) adoptName(ctx context.Context, c ledger.Claim) bool {
 
 // resolveDuplicate applies the rule to committed claim c, whose name r is
 // held on another server: the registry's copy is kept; this one is
-// released unless a VM uses it. It reports whether c was released.
-func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Record) bool {
-	a.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
-		"copy_on", a.cfg.NodeName, "gpus", c.GPUs)
+// released unless a VM uses it. again says the previous pass saw the same
+// record: a first sighting only marks the copy. It reports whether c was
+// released.
+func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Record, again bool) bool {
+	if !again {
+		a.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
+			"copy_on", a.cfg.NodeName, "gpus", c.GPUs)
+	}
 	unlock := a.claimLocks.lock(c.ID)
 	defer unlock()
 	cur, err := a.ledger.Get(c.ID)
@@ -303,11 +320,19 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 		return false // released or replaced meanwhile: the next pass looks again
 	}
 	if r.State == names.StateLost {
-		a.log.Warn("duplicate kept: the registry's copy was on a removed server; release the lost name to let this server adopt its copy", "claim", c.ID, "lost_on", r.Owner)
+		if !again {
+			a.log.Warn("duplicate kept: the registry's copy was on a removed server; release the lost name to let this server adopt its copy", "claim", c.ID, "lost_on", r.Owner)
+		}
 		return false
 	}
 	if why := a.inUseWhy(cur); why != "" {
-		a.log.Warn("duplicate kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "kept_on", r.Owner, "in_use", why)
+		if !again {
+			a.log.Warn("duplicate kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "kept_on", r.Owner, "in_use", why)
+		}
+		return false
+	}
+	if !again {
+		a.log.Info("duplicate unused; released by the next pass if it is still one", "claim", c.ID, "kept_on", r.Owner)
 		return false
 	}
 	rel, err := a.ledger.Release(c.ID, a.now())

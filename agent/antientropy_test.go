@@ -197,8 +197,8 @@ func TestAntiEntropyAdoptsClaimsOfAnOlderLedger(t *testing.T) {
 // Two ledgers hold the same committed ID (one written straight through
 // the ledger package, as an older version would have, while the registry
 // names the other). The pass of the server whose copy the registry does
-// not name logs both servers, releases its copy and counts it; the other
-// copy is untouched.
+// not name logs both servers and marks its copy; the next pass releases it
+// and counts it; the other copy is untouched.
 func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	tc, n, logs := namedCluster(t)
 	a := settled(t, tc.start("a", "l40s-4"))
@@ -209,9 +209,21 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	}
 	olderClaim(t, b, "vm-d")
 
+	// The first pass that sees it marks it; the next one, seeing the same
+	// record, releases it.
 	rep := b.antiEntropyPass(context.Background())
+	if len(rep.Released) != 0 || len(rep.Kept) != 1 || rep.Kept[0] != "vm-d" {
+		t.Fatalf("b's first pass: %+v, want its copy of vm-d marked", rep)
+	}
+	if got := gauge(t, b, "gpuherd_claim_duplicates", "", ""); got != 1 {
+		t.Errorf("gpuherd_claim_duplicates = %v after the first pass, want 1", got)
+	}
+	if c, err := b.Lookup(context.Background(), "vm-d"); err != nil || !c.Duplicate || c.KeptOn != "a" {
+		t.Errorf("b's copy after the first pass: %+v, %v; want marked duplicate, kept on a", c, err)
+	}
+	rep = b.antiEntropyPass(context.Background())
 	if len(rep.Released) != 1 || rep.Released[0] != "vm-d" || len(rep.Kept) != 0 {
-		t.Fatalf("b's pass: %+v, want its copy of vm-d released", rep)
+		t.Fatalf("b's second pass: %+v, want its copy of vm-d released", rep)
 	}
 	if _, err := b.ledger.Get("vm-d"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("b still holds vm-d: %v", err)
@@ -284,6 +296,12 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 		t.Errorf("claims of vm-d through a: %v, want a's plain and b's marked", marks)
 	}
 
+	if rep := b.antiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
+		t.Fatalf("b's second pass with the VM running: %+v, want its copy still kept", rep)
+	}
+	if logs.count("b", "held on several servers") != 1 {
+		t.Error(`"held on several servers" logged again for the same duplicate`)
+	}
 	// The VM stops; its claim would normally be released with it, but
 	// this copy stayed: the next pass releases it.
 	if _, _, err := b.ledger.EndUse("vm-d", use.Domain, false, b.now()); err != nil {

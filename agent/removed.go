@@ -167,7 +167,8 @@ func (a *Agent) registryRecord(ctx context.Context, id string, err error) (r nam
 // or removed one, or one a stale record of the old claim directory still
 // names), since every claim an owner holds is named: the claim path names
 // it, and the owner's anti-entropy pass names a claim of an older ledger at
-// start. Otherwise err.
+// start. A name the registry holds while the path found no copy is a 503
+// naming its holder, never a 404. Otherwise err.
 func registryAnswer(id string, err error, r names.Record, found, ok bool) error {
 	switch {
 	case !ok:
@@ -177,6 +178,15 @@ func registryAnswer(id string, err error, r names.Record, found, ok bool) error 
 	case !found && isCode(err, api.CodeUnavailable):
 		return &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found: the name registry holds no such claim ID", id)}
+	case found && isCode(err, api.CodeNotFound):
+		// Never "not found" for a name the registry holds: a caller that
+		// believes a claim gone believes its GPUs free.
+		where := "held on " + r.Owner
+		if r.State == names.StatePending {
+			where = "being placed by " + r.Caller
+		}
+		return &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: no server this agent reached holds it, but the name registry says it is %s; retry, or ask through another agent", id, where)}
 	}
 	return err
 }

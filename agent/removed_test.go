@@ -184,3 +184,18 @@ func TestMembersRemoveNeedsTheRegistry(t *testing.T) {
 		t.Errorf("without a registry: %v, want invalid saying why", err)
 	}
 }
+
+// A claim ID whose name the registry holds is never answered "not found",
+// even when no server this agent reaches has a copy (its holder is not in
+// this agent's view): a caller would believe its GPUs free.
+func TestGetOfANameHeldOutOfViewIsUnavailable(t *testing.T) {
+	tc, n, _ := namedCluster(t)
+	a := tc.start("a", "l40s-4")
+	holdName(t, n, "vm-h", "elsewhere")
+	for _, op := range []func(context.Context, string) (api.Claim, error){a.Get, a.Release} {
+		_, err := op(context.Background(), "vm-h")
+		if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "held on elsewhere") {
+			t.Errorf("vm-h held on a server a does not see: %v, want 503 naming it", err)
+		}
+	}
+}

@@ -16,7 +16,7 @@ func newNameEvents() *nameEvents {
 	return &nameEvents{
 		duplicates: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "claim_duplicates",
-			Help: "Copies of a claim ID this server holds that the name registry does not name (the registry's copy is on another server); each is kept only while a VM uses it.",
+			Help: "Copies of a claim ID this server holds that the name registry does not name (the registry's copy is on another server); an unused one is released by the pass after the one that found it, one a VM uses once the VM stops.",
 		}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "claim_duplicates_released_total",
