@@ -97,6 +97,9 @@ func (a *Agent) RemoveMember(ctx context.Context, node string, force bool) (api.
 	if state != gossip.StateAlive && state != gossip.StateSuspect {
 		a.cluster.g.Forget(node)
 	}
+	if state == "" && len(changed) == 0 && len(listing.Records) == 0 {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("this agent's gossip does not know %s and the name registry holds no names on it: check the server's name", node))
+	}
 	if len(out.Lost) > 0 {
 		out.Warnings = append(out.Warnings, "release each lost claim (gpuherd release ID) once its VM is placed elsewhere: the ID stays taken until then")
 	}
