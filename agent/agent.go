@@ -94,6 +94,7 @@ type Agent struct {
 	// names is the authority over claim IDs and group names; nil when this
 	// server runs alone (nameauthority.go).
 	names NameAuthority
+	ae    antiEntropy // the owner's pass over names and ledger (antientropy.go)
 }
 
 var _ api.Service = (*Agent)(nil)

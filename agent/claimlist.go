@@ -49,6 +49,7 @@ func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
 		}
 		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: m.Name, Reason: "not asked: gossip sees it " + m.State})
 	}
+	co.addLost(ctx, &out)
 	out.Partial = len(out.Unanswered) > 0
 	slices.SortFunc(out.Claims, func(x, y api.Claim) int {
 		return cmp.Or(cmp.Compare(x.ID, y.ID), cmp.Compare(x.Node, y.Node))

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"os"
@@ -52,6 +53,8 @@ type testCluster struct {
 	// names is the name registry every agent shares (set by default; a
 	// test of the registry-less path sets it nil before starting agents).
 	names *testNames
+	// logFor, when set, gives an agent its logger instead of a silent one.
+	logFor func(name string) *slog.Logger
 }
 
 // newTestCluster starts an empty cluster whose agents talk in memory: the
@@ -147,7 +150,11 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	if tc.names != nil {
 		opts = append(opts, WithNames(tc.names))
 	}
-	a, err := New(context.Background(), cfg, quietLog(), append(opts, tc.opts...)...)
+	log := quietLog()
+	if tc.logFor != nil {
+		log = tc.logFor(name)
+	}
+	a, err := New(context.Background(), cfg, log, append(opts, tc.opts...)...)
 	if err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}

@@ -19,6 +19,9 @@ type NameAuthority interface {
 	SetMembers(ctx context.Context, key names.Key, token uint64, members []string) (names.Record, error)
 	Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error)
 	RemoveMember(ctx context.Context, node string) ([]names.Key, error)
+	// List reads the records that match a filter: an owner's names for
+	// its anti-entropy pass, the lost names for the claim list.
+	List(ctx context.Context, f names.Filter, mode names.ReadMode) (names.Listing, error)
 }
 
 var _ NameAuthority = (*names.Registry)(nil)

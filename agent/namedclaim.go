@@ -336,23 +336,27 @@ func (co *coordinator) findNamed(ctx context.Context, targets []target, id strin
 		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is being placed by %s; retry in a moment", id, rec.Caller)}
 	case names.StateLost:
-		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,
-			Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; release it to free its name", id, rec.Owner)}
+		return api.Claim{}, target{}, rec, true, lostError(rec) // removed.go
 	}
 	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
 	return c, t, rec, true, err
 }
 
 // releaseLost frees the name of a claim whose owner was removed from the
-// cluster for good: there is no ledger left to release.
+// cluster (members remove): its GPUs went with that server.
 func (co *coordinator) releaseLost(ctx context.Context, id string, rec names.Record) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, nameTimeout)
 	defer cancel()
 	if _, err := co.names.Release(rctx, names.Claim(id), rec.Token, ""); err != nil && !errors.Is(err, names.ErrNotFound) {
+		if errors.Is(err, names.ErrStale) || errors.Is(err, names.ErrConflict) {
+			return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s was claimed again while its lost name was being released; retry", id)}
+		}
 		return api.Claim{}, claimNameError(id, err)
 	}
-	co.log.Info("released the name of a claim lost with its server", "claim", id, "node", rec.Owner)
-	return api.Claim{ID: id, Node: rec.Owner, State: api.StateReleased}, nil
+	co.log.Warn("lost claim released: its name is free; its GPUs were on a removed server", "claim", id, "node", rec.Owner)
+	return api.Claim{ID: id, Node: rec.Owner, State: api.StateLost, Items: []api.Item{}, GPUs: []api.ClaimGPU{},
+		Warnings: []string{fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; its GPUs went with that server and the ID is free again", id, rec.Owner)}}, nil
 }
 
 // claimNameError is the API's answer for a registry error about claim id:

@@ -38,6 +38,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			c.joined.Store(true)
 		}()
 		go a.dirWorker(ctx)
+		go a.antiEntropyLoop(ctx)
 		c.publish()
 	}
 	a.setPhase(phaseServing)

@@ -140,6 +140,7 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 	if u := c.Use; u.Domain != "" {
 		v.Domain = &api.DomainUse{UUID: u.Domain, Name: u.Name, Started: u.Started, Since: u.Since}
 	}
+	a.duplicateMark(&v)
 	return v
 }
 

@@ -130,6 +130,26 @@
 //	gpuherd_releases_refused_in_use_total
 //	    counter: releases refused because a VM held the claim's GPUs open.
 //
+// # Names and ledger (the owner's anti-entropy pass)
+//
+// Present from the start at 0; they move only while the agent runs the
+// name registry (docs/protocol.md, "Anti-entropy").
+//
+//	gpuherd_claim_duplicates
+//	    gauge: copies of a claim ID this server holds while the name
+//	    registry names a copy on another server; each is kept only while a
+//	    VM uses it, and released by the next pass after the VM stops.
+//	gpuherd_claim_duplicates_released_total
+//	    counter: duplicate copies this server released (no VM used them).
+//	gpuherd_claim_names_adopted_total
+//	    counter: committed claims with no name (an older version's ledger)
+//	    that were given their name, held on this server.
+//	gpuherd_claim_names_freed_total
+//	    counter: names the registry held on this server with no claim in
+//	    its ledger (a release that could not reach the registry), released.
+//	gpuherd_anti_entropy_skipped_total
+//	    counter: passes skipped because the name registry did not answer.
+//
 // # Gossip
 //
 // Absent while the agent runs without a cluster.

@@ -17,6 +17,7 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	events *events
 	vm     *vmEvents
+	names  *nameEvents
 	log    *slog.Logger
 }
 
@@ -57,6 +58,7 @@ func New(src Source, opts ...Option) *Metrics {
 		reg:    prometheus.NewRegistry(),
 		events: newEvents(),
 		vm:     newVMEvents(),
+		names:  newNameEvents(),
 		log:    cfg.log.With("component", "metrics"),
 	}
 	// MustRegister: the collectors are fixed at compile time, so a clash is
@@ -65,6 +67,7 @@ func New(src Source, opts ...Option) *Metrics {
 	m.reg.MustRegister(newSnapshotCollector(src))
 	m.reg.MustRegister(m.events.collectors()...)
 	m.reg.MustRegister(m.vm.collectors()...)
+	m.reg.MustRegister(m.names.collectors()...)
 	if cfg.runtime {
 		m.reg.MustRegister(
 			collectors.NewGoCollector(),

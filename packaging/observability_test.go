@@ -17,6 +17,7 @@ import (
 var metricLabels = map[string][]string{
 	"gpuherd_build_info":                        nil,
 	"gpuherd_agent_phase":                       {"phase"},
+	"gpuherd_claim_duplicates":                  nil,
 	"gpuherd_gpu_info":                          {"pci_address", "model", "device_id", "iommu_group", "numa_node", "uuid"},
 	"gpuherd_gpu_state":                         {"pci_address", "model", "state"},
 	"gpuherd_gpu_driver_info":                   {"pci_address", "model", "driver"},
@@ -148,7 +149,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
+	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdClaimDuplicates", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts = %v, want %v", alerts, want)
 	}

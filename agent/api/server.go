@@ -45,6 +45,9 @@ func NewHandler(svc Service, log *slog.Logger) http.Handler {
 	if d, ok := svc.(Domains); ok {
 		domainRoutes(d, mux, log)
 	}
+	if m, ok := svc.(MemberRemover); ok {
+		memberRoutes(m, mux, log)
+	}
 	return mux
 }
 

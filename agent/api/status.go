@@ -16,6 +16,8 @@ func StatusOf(code string) int {
 		return http.StatusConflict
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
+	case CodeLost:
+		return http.StatusGone
 	}
 	return http.StatusInternalServerError
 }

@@ -43,6 +43,10 @@ const (
 	// StateReleased is a claim's state in the answer to its release: the
 	// GPUs it held are free again.
 	StateReleased = "released"
+	// StateLost is a claim whose server was removed from the cluster for
+	// good (members remove): its GPUs went with that server; releasing it
+	// frees its ID.
+	StateLost = "lost"
 )
 
 // Status is a server's GPUs.
@@ -128,6 +132,12 @@ type Claim struct {
 	// Warnings are advice about the request that did not stop it (vCPUs
 	// per GPU, the server it last ran on being full).
 	Warnings []string `json:"warnings,omitempty"`
+	// Duplicate marks a copy of a claim ID that the name registry does not
+	// name (an older version's ledger, a fault beyond the design): it is
+	// released unless a VM uses it, and kept until its VM stops. KeptOn is
+	// the server of the copy the registry names, if any.
+	Duplicate bool   `json:"duplicate,omitempty"`
+	KeptOn    string `json:"kept_on,omitempty"`
 }
 
 // DomainUse is the libvirt domain running on a claim.
@@ -240,6 +250,7 @@ const (
 	CodeNotClaimed   = "not_claimed"     // 409: a domain names GPUs its claim does not hold; PCIAddresses lists them
 	CodeInUse        = "in_use"          // 409: the claim is in use by another VM, or a release would take GPUs from a VM using them
 	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
+	CodeLost         = "lost"            // 410: the claim's server was removed from the cluster; release it to free the ID
 )
 
 // Error is the body of every non-2xx answer.

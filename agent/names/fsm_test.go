@@ -238,9 +238,15 @@ func TestRemoveMember(t *testing.T) {
 	want(t, x.acquire(Claim("on-b"), "node-a", "req-on-b"), CodeLost, "removed")
 	want(t, x.acquire(Claim("on-b"), "node-a", "other"), CodeConflict, "lost")
 	want(t, x.confirm(Claim("on-b"), tokOnB, "node-b"), CodeLost)
-	// It can be released, by token or by its old owner's name; then reused.
-	want(t, x.release(Claim("on-b"), 0, "node-b"), CodeOK)
+	// It can be released by its old owner's name, or by any node that
+	// brings its token (an operator's release through any agent, whose
+	// node the peer API writes in); then reused.
+	want(t, x.release(Claim("on-b"), 0, "node-c"), CodeConflict)
+	want(t, x.release(Claim("on-b"), tokOnB, "node-c"), CodeOK)
 	want(t, x.acquire(Claim("on-b"), "node-a", "other"), CodeOK)
+	hold("on-c2", "node-c", "node-c")
+	x.run(messageRemoveMember, &removeMemberMessage{Node: "node-c", Now: x.now})
+	want(t, x.release(Claim("on-c2"), 0, "node-c"), CodeOK)
 }
 
 func TestGroupMembers(t *testing.T) {

@@ -375,8 +375,8 @@ func refused(op Op, key Key, res Result) error {
 // for a stale read), else at the leader. While no leader answers it waits
 // up to Timing.Hold, then names the servers it could not reach.
 func (r *Registry) do(ctx context.Context, req Request) (Result, error) {
-	if req.Stale && req.Op == OpLookup && r.fsm != nil {
-		return r.lookupLocal(req.Key)
+	if req.Stale && isRead(req.Op) && r.fsm != nil {
+		return r.readLocal(req)
 	}
 	hold := time.NewTimer(r.cfg.Timing.Hold)
 	defer hold.Stop()
@@ -431,7 +431,7 @@ func (r *Registry) attempt(ctx context.Context, req Request) (Result, *Unavailab
 		resp, err := r.cfg.Forwarder.Forward(ctx, s, req)
 		if err != nil {
 			u.Unreached = appendOnce(u.Unreached, s)
-			if req.Op != OpLookup && !errors.Is(err, ErrNotDelivered) {
+			if !isRead(req.Op) && !errors.Is(err, ErrNotDelivered) {
 				u.Uncertain = true
 				u.Reason = fmt.Sprintf("%s did not answer: %v", s, err)
 				slices.Sort(u.Unreached)
@@ -539,18 +539,18 @@ func (r *Registry) Serve(ctx context.Context, req Request) Response {
 		return Response{Result: &Result{Code: CodeOK}}
 	case r.raft == nil:
 		return Response{Error: &WireError{Code: wireNotLeader, Message: r.cfg.Node + " is a registry client", Leader: r.Leader()}}
-	case req.Op == OpLookup && req.Stale:
-		return r.resultResponse(r.lookupLocal(req.Key))
+	case isRead(req.Op) && req.Stale:
+		return r.resultResponse(r.readLocal(req))
 	}
 	if r.raft.State() != raft.Leader {
 		return r.notLeader()
 	}
 	switch req.Op {
-	case OpLookup:
+	case OpLookup, OpList:
 		if resp, ok := r.verifyLeader(ctx); !ok {
 			return resp
 		}
-		return r.resultResponse(r.lookupLocal(req.Key))
+		return r.resultResponse(r.readLocal(req))
 	case OpAddVoter, OpAddNonVoter, OpRemoveServer:
 		return r.changeServers(ctx, req)
 	}

@@ -42,6 +42,9 @@ type Result struct {
 	Keys []Key `json:"keys,omitempty"`
 	// Detail says why a command was refused.
 	Detail string `json:"detail,omitempty"`
+	// Records are a list's answer (OpList); Truncated says more matched.
+	Records   []Record `json:"records,omitempty"`
+	Truncated bool     `json:"truncated,omitempty"`
 }
 
 func withRecord(c Code, r Record) Result {

@@ -173,7 +173,10 @@ func (s *state) release(m *releaseMessage) Result {
 		return Result{Code: CodeStale, Record: ptr(r.clone()),
 			Detail: fmt.Sprintf("%s token %d is not its current token %d: it was granted again since", m.Key, m.Token, r.Token)}
 	}
-	if m.Node != "" && m.Node != r.holder() {
+	// A lost name's holder was removed for good and will never release
+	// it: whoever brings its current token may (an operator's release
+	// through any agent).
+	if m.Node != "" && m.Node != r.holder() && !(r.State == StateLost && m.Token == r.Token) {
 		return Result{Code: CodeConflict, Record: ptr(r.clone()),
 			Detail: fmt.Sprintf("%s is %s by %s, not %s", m.Key, r.State, r.holder(), m.Node)}
 	}

@@ -40,6 +40,9 @@ type Request struct {
 	Stale bool `json:"stale,omitempty"`
 	// Address is the raft address of a server to add.
 	Address string `json:"address,omitempty"`
+	// Filter selects the records of a list (OpList). It is a filter, not
+	// an identity: the peer API never fills it from the caller.
+	Filter *Filter `json:"filter,omitempty"`
 }
 
 // Response is a server's answer to a Request: a Result, or an Error.

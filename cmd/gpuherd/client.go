@@ -260,7 +260,7 @@ func parseGPUFlag(s string) (api.Item, error) {
 }
 
 func printClaim(w io.Writer, cl api.Claim, wide bool) {
-	fmt.Fprintf(w, "Claim %s on %s: %s, %d GPU(s)\n", esc(cl.ID), esc(cl.Node), esc(cl.State), len(cl.GPUs))
+	fmt.Fprintf(w, "Claim %s on %s: %s, %d GPU(s)\n", esc(cl.ID), esc(cl.Node), esc(claimState(cl)), len(cl.GPUs))
 	if wide {
 		fmt.Fprintf(w, "Models: %s\n", esc(api.DescribeItems(cl.Items)))
 		fmt.Fprintf(w, "Labels: %s\n", dash(esc(labelList(cl.Labels))))
@@ -311,9 +311,13 @@ script can release idempotently.`,
 				}
 				return g.fail(err)
 			}
-			return g.show(cl, func(w *tabwriter.Writer) {
+			if err := g.show(cl, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "Released %s on %s: %d GPU(s) freed\n", esc(cl.ID), esc(cl.Node), len(cl.GPUs))
-			})
+			}); err != nil {
+				return err
+			}
+			g.warn(cl.Warnings)
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "release even while a VM uses the GPUs (they return once it stops)")
@@ -365,7 +369,7 @@ YAML) and the exit code is 5, so that a shorter list never looks complete.`,
 				}
 				fmt.Fprintln(w, head)
 				for _, cl := range l.Claims {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s", esc(cl.ID), esc(cl.Node), esc(cl.State), len(cl.GPUs), esc(api.DescribeItems(cl.Items)))
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s", esc(cl.ID), esc(cl.Node), esc(claimState(cl)), len(cl.GPUs), esc(api.DescribeItems(cl.Items)))
 					if g.wide() {
 						var addrs []string
 						for _, gp := range cl.GPUs {

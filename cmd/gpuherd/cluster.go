@@ -13,7 +13,7 @@ import (
 )
 
 func newMembersCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "members",
 		Short: "The servers of the platform, their state and free capacity",
 		Args:  exactArgs(0, "no arguments"),
@@ -51,6 +51,8 @@ func newMembersCmd(g *globals) *cobra.Command {
 				})
 		},
 	}
+	cmd.AddCommand(newMembersRemoveCmd(g))
+	return cmd
 }
 
 func newResizeCmd(g *globals) *cobra.Command {

@@ -16,7 +16,7 @@ const (
 	exitError        = 1 // anything else: a bug, a bad file, permission denied
 	exitUsage        = 2 // bad input; nothing was changed
 	exitNotAvailable = 3 // no server can hold the request now
-	exitNotFound     = 4 // no such claim, group or GPU
+	exitNotFound     = 4 // no such claim, group or GPU; or a claim lost with its server
 	exitUnavailable  = 5 // retryable: an agent or a server did not answer
 	exitConflict     = 6 // held under another request, or in use by a VM
 )
@@ -24,9 +24,10 @@ const (
 // exitCodesHelp is the exit code table of the root command's help (and so
 // of gpuherd(1)).
 const exitCodesHelp = `Exit codes: 0 ok; 1 error; 2 usage (bad input, nothing changed); 3 not
-available (no server can hold the request; alternatives follow); 4 not found;
-5 unavailable (an agent or server did not answer: retry); 6 conflict (the ID
-is held under another request, or the GPU is in use by a VM).`
+available (no server can hold the request; alternatives follow); 4 not found
+(or lost with a removed server); 5 unavailable (an agent or server did not
+answer: retry); 6 conflict (the ID is held under another request, or the GPU
+is in use by a VM).`
 
 type apiError = api.Error
 
@@ -65,7 +66,7 @@ func exitCode(err error) int {
 		return exitUsage
 	case api.CodeNotAvailable:
 		return exitNotAvailable
-	case api.CodeNotFound:
+	case api.CodeNotFound, api.CodeLost:
 		return exitNotFound
 	case api.CodeUnavailable, api.CodeLeaseExpired, codeUnreachable:
 		return exitUnavailable

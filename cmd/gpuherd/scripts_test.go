@@ -38,7 +38,7 @@ func (f *fakeAgent) Get(_ context.Context, id string) (api.Claim, error) {
 	return api.Claim{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: "claim " + id + " not found"}
 }
 
-func serveFake(t *testing.T, f *fakeAgent) string {
+func serveFake(t *testing.T, f api.Service) string {
 	t.Helper()
 	sock := filepath.Join(shortTempDir(t), "fake.sock")
 	ln, err := net.Listen("unix", sock)

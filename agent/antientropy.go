@@ -1,0 +1,377 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// Anti-entropy between the name registry and this owner's ledger
+// (docs/protocol.md, "Anti-entropy"). The claim path keeps the two in
+// step, but not every step reaches both: a release whose name release
+// could not reach the registry leaves the name held; a ledger written by
+// an older version has claims with no name; a fault beyond what the design
+// promises can leave a second copy of an ID. Each owner compares its own
+// part at start and then every antiEntropyEvery, jittered:
+//
+//   - a name the registry holds on this server with no claim in its ledger
+//     is released (its token, this server as holder);
+//   - a committed claim whose ID has no name is given one (acquired and
+//     confirmed for this server: adopted);
+//   - a committed claim whose name is held on another server is a
+//     duplicate. The registry's copy is kept. This copy is released unless
+//     a VM uses it (the ledger's use mark, or a process holding its VFIO
+//     groups open); then it stays, marked, until its VM stops. GPUs are
+//     never taken from a running VM.
+//
+// A registry that does not answer skips the pass, logged once until a pass
+// gets through again.
+
+// antiEntropyEvery is the mean time between two passes of one owner.
+const antiEntropyEvery = 30 * time.Second
+
+// antiEntropy is what the passes remember between them.
+type antiEntropy struct {
+	// pass serialises passes; passes counts those that ended.
+	pass   sync.Mutex
+	passes atomic.Int64
+
+	mu sync.Mutex
+	// dups are the duplicate copies this server holds, by claim ID: what
+	// the registry named instead when the pass found it.
+	dups map[string]sighting
+	// down: the last pass could not reach the registry (logged once).
+	down bool
+	// lostHere are claims of this ledger whose names the registry lists as
+	// lost on this server (it was removed while it ran); warned once each.
+	lostHere map[string]bool
+}
+
+// mark is the duplicate mark of claim id for claim views.
+func (e *antiEntropy) mark(id string) (bool, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d, ok := e.dups[id]
+	return ok, d.owner
+}
+
+// sighting is the registry's record that made a copy a duplicate: a copy
+// is released only when two passes in a row saw the same one, so that a
+// claim between two steps of the claim path (a move from one server to
+// another, a commit racing a release) is never taken for a duplicate.
+type sighting struct {
+	owner string
+	token uint64
+}
+
+// antiEntropyReport is what one pass did, for tests and the log.
+type antiEntropyReport struct {
+	Skipped  bool
+	Freed    []string // names released: no claim in the ledger
+	Adopted  []string // claims given their missing name
+	Released []string // duplicate copies released
+	Kept     []string // duplicate copies kept: a VM uses them, or first seen
+}
+
+// antiEntropyLoop runs a pass at once, then one every antiEntropyEvery
+// (± a fifth, so that owners started together do not ask together),
+// until ctx ends.
+func (a *Agent) antiEntropyLoop(ctx context.Context) {
+	if a.names == nil {
+		return
+	}
+	for {
+		a.antiEntropyPass(ctx)
+		jitter := time.Duration(rand.Int64N(int64(antiEntropyEvery)*2/5)) - antiEntropyEvery/5
+		t := time.NewTimer(antiEntropyEvery + jitter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// antiEntropyPass compares the registry's names held on this server with
+// its ledger once, and repairs what differs.
+func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
+	var rep antiEntropyReport
+	if a.names == nil {
+		return rep
+	}
+	a.ae.pass.Lock()
+	defer a.ae.pass.Unlock()
+	defer a.ae.passes.Add(1)
+	self := a.cfg.NodeName
+	// The registry first, the ledger second: an owner confirms a name
+	// before it commits, so a name confirmed after this read has at least
+	// a reservation in the ledger read after it, and is left alone.
+	listing, err := a.names.List(ctx, names.Filter{Kind: names.KindClaim, Owner: self}, names.Linearizable)
+	if err != nil {
+		return a.antiEntropySkipped(err)
+	}
+	held := map[string]names.Record{}
+	for _, r := range listing.Records {
+		if r.State == names.StateHeld || r.State == names.StateLost {
+			held[r.Name] = r
+		}
+	}
+	now := a.now()
+	claims := map[string]ledger.Claim{}
+	for _, c := range a.ledger.List() {
+		if c.Live(now) {
+			claims[c.ID] = c
+		}
+	}
+
+	for _, id := range slices.Sorted(maps.Keys(held)) {
+		if _, ok := claims[id]; ok {
+			continue
+		}
+		if a.freeName(ctx, held[id]) {
+			rep.Freed = append(rep.Freed, id)
+		}
+	}
+
+	a.ae.mu.Lock()
+	prev := a.ae.dups
+	a.ae.mu.Unlock()
+	dups := map[string]sighting{}
+	lostHere := map[string]bool{}
+	for _, id := range slices.Sorted(maps.Keys(claims)) {
+		c := claims[id]
+		if c.State != ledger.StateCommitted {
+			continue // being placed: the claim path names it
+		}
+		if r, ok := held[id]; ok {
+			a.ownName(c, r, lostHere)
+			continue
+		}
+		r, err := a.names.Lookup(ctx, names.Claim(id), names.Linearizable)
+		switch {
+		case errors.Is(err, names.ErrNotFound):
+			if a.adoptName(ctx, c) {
+				rep.Adopted = append(rep.Adopted, id)
+			}
+		case err != nil:
+			if names.IsUnavailable(err) {
+				return a.antiEntropySkipped(err)
+			}
+			a.log.Warn("anti-entropy: looking a claim's name up failed", "claim", id, "err", err)
+		case r.State == names.StatePending:
+			// Another coordinator is placing the ID now; its owner's
+			// confirm decides, and the next pass sees the outcome.
+		case r.Owner == self:
+			// Confirmed here since the list was read.
+		default:
+			seen := sighting{owner: r.Owner, token: r.Token}
+			if a.resolveDuplicate(ctx, c, r, prev[id] == seen) {
+				rep.Released = append(rep.Released, id)
+			} else {
+				dups[id] = seen
+				rep.Kept = append(rep.Kept, id)
+			}
+		}
+	}
+	a.ae.mu.Lock()
+	if a.ae.down {
+		a.log.Info("anti-entropy: the name registry answers again; passes resumed")
+	}
+	a.ae.down = false
+	a.ae.dups = dups
+	a.ae.lostHere = lostHere
+	a.ae.mu.Unlock()
+	a.metrics.SetClaimDuplicates(len(dups))
+	if len(rep.Freed)+len(rep.Adopted)+len(rep.Released)+len(rep.Kept) > 0 {
+		a.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_adopted", rep.Adopted,
+			"duplicates_released", rep.Released, "duplicates_kept", rep.Kept)
+	}
+	return rep
+}
+
+// antiEntropySkipped ends a pass the registry did not answer, logging it
+// only when the previous pass got through.
+func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
+	a.metrics.AntiEntropySkipped()
+	a.ae.mu.Lock()
+	first := !a.ae.down
+	a.ae.down = true
+	a.ae.mu.Unlock()
+	if first {
+		a.log.Warn("anti-entropy: the name registry does not answer; passes skipped until it does (claims and their GPUs are unaffected)", "err", err)
+	}
+	return antiEntropyReport{Skipped: true}
+}
+
+// freeName releases name r, held on this server with no claim in its
+// ledger: a release whose name release could not reach the registry, or a
+// commit that failed after its confirm. The ledger is read again first: a
+// claim committed since the pass read it keeps its name.
+func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
+	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
+		return false
+	}
+	_, err := a.names.Release(ctx, names.Claim(r.Name), r.Token, a.cfg.NodeName)
+	switch {
+	case err == nil:
+		a.metrics.ClaimNameFreed()
+		a.log.Warn("anti-entropy: name held on this server with no claim in its ledger released", "claim", r.Name, "state", r.State, "token", r.Token)
+		return true
+	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale), errors.Is(err, names.ErrConflict):
+		// Released, or granted again, since the list was read.
+	default:
+		a.log.Warn("anti-entropy: releasing a name with no claim failed; the next pass retries", "claim", r.Name, "err", err)
+	}
+	return false
+}
+
+// ownName checks a committed claim whose name the registry holds on this
+// server: the ledger learns the token if it lacks it; a name the registry
+// lists as lost (this server was removed while it still ran) is kept as it
+// is, warned about once: the operator decides.
+func (a *Agent) ownName(c ledger.Claim, r names.Record, lostHere map[string]bool) {
+	if r.State == names.StateLost {
+		lostHere[c.ID] = true
+		a.ae.mu.Lock()
+		warned := a.ae.lostHere[c.ID]
+		a.ae.mu.Unlock()
+		if !warned {
+			a.log.Warn("claim held here is listed as lost: this server was removed from the cluster (members remove) while it ran; release the claim, or keep its VM here and release the lost name, after which this server adopts it again",
+				"claim", c.ID, "gpus", c.GPUs)
+		}
+		return
+	}
+	if c.NameToken != r.Token {
+		if _, err := a.ledger.SetNameToken(c.ID, r.Token); err != nil {
+			a.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
+		}
+	}
+}
+
+// adoptedRequest is the request digest under which a claim of an older
+// version's ledger is given its name: the claim's items and labels.
+func adoptedRequest(c ledger.Claim) string {
+	h := sha256.New()
+	for _, it := range c.Items {
+		fmt.Fprintf(h, "item %q %d\n", it.Model, it.Count)
+	}
+	for _, k := range slices.Sorted(maps.Keys(c.Labels)) {
+		fmt.Fprintf(h, "label %q %q\n", k, c.Labels[k])
+	}
+	return "adopted:" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// adoptName gives committed claim c, which has no name, one held on this
+// server. Another request that takes the name first wins; the next pass
+// then finds this copy a duplicate.
+func (a *Agent) adoptName(ctx context.Context, c ledger.Claim) bool {
+	self := a.cfg.NodeName
+	key := names.Claim(c.ID)
+	if c.NameToken != 0 {
+		a.log.Warn("anti-entropy: claim confirmed under a name token has no name in the registry (its name was released while this server was removed, or the registry lost it); adopting it again",
+			"claim", c.ID, "token", c.NameToken)
+	}
+	g, err := a.names.Acquire(ctx, key, self, self, adoptedRequest(c), nil)
+	if err != nil {
+		a.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
+		return false
+	}
+	r, err := a.names.Confirm(ctx, key, g.Record.Token, self, nil)
+	if err != nil {
+		a.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
+		return false
+	}
+	if _, err := a.ledger.SetNameToken(c.ID, r.Token); err != nil {
+		a.log.Warn("anti-entropy: recording an adopted claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
+	}
+	a.metrics.ClaimNameAdopted()
+	a.log.Info("anti-entropy: claim from before the name registry adopted", "claim", c.ID, "token", r.Token, "gpus", c.GPUs)
+	return true
+}
+
+// resolveDuplicate applies the rule to committed claim c, whose name r is
+// held on another server: the registry's copy is kept; this one is
+// released unless a VM uses it. again says the previous pass saw the same
+// record: a first sighting only marks the copy. It reports whether c was
+// released.
+func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Record, again bool) bool {
+	if !again {
+		a.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
+			"copy_on", a.cfg.NodeName, "gpus", c.GPUs)
+	}
+	unlock := a.claimLocks.lock(c.ID)
+	defer unlock()
+	cur, err := a.ledger.Get(c.ID)
+	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) {
+		return false // released or replaced meanwhile: the next pass looks again
+	}
+	if r.State == names.StateLost {
+		if !again {
+			a.log.Warn("duplicate kept: the registry's copy was on a removed server; release the lost name to let this server adopt its copy", "claim", c.ID, "lost_on", r.Owner)
+		}
+		return false
+	}
+	if why := a.inUseWhy(cur); why != "" {
+		if !again {
+			a.log.Warn("duplicate kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "kept_on", r.Owner, "in_use", why)
+		}
+		return false
+	}
+	if !again {
+		a.log.Info("duplicate unused; released by the next pass if it is still one", "claim", c.ID, "kept_on", r.Owner)
+		return false
+	}
+	rel, err := a.ledger.Release(c.ID, a.now())
+	if err != nil {
+		a.log.Error("releasing a duplicate claim failed; the next pass retries", "claim", c.ID, "err", err)
+		return false
+	}
+	a.rec.Reservation(ReservationReleased)
+	a.metrics.ClaimDuplicateReleased()
+	a.log.Warn("duplicate claim released: the name registry names the copy on another server", "claim", c.ID, "kept_on", r.Owner, "gpus", rel.GPUs)
+	devs := a.locks.lock(rel.GPUs...)
+	// The pass's context ends with the agent; a driver move, once begun,
+	// runs to its own deadline.
+	a.toIdleLocked(context.WithoutCancel(ctx), "duplicate "+c.ID+" released", rel.GPUs, "")
+	devs()
+	a.changed()
+	return true
+}
+
+// inUseWhy says why a claim's GPUs are in use by a VM, or "": the libvirt
+// hook's use mark, or a process holding one of its VFIO groups open. A
+// /proc that cannot be read counts as in use: never take GPUs away on a
+// guess.
+func (a *Agent) inUseWhy(c ledger.Claim) string {
+	if c.Use.Domain != "" {
+		name := c.Use.Name
+		if name == "" {
+			name = c.Use.Domain
+		}
+		return "domain " + name + " is marked running on it"
+	}
+	used, err := a.usedBy(c.GPUs)
+	if err != nil {
+		return "cannot tell whether a VM uses its GPUs: " + err.Error()
+	}
+	return strings.Join(used, "; ")
+}
+
+// duplicateMark adds the anti-entropy pass's mark to a claim view.
+func (a *Agent) duplicateMark(v *api.Claim) {
+	v.Duplicate, v.KeptOn = a.ae.mark(v.ID)
+}

@@ -1,0 +1,36 @@
+package ledger
+
+import (
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SetNameToken records the name registry's token for committed claim id,
+// written and fsynced: what the owner's anti-entropy pass does after it
+// gave a claim from an older version's ledger its name. The same token
+// again writes nothing. A claim that is not committed fails with
+// ErrNotFound: only a committed claim holds a name.
+func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
+	var out Claim
+	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		rec, ok := st.claims[id]
+		if !ok || rec.State != StateCommitted {
+			return false, fmt.Errorf("claim %q is not committed: %w on this server", id, ErrNotFound)
+		}
+		out = rec.Claim
+		if rec.NameToken == token {
+			return false, nil
+		}
+		rec.NameToken = token
+		if err := st.putClaim(tx, rec); err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}

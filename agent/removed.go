@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/gossip"
+)
+
+// Members that are gone for good (docs/protocol.md, "Removing a server").
+// A dead member is not a removed one: its claims, and the VMs on them, may
+// come back with it, so its names stay held on it and a lookup of one of
+// them answers "unavailable", naming it. Only an operator can say that a
+// server will not come back: `gpuherd members remove NODE` marks the names
+// it held lost, drops those it was placing, and forgets it here. A lost
+// claim is listed by `claims` (state lost, on its server), answered by get
+// with 410 lost, and freed by release; its GPUs went with the server.
+
+var _ api.MemberRemover = (*Agent)(nil)
+
+// registryServers is what the real name registry (*names.Registry) offers
+// beyond NameAuthority about its own servers: a removed member that was
+// one of them leaves the registry's raft configuration too.
+type registryServers interface {
+	IsServer(node string) bool
+	RemoveServer(ctx context.Context, id string) error
+}
+
+// RemoveMember declares node gone for good. A member gossip still sees
+// alive or suspect is refused unless force: a server that still runs keeps
+// its claims, and removing it would list them as lost while its VMs use
+// them.
+func (a *Agent) RemoveMember(ctx context.Context, node string, force bool) (api.MemberRemoval, error) {
+	switch {
+	case !memberName(node):
+		short := node
+		if len(short) > 64 {
+			short = short[:64] + "…"
+		}
+		return api.MemberRemoval{}, api.Invalid("node", "%q is not a server name: 1 to %d printable characters without spaces", short, ledger.MaxCoordinatorLen)
+	case node == a.cfg.NodeName:
+		return api.MemberRemoval{}, api.Invalid("node", "%s is this server; stop it, then run members remove on another server", node)
+	case a.cluster == nil:
+		return api.MemberRemoval{}, api.Invalid("node", "this server runs alone (no gossip_addr): it has no members to remove")
+	case a.names == nil:
+		return api.MemberRemoval{}, api.Invalid("node", "this agent runs without the name registry, where a removal is recorded; run members remove on an agent that has it")
+	}
+	state := a.memberState(node)
+	if (state == gossip.StateAlive || state == gossip.StateSuspect) && !force {
+		return api.MemberRemoval{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("%s is %s in gossip: a server that still runs keeps its claims and the VMs on them; stop it and wait until members shows it dead, or remove it anyway with --force", node, state)}
+	}
+	changed, err := a.names.RemoveMember(ctx, node)
+	if err != nil {
+		return api.MemberRemoval{}, registryAPIError(fmt.Sprintf("removing %s", node), err)
+	}
+	// Every name held on node is lost now, including those an earlier
+	// removal marked: a repeat says the same.
+	listing, err := a.names.List(ctx, names.Filter{Owner: node, State: names.StateLost}, names.Linearizable)
+	if err != nil {
+		return api.MemberRemoval{}, registryAPIError(fmt.Sprintf("%s was removed, but listing the names it held", node), err)
+	}
+	out := api.MemberRemoval{Node: node, State: state, Lost: []string{}}
+	if out.State == "" {
+		out.State = "unknown"
+	}
+	lost := map[names.Key]bool{}
+	for _, r := range listing.Records {
+		lost[r.Key()] = true
+		if r.Kind == names.KindGroup {
+			out.LostGroups = append(out.LostGroups, r.Name)
+		} else {
+			out.Lost = append(out.Lost, r.Name)
+		}
+	}
+	if listing.Truncated {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("%s held more names than one answer lists; gpuherd claims lists every lost claim", node))
+	}
+	for _, k := range changed {
+		if !lost[k] {
+			out.Dropped = append(out.Dropped, k.Name)
+		}
+	}
+	if rs, ok := a.names.(registryServers); ok && rs.IsServer(node) {
+		if err := rs.RemoveServer(ctx, node); err != nil {
+			return api.MemberRemoval{}, registryAPIError(fmt.Sprintf("%s's names are lost now (%d claims), but taking it out of the name registry's servers", node, len(out.Lost)), err)
+		}
+		out.RegistryServer = true
+		out.Warnings = append(out.Warnings, fmt.Sprintf("%s was a server of the name registry and is one no more: add a replacement (docs/names.md) so that the registry keeps tolerating the loss of a server", node))
+	}
+	if state != gossip.StateAlive && state != gossip.StateSuspect {
+		a.cluster.g.Forget(node)
+	}
+	if state == "" && len(changed) == 0 && len(listing.Records) == 0 {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("this agent's gossip does not know %s and the name registry holds no names on it: check the server's name", node))
+	}
+	if len(out.Lost) > 0 {
+		out.Warnings = append(out.Warnings, "release each lost claim (gpuherd release ID) once its VM is placed elsewhere: the ID stays taken until then")
+	}
+	a.log.Warn("member removed for good", "node", node, "gossip_state", out.State, "forced", force,
+		"lost_claims", out.Lost, "lost_groups", out.LostGroups, "dropped", out.Dropped, "registry_server", out.RegistryServer)
+	return out, nil
+}
+
+// memberState is node's state in this agent's gossip view, "" when the
+// view does not hold it.
+func (a *Agent) memberState(node string) string {
+	for _, m := range a.cluster.g.Members() {
+		if m.Name == node {
+			return m.State
+		}
+	}
+	return ""
+}
+
+// memberName reports whether name can be a server's name.
+func memberName(name string) bool {
+	return name != "" && len(name) <= ledger.MaxCoordinatorLen &&
+		!strings.ContainsFunc(name, func(r rune) bool { return r < 0x21 || r == 0x7f })
+}
+
+// registryAPIError is the API's answer for a name registry error: a
+// retryable 503 naming the registry servers that did not answer, or the
+// registry's refusal.
+func registryAPIError(what string, err error) error {
+	var re *names.RefusedError
+	switch {
+	case names.IsUnavailable(err):
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s: %v", what, err)}
+	case errors.As(err, &re) && re.Code == names.CodeInvalid:
+		return api.Invalid("", "%s: %s", what, re.Detail)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// lostError is the answer for a claim whose server was removed.
+func lostError(r names.Record) error {
+	return &api.Error{Code: api.CodeLost,
+		Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster for good (members remove); its GPUs went with that server. Release it (gpuherd release %s) to free the ID", r.Name, r.Owner, r.Name)}
+}
+
+// addLost adds the lost claims (held on removed servers) to a claim list,
+// and takes their servers out of the unanswered ones: they will never
+// answer, and what they held is listed. A registry that does not answer
+// makes the list partial, saying so.
+func (co *coordinator) addLost(ctx context.Context, out *api.ClaimList) {
+	if co.names == nil {
+		return
+	}
+	listing, err := co.names.List(ctx, names.Filter{Kind: names.KindClaim, State: names.StateLost}, names.Linearizable)
+	if err != nil {
+		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: "name registry", Reason: "lost claims (held on removed servers) not listed: " + err.Error()})
+		return
+	}
+	removed := map[string]bool{}
+	for _, r := range listing.Records {
+		removed[r.Owner] = true
+		out.Claims = append(out.Claims, api.Claim{ID: r.Name, Node: r.Owner, State: api.StateLost, Items: []api.Item{}, GPUs: []api.ClaimGPU{}})
+	}
+	if listing.Truncated {
+		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: "name registry", Reason: "more lost claims than one answer lists"})
+	}
+	out.Unanswered = slices.DeleteFunc(out.Unanswered, func(u api.Unanswered) bool { return removed[u.Node] })
+}
