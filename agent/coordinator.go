@@ -188,6 +188,11 @@ func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
 // restarts anyway). A move reserves on the new server first, then releases
 // the old GPUs, then commits, so the claim is never committed twice.
 func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
+	return co.resizeOn(ctx, id, req, "")
+}
+
+// resizeOn is Resize with a server to prefer when the claim moves.
+func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRequest, prefer string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -224,7 +229,10 @@ func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequ
 	}
 	rr := api.ReserveRequest{Items: items, Labels: cur.Labels, Coordinator: co.cfg.NodeName}
 	at := &attempt{coordinator: co, id: id, rr: rr, want: want, view: targets}
-	for _, name := range placement.Rank(servers, want, "", co.rnd()) {
+	if co.names != nil {
+		return at.move(ctx, owner, placement.Rank(servers, want, prefer, co.rnd()), byName, append(servers, owner.server))
+	}
+	for _, name := range placement.Rank(servers, want, prefer, co.rnd()) {
 		t := byName[name]
 		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
 		_, err := t.owner.Reserve(rctx, id, rr)

@@ -40,9 +40,15 @@ func TestMove(t *testing.T) {
 	if again := want(t, x.move(vm, h.Token, "node-a", "node-b", "node-c"), CodeSame).Record; again.Move.Token != m.Move.Token {
 		t.Fatalf("retried move got token %d, want %d", again.Move.Token, m.Move.Token)
 	}
-	want(t, x.move(vm, h.Token, "node-a", "node-d", "node-c"), CodeConflict, "node-b")
+	want(t, x.move(vm, h.Token, "node-a", "node-d", "node-z"), CodeConflict, "node-b", "node-c")
 	// Only the target confirms the move.
 	want(t, x.confirm(vm, m.Move.Token, "node-d"), CodeConflict, "node-b")
+	// The same caller moving it to another server (the first said no)
+	// replaces its move: the first target's token is stale from then on.
+	d := want(t, x.move(vm, h.Token, "node-a", "node-d", "node-c"), CodeOK).Record
+	want(t, x.confirm(vm, m.Move.Token, "node-b"), CodeStale)
+	want(t, x.confirm(vm, d.Move.Token, "node-b"), CodeConflict, "node-d")
+	m = want(t, x.move(vm, h.Token, "node-a", "node-b", "node-c"), CodeOK).Record
 	done := want(t, x.confirm(vm, m.Move.Token, "node-b"), CodeOK).Record
 	if done.Owner != "node-b" || done.Token != m.Move.Token || done.Move != nil || done.MovedFrom != "node-a" {
 		t.Fatalf("moved record %+v", done)

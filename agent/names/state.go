@@ -194,11 +194,16 @@ func (s *state) move(idx uint64, m *moveMessage) Result {
 			Detail: fmt.Sprintf("%s is held on %s already", m.Key, m.To)}
 	}
 	if mv := r.Move; mv != nil {
-		if mv.To == m.To && mv.Caller == m.Caller {
+		switch {
+		case mv.To == m.To && mv.Caller == m.Caller:
 			return withRecord(CodeSame, r)
+		case mv.Caller != m.Caller:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is being moved to %s by %s", m.Key, mv.To, mv.Caller)}
 		}
-		return Result{Code: CodeConflict, Record: ptr(r.clone()),
-			Detail: fmt.Sprintf("%s is being moved to %s by %s", m.Key, mv.To, mv.Caller)}
+		// The same caller tries another server (the first one said no):
+		// the new move replaces its own, whose token can no longer be
+		// confirmed.
 	}
 	r.Move = &Move{To: m.To, Token: idx, Deadline: now.Add(m.Lease), Caller: m.Caller}
 	r.Index = idx
