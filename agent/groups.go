@@ -293,7 +293,7 @@ func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string,
 // placed: not available, with the alternatives every node could have at
 // once. cause, when set, is a node's own refusal, whose owners' reasons
 // are kept.
-func (a *Agent) refuseGroup(name string, items []api.Item, nodes int, servers []placement.Server, cause error) error {
+func (a *Agent) refuseGroup(name string, items []api.Item, nodes int, servers []placement.Server, cause error) *api.Error {
 	e := &api.Error{Code: api.CodeNotAvailable,
 		Message: fmt.Sprintf("%s (%d nodes of group %s, each on one server; nothing was kept)", api.NotAvailableMessage(items), nodes, name),
 		Missing: items, Refusals: refusalsOf(cause)}

@@ -51,7 +51,7 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 			_, err = a.Resize(ctx, id, api.ResizeRequest{GPUs: items})
 		}
 		if err != nil {
-			return api.Group{}, a.restoreGroup(ctx, s, done, id, err)
+			return api.Group{}, a.restoreGroup(ctx, s, items, done, id, err)
 		}
 		done = append(done, groupStep{id: id, before: before, held: held})
 	}
@@ -98,10 +98,11 @@ func (a *Agent) groupFits(ctx context.Context, s groupState, items []api.Item) e
 	return a.refuseGroup(s.e.rec.Name, items, len(s.e.nodes), servers, nil)
 }
 
-// restoreGroup puts back every node a failed group resize changed (done),
-// newest first, then reads every node again and compares it with what it
-// was. failed is the node that could not be resized, cause why.
-func (a *Agent) restoreGroup(ctx context.Context, s groupState, done []groupStep, failed string, cause error) error {
+// restoreGroup puts back every node a failed group resize to items
+// changed (done), newest first, then reads every node again and compares
+// it with what it was. failed is the node that could not be resized,
+// cause why.
+func (a *Agent) restoreGroup(ctx context.Context, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
 	name := s.e.rec.Name
 	rctx := context.WithoutCancel(ctx)
 	for i := len(done) - 1; i >= 0; i-- {
@@ -134,7 +135,9 @@ func (a *Agent) restoreGroup(ctx context.Context, s groupState, done []groupStep
 	if len(off) == 0 {
 		a.log.Warn("group resize failed; every node is as it was", "group", name, "node", failed, "err", cause)
 		if isCode(cause, api.CodeNotAvailable) {
-			return a.refuseGroup(name, s.view().GPUs, len(s.e.nodes), serversOf(a.targets()), cause)
+			e := a.refuseGroup(name, items, len(s.e.nodes), serversOf(a.targets()), cause)
+			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
+			return e
 		}
 		return fmt.Errorf("group %s: node %s could not be resized, every node is as it was: %w", name, failed, cause)
 	}

@@ -39,6 +39,8 @@ type nameMover interface {
 	Move(ctx context.Context, key names.Key, token uint64, from, to, caller string) (names.Record, error)
 }
 
+var _ nameMover = (*names.Registry)(nil)
+
 // move moves claim at.id, committed on from, to the first server of
 // ranked whose owner takes it. all are the servers a refusal describes.
 func (at *attempt) move(ctx context.Context, from target, ranked []string, byName map[string]target, all []placement.Server) (api.Claim, error) {
