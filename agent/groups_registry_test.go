@@ -340,3 +340,33 @@ func TestGroupSpecRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// While the registry cannot answer, group operations say so (a retryable
+// unavailable naming it) and place nothing.
+func TestGroupWhileTheRegistryIsDown(t *testing.T) {
+	_, n, ag := namedCluster(t, nil, "l40s-4", "l40s-4")
+	a := ag[0]
+	ctx := context.Background()
+	l40s := []api.Item{{Model: "L40S", Count: 1}}
+	if _, err := a.CreateGroup(ctx, "pool", api.GroupRequest{Nodes: 2, GPUs: l40s}); err != nil {
+		t.Fatal(err)
+	}
+	n.SetDown(true)
+	for what, call := range map[string]func() error{
+		"get":    func() error { _, err := a.GetGroup(ctx, "pool"); return err },
+		"delete": func() error { _, err := a.DeleteGroupClaims(ctx, "pool"); return err },
+		"resize": func() error { _, err := a.ResizeGroup(ctx, "pool", api.ResizeRequest{GPUs: l40s}); return err },
+		"create": func() error { _, err := a.CreateGroup(ctx, "other", api.GroupRequest{Nodes: 1, GPUs: l40s}); return err },
+	} {
+		if e := apiErr(t, call()); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "registry") {
+			t.Errorf("%s while the registry is down: %+v", what, e)
+		}
+	}
+	n.SetDown(false)
+	if f := freeOf(a, "NVIDIA L40S"); f != 6 {
+		t.Errorf("%d L40S free, want 6 (the group's two nodes only)", f)
+	}
+	if g, err := a.GetGroup(ctx, "pool"); err != nil || len(g.Claims) != 2 {
+		t.Fatalf("the group after: %+v, %v", g, err)
+	}
+}
