@@ -232,9 +232,13 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 	}
 	claims, err := a.placeGroupNodes(ctx, e, e.nodes, items)
 	if err != nil {
+		if errors.As(err, new(*nodesKept)) {
+			// Nodes stay placed: the record stays, for group delete.
+			return api.Group{}, err
+		}
 		if ferr := a.forgetGroup(context.WithoutCancel(ctx), e); ferr != nil {
 			a.log.Error("a failed group's name could not be let go", "group", name, "err", ferr)
-			return api.Group{}, fmt.Errorf("%w; the group's name is still taken (%v): run group delete %s", err, ferr, name)
+			return api.Group{}, annotate(err, "%s; the group's name is still taken (%v): run group delete %s", ferr, name)
 		}
 		return api.Group{}, err
 	}
@@ -272,8 +276,8 @@ func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string,
 			}
 		}
 		if len(kept) > 0 {
-			return nil, &api.Error{Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("group %s: node %s could not be placed (%v), and these nodes placed before it could not be released: %v; run group delete %s", e.rec.Name, id, err, kept, e.rec.Name)}
+			return nil, &nodesKept{err: &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("group %s: node %s could not be placed (%v), and these nodes placed before it could not be released: %v; run group delete %s", e.rec.Name, id, err, kept, e.rec.Name)}}
 		}
 		if isCode(err, api.CodeNotAvailable) {
 			return nil, a.refuseGroup(e.rec.Name, items, len(ids), serversOf(a.targets()), err)
@@ -288,6 +292,13 @@ func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string,
 	}
 	return placed, nil
 }
+
+// nodesKept is placeGroupNodes' failure when nodes it placed could not
+// be released: the group's record must stay so that a delete finds them.
+type nodesKept struct{ err *api.Error }
+
+func (e *nodesKept) Error() string { return e.err.Error() }
+func (e *nodesKept) Unwrap() error { return e.err }
 
 // refuseGroup is the answer when nodes nodes of items cannot all be
 // placed: not available, with the alternatives every node could have at
@@ -306,6 +317,28 @@ func (a *Agent) refuseGroup(name string, items []api.Item, nodes int, servers []
 	}
 	return e
 }
+
+// annotate puts what err is about around its message: into a copy of the
+// *api.Error it carries (whose code and message the API answers), else
+// into a wrapping error. format has one %s for the original message.
+func annotate(err error, format string, args ...any) error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		out := *ae
+		out.Message = fmt.Sprintf(format, append([]any{ae.Message}, args...)...)
+		return &out
+	}
+	return &annotated{msg: fmt.Sprintf(format, append([]any{err.Error()}, args...)...), err: err}
+}
+
+// annotated is an error with what it is about, still matching what it wraps.
+type annotated struct {
+	msg string
+	err error
+}
+
+func (e *annotated) Error() string { return e.msg }
+func (e *annotated) Unwrap() error { return e.err }
 
 func itemWants(items []api.Item) []placement.Want {
 	out := make([]placement.Want, len(items))
@@ -365,7 +398,7 @@ func (a *Agent) readGroupState(ctx context.Context, name string) (groupState, er
 			s.claims[id] = c
 		case isCode(err, api.CodeNotFound):
 		default:
-			return groupState{}, fmt.Errorf("group %s: node claim %s: %w", name, id, err)
+			return groupState{}, annotate(err, "group %[2]s: node claim %[3]s: %[1]s", name, id)
 		}
 	}
 	return s, nil
@@ -425,7 +458,7 @@ func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, 
 	g := s.view()
 	for _, c := range g.Claims {
 		if _, err := a.Release(ctx, c.ID); err != nil && !isCode(err, api.CodeNotFound) {
-			return api.Group{}, fmt.Errorf("group %s: releasing %s: %w; the group stays: run group delete again", name, c.ID, err)
+			return api.Group{}, annotate(err, "group %[2]s: releasing %[3]s: %[1]s; the group stays: run group delete again", name, c.ID)
 		}
 	}
 	if err := a.forgetGroup(ctx, s.e); err != nil {

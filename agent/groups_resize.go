@@ -139,7 +139,7 @@ func (a *Agent) restoreGroup(ctx context.Context, s groupState, items []api.Item
 			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
 			return e
 		}
-		return fmt.Errorf("group %s: node %s could not be resized, every node is as it was: %w", name, failed, cause)
+		return annotate(cause, "group %[2]s: node %[3]s could not be resized (%[1]s); every node is as it was", name, failed)
 	}
 	a.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
 	return &api.Error{Code: api.CodeInternal,

@@ -94,11 +94,11 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 		}
 		c, err := at.commit(ctx, t)
 		if errors.Is(err, errCommitUnknown) {
-			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: %w; the claim stays on %s until the move is confirmed", at.id, from.name, t.name, err, from.name)
+			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: %[1]s; the claim stays on %[3]s until the move is confirmed", at.id, from.name, t.name)
 		}
 		if err != nil {
 			at.abortReservation(ctx, t)
-			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: the commit failed, nothing changed: %w", at.id, from.name, t.name, err)
+			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the commit failed, nothing changed: %[1]s", at.id, from.name, t.name)
 		}
 		if named {
 			if _, err := at.names.Confirm(ctx, key, rr.Token, t.name, nil); err != nil {
