@@ -356,7 +356,10 @@ func TestGroupWhileTheRegistryIsDown(t *testing.T) {
 		"get":    func() error { _, err := a.GetGroup(ctx, "pool"); return err },
 		"delete": func() error { _, err := a.DeleteGroupClaims(ctx, "pool"); return err },
 		"resize": func() error { _, err := a.ResizeGroup(ctx, "pool", api.ResizeRequest{GPUs: l40s}); return err },
-		"create": func() error { _, err := a.CreateGroup(ctx, "other", api.GroupRequest{Nodes: 1, GPUs: l40s}); return err },
+		"create": func() error {
+			_, err := a.CreateGroup(ctx, "other", api.GroupRequest{Nodes: 1, GPUs: l40s})
+			return err
+		},
 	} {
 		if e := apiErr(t, call()); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "registry") {
 			t.Errorf("%s while the registry is down: %+v", what, e)
