@@ -135,3 +135,33 @@ func (a *Agent) releaseGroupName(ctx context.Context, e groupEntry) error {
 	}
 	return registryError(err, "group "+e.rec.Name)
 }
+
+// groupRequester is what a group resize needs of the name authority
+// beyond NameAuthority (*names.Registry has it).
+type groupRequester interface {
+	SetRequest(ctx context.Context, key names.Key, token uint64, request string) (names.Record, error)
+}
+
+var _ groupRequester = (*names.Registry)(nil)
+
+// noteGroupGPUs records, after a resize, the GPUs every node of the group
+// now has, so that the record says so even when no node is left to ask
+// (all released directly: repair places them with these). A record that
+// cannot be updated is logged: the nodes have their GPUs either way.
+func (a *Agent) noteGroupGPUs(ctx context.Context, e groupEntry, items []api.Item) {
+	if a.names == nil || sameItems(e.gpus, items) {
+		return
+	}
+	spec, err := groupSpec(e.rec.Nodes, items)
+	if err == nil {
+		if gr, ok := a.names.(groupRequester); ok {
+			_, err = gr.SetRequest(ctx, names.Group(e.rec.Name), e.token, spec)
+		} else {
+			err = errors.New("the name authority cannot change a group's request")
+		}
+	}
+	if err != nil {
+		a.log.Warn("group resized, but its record still names its old GPUs per node", "group", e.rec.Name,
+			"record", api.DescribeItems(e.gpus), "nodes", api.DescribeItems(items), "err", err)
+	}
+}

@@ -373,3 +373,37 @@ func TestGroupWhileTheRegistryIsDown(t *testing.T) {
 		t.Fatalf("the group after: %+v, %v", g, err)
 	}
 }
+
+// After a resize the group's record names the new GPUs per node: with
+// every node released directly, get still says what they had, and repair
+// places them with those GPUs, not the ones the group was created with.
+func TestGroupRecordFollowsResize(t *testing.T) {
+	_, _, ag := namedCluster(t, nil, "l40s-4", "a100-pcie-4")
+	a, b := ag[0], ag[1]
+	ctx := context.Background()
+	if _, err := a.CreateGroup(ctx, "pool", api.GroupRequest{Nodes: 2, GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	a100 := []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}
+	if g, err := b.ResizeGroup(ctx, "pool", api.ResizeRequest{GPUs: a100}); err != nil || !sameItems(g.GPUs, a100) {
+		t.Fatalf("resize: %+v, %v", g, err)
+	}
+	for _, id := range []string{"pool.node-0", "pool.node-1"} {
+		if _, err := a.Release(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := b.GetGroup(ctx, "pool")
+	if err != nil || len(g.Missing) != 2 || !sameItems(g.GPUs, a100) {
+		t.Fatalf("every node released: %+v, %v; want both missing, %v per node", g, err, a100)
+	}
+	g, err = a.RepairGroup(ctx, "pool")
+	if err != nil || len(g.Claims) != 2 {
+		t.Fatalf("repair: %+v, %v", g, err)
+	}
+	for _, c := range g.Claims {
+		if c.Node != "b" || !sameItems(c.Items, a100) {
+			t.Errorf("repaired %s: %s on %s, want %v on b", c.ID, api.DescribeItems(c.Items), c.Node, a100)
+		}
+	}
+}

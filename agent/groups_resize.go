@@ -55,6 +55,7 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 		}
 		done = append(done, groupStep{id: id, before: before, held: held})
 	}
+	a.noteGroupGPUs(ctx, s.e, items)
 	if len(done) > 0 {
 		a.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
 	}

@@ -17,6 +17,15 @@ func (n *testNames) Move(ctx context.Context, key names.Key, token uint64, from,
 	return n.reg.Move(ctx, key, token, from, to, caller)
 }
 
+var _ groupRequester = (*testNames)(nil)
+
+func (n *testNames) SetRequest(ctx context.Context, key names.Key, token uint64, request string) (names.Record, error) {
+	if err := n.unavailable(names.OpSetRequest, key); err != nil {
+		return names.Record{}, err
+	}
+	return n.reg.SetRequest(ctx, key, token, request)
+}
+
 // nameClaim gives claim id, committed on owner, its name in the registry,
 // as the claim path does when it places a claim.
 func nameClaim(t *testing.T, n *testNames, id, owner string) names.Record {

@@ -22,6 +22,7 @@ const (
 	messageRemoveMember messageType = 5
 	messageSetMembers   messageType = 6
 	messageMove         messageType = 7
+	messageSetRequest   messageType = 8
 )
 
 func (t messageType) String() string {
@@ -40,6 +41,8 @@ func (t messageType) String() string {
 		return "set-members"
 	case messageMove:
 		return "move"
+	case messageSetRequest:
+		return "set-request"
 	}
 	return fmt.Sprintf("message type %d", uint8(t))
 }
@@ -135,6 +138,15 @@ type moveMessage struct {
 	Lease  time.Duration `json:"lease"`
 }
 
+// setRequestMessage replaces a held group's request digest under its
+// token: the group's request after a resize, so that its record keeps
+// saying what every node has.
+type setRequestMessage struct {
+	Key     Key    `json:"key"`
+	Token   uint64 `json:"token"`
+	Request string `json:"request"`
+}
+
 func encodeMessage(t messageType, body any) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteByte(codecVersion)
@@ -170,6 +182,8 @@ func decodeMessage(b []byte) (messageType, any, error) {
 		body = new(setMembersMessage)
 	case messageMove:
 		body = new(moveMessage)
+	case messageSetRequest:
+		body = new(setRequestMessage)
 	default:
 		return t, nil, fmt.Errorf("unknown %s", t)
 	}
@@ -300,6 +314,22 @@ func (m *moveMessage) check() error {
 	}
 	if m.Lease <= 0 || m.Now.IsZero() {
 		return fmt.Errorf("%s: move carries no time or lease", m.Key)
+	}
+	return nil
+}
+
+func (m *setRequestMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Key.Kind != KindGroup {
+		return fmt.Errorf("%s: only a group's request changes", m.Key)
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: set-request needs the group's token", m.Key)
+	}
+	if m.Request == "" || len(m.Request) > maxName {
+		return fmt.Errorf("%s: request digest must be 1 to %d bytes", m.Key, maxName)
 	}
 	return nil
 }

@@ -178,3 +178,33 @@ func TestMoveDecodeAndSnapshot(t *testing.T) {
 		t.Fatal("restored a pending name that is moving")
 	}
 }
+
+// A held group's request changes under its token (a resize), and only
+// a held group's.
+func TestSetRequest(t *testing.T) {
+	x := newFx(t)
+	set := func(k Key, token uint64, req string) Result {
+		t.Helper()
+		return x.run(messageSetRequest, &setRequestMessage{Key: k, Token: token, Request: req})
+	}
+	g := Group("pool")
+	want(t, set(g, 3, "r2"), CodeNotFound)
+	p := want(t, x.acquire(g, "node-a", "r1", "pool.node-0"), CodeOK).Record
+	want(t, set(g, p.Token, "r2"), CodeConflict, "pending")
+	want(t, x.confirm(g, p.Token, "node-a"), CodeOK)
+	want(t, set(g, p.Token+1, "r2"), CodeStale)
+	r := want(t, set(g, p.Token, "r2"), CodeOK).Record
+	if r.Request != "r2" || r.Token != p.Token || r.Owner != "node-a" || len(r.Members) != 1 {
+		t.Fatalf("after set-request: %+v", r)
+	}
+	want(t, set(g, p.Token, "r2"), CodeSame)
+	// The request is the group's digest from now on.
+	want(t, x.acquire(g, "node-b", "r2"), CodeSame)
+	want(t, x.acquire(g, "node-b", "r1"), CodeConflict)
+	if _, _, err := decodeMessageOf(t, messageSetRequest, &setRequestMessage{Key: Claim("vm"), Token: 3, Request: "r"}); err == nil {
+		t.Error("set-request of a claim decoded")
+	}
+	if _, _, err := decodeMessageOf(t, messageSetRequest, &setRequestMessage{Key: g, Token: 3}); err == nil {
+		t.Error("set-request without a request decoded")
+	}
+}

@@ -297,6 +297,13 @@ func (r *Registry) Move(ctx context.Context, key Key, token uint64, from, to, ca
 	return r.record(ctx, Request{Op: OpMove, Key: key, Token: token, Owner: from, To: to, Caller: caller})
 }
 
+// SetRequest replaces a held group's request digest under its token: what
+// the group's nodes have after a resize. A retry of the group's first
+// request is then a conflict, as a create of another group would be.
+func (r *Registry) SetRequest(ctx context.Context, key Key, token uint64, request string) (Record, error) {
+	return r.record(ctx, Request{Op: OpSetRequest, Key: key, Token: token, Request: request})
+}
+
 // ReadMode says how fresh a lookup must be.
 type ReadMode bool
 
@@ -603,6 +610,8 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 		return messageRelease, &releaseMessage{Key: req.Key, Token: req.Token, Node: req.Node}, nil
 	case OpSetMembers:
 		return messageSetMembers, &setMembersMessage{Key: req.Key, Token: req.Token, Members: req.Members, Limits: r.cfg.Limits}, nil
+	case OpSetRequest:
+		return messageSetRequest, &setRequestMessage{Key: req.Key, Token: req.Token, Request: req.Request}, nil
 	case OpMove:
 		return messageMove, &moveMessage{Key: req.Key, Token: req.Token, From: req.Owner, To: req.To, Caller: req.Caller,
 			Now: now, Lease: r.cfg.Lease}, nil

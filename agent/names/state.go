@@ -92,6 +92,8 @@ func (s *state) apply(idx uint64, t messageType, body any) Result {
 		return s.setMembers(idx, m)
 	case *moveMessage:
 		return s.move(idx, m)
+	case *setRequestMessage:
+		return s.setRequest(idx, m)
 	}
 	return Result{Code: CodeInvalid, Detail: fmt.Sprintf("no rule for %s", t)}
 }
@@ -320,6 +322,26 @@ func (s *state) setMembers(idx uint64, m *setMembersMessage) Result {
 		return withRecord(CodeSame, r)
 	}
 	r.Members, r.Index = slices.Clone(m.Members), idx
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// setRequest replaces a held group's request digest under its token.
+func (s *state) setRequest(idx uint64, m *setRequestMessage) Result {
+	r, ok := s.get(m.Key)
+	switch {
+	case !ok:
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
+	case r.Token != m.Token:
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d", m.Key, m.Token, r.Token)}
+	case r.State != StateHeld:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is %s; only a held group's request changes", m.Key, r.State)}
+	case r.Request == m.Request:
+		return withRecord(CodeSame, r)
+	}
+	r.Request, r.Index = m.Request, idx
 	s.put(r)
 	return withRecord(CodeOK, r)
 }

@@ -16,6 +16,7 @@ const (
 	OpLookup       Op = "lookup"
 	OpSetMembers   Op = "set_members"
 	OpMove         Op = "move"
+	OpSetRequest   Op = "set_request"
 	OpRemoveMember Op = "remove_member"
 	OpExpire       Op = "expire"
 	OpAddVoter     Op = "add_voter"
