@@ -185,8 +185,10 @@ func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
 
 // Resize changes a claim's GPUs: in place on its server when it fits there,
 // otherwise by moving it to a server that can hold the new request (the VM
-// restarts anyway). A move reserves on the new server first, then releases
-// the old GPUs, then commits, so the claim is never committed twice.
+// restarts anyway). Without the name registry a move reserves on the new
+// server first, then releases the old GPUs, then commits, so the claim is
+// never committed twice; with it, the move commits the new placement
+// before it releases the old one and the name goes along (resize_move.go).
 func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
 	return co.resizeOn(ctx, id, req, "")
 }

@@ -23,9 +23,11 @@ func newGroupCmd(g *globals) *cobra.Command {
 		Use:   "create NAME --nodes N [--gpu MODEL[:COUNT] ...]",
 		Short: "Create a node group, all of it or nothing",
 		Long: `Create a node group of N nodes. With --gpu, every node gets those GPUs, all of
-a node's on one server (different nodes may use different servers); if one
-node cannot be placed nothing is kept and the exit code is 3. A group created
-without --gpu can never get GPUs later.`,
+a node's on one server (different nodes may use different servers); if the
+nodes cannot all be placed nothing is kept and the exit code is 3, with what
+every node could have instead. A group created without --gpu can never get
+GPUs later. A name already taken by another request is refused (exit 6); the
+same request again answers the group.`,
 		Args: idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.GroupRequest{Nodes: nodes}
