@@ -26,8 +26,8 @@ func newGroupCmd(g *globals) *cobra.Command {
 a node's on one server (different nodes may use different servers); if the
 nodes cannot all be placed nothing is kept and the exit code is 3, with what
 every node could have instead. A group created without --gpu can never get
-GPUs later. A name already taken by another request is refused (exit 6); the
-same request again answers the group.`,
+GPUs later. A name already taken is refused (exit 6); with the name registry,
+the same request again is a retry and answers the group.`,
 		Args: idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.GroupRequest{Nodes: nodes}
