@@ -90,7 +90,7 @@ func TestClaimMoveWithoutTheRegistryChangesNothing(t *testing.T) {
 	if err != nil || now.Node != "a" || !now.CommittedAt.Equal(c.CommittedAt) {
 		t.Fatalf("vm-1 after the refused move: %+v, %v", now, err)
 	}
-	if f := freeOf(a, "NVIDIA A100 80GB"); f != 4 {
+	if f := ledgersFree(ag, "NVIDIA A100 80GB"); f != 4 {
 		t.Fatalf("%d A100 free, want 4", f)
 	}
 }
