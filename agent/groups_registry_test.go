@@ -415,3 +415,44 @@ func TestGroupRecordFollowsResize(t *testing.T) {
 		}
 	}
 }
+
+// A create whose check passes but whose last node fails all the same (a
+// GPU that will not bind) releases the nodes it placed and the group's
+// name, and answers not available.
+func TestGroupCreateReleasesPlacedNodesWhenOneFails(t *testing.T) {
+	_, n, ag := namedCluster(t, func(c *Config) { c.BindTimeout = Duration(time.Second) }, "a100-pcie-4", "a100-pcie-4")
+	a, b := ag[0], ag[1]
+	ctx := context.Background()
+	st, err := b.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := st.GPUs[0].PCIAddress
+	if err := b.sim.Kernel.Hold(held); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		b.sim.Kernel.Unhold(held)
+		if err := b.binder.WaitUnstuck(ctx, held); err != nil {
+			t.Error(err)
+		}
+	}()
+	// By the view two nodes of A100:4 fit, one on each server; b's held
+	// GPU is fenced when bound, so only one node can be placed.
+	_, err = a.CreateGroup(ctx, "pool", api.GroupRequest{Nodes: 2, GPUs: []api.Item{{Model: "A100 80GB", Count: 4}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable || !strings.Contains(e.Message, "group pool") || !strings.Contains(e.Message, "nothing was kept") {
+		t.Fatalf("two nodes with one GPU fenced: %+v", e)
+	}
+	// The nodes were placed, not refused up front: the held GPU was tried.
+	if g := gpuStatus(t, b, held); g.State != api.StateUnhealthy {
+		t.Fatalf("held GPU %+v, want fenced by the placement", g)
+	}
+	for _, x := range ag {
+		if cs, _ := x.List(ctx); len(cs) != 0 {
+			t.Errorf("%s keeps %+v", x.cfg.NodeName, cs)
+		}
+	}
+	if _, err := n.Lookup(ctx, names.Group("pool"), names.Linearizable); !errors.Is(err, names.ErrNotFound) {
+		t.Fatalf("the failed group's name: %v, want free", err)
+	}
+}
