@@ -203,9 +203,16 @@ func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
 
 // Resize changes a claim's GPUs: in place on its server when it fits there,
 // otherwise by moving it to a server that can hold the new request (the VM
-// restarts anyway). A move reserves on the new server first, then releases
-// the old GPUs, then commits, so the claim is never committed twice.
+// restarts anyway). Without the name registry a move reserves on the new
+// server first, then releases the old GPUs, then commits, so the claim is
+// never committed twice; with it, the move commits the new placement
+// before it releases the old one and the name goes along (resize_move.go).
 func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
+	return co.resizeOn(ctx, id, req, "")
+}
+
+// resizeOn is Resize with a server to prefer when the claim moves.
+func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRequest, prefer string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -242,7 +249,10 @@ func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequ
 	}
 	rr := api.ReserveRequest{Items: items, Labels: cur.Labels, Coordinator: co.cfg.NodeName}
 	at := &attempt{coordinator: co, id: id, rr: rr, want: want, view: targets}
-	for _, name := range placement.Rank(servers, want, "", co.rnd()) {
+	if co.names != nil {
+		return at.move(ctx, owner, placement.Rank(servers, want, prefer, co.rnd()), byName, append(servers, owner.server))
+	}
+	for _, name := range placement.Rank(servers, want, prefer, co.rnd()) {
 		t := byName[name]
 		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
 		_, err := t.owner.Reserve(rctx, id, rr)
@@ -258,11 +268,6 @@ func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequ
 			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: releasing the old GPUs failed, nothing changed: %w", id, owner.name, name, err)
 		}
 		co.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)
-		if co.names != nil {
-			if err := at.moveName(ctx, t); err != nil {
-				return api.Claim{}, err
-			}
-		}
 		return at.commit(ctx, t)
 	}
 	all := append(servers, owner.server)

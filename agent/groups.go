@@ -12,14 +12,19 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
 // Kubernetes node groups. Every node of a group gets the same GPUs, all of
 // a node's on one server (servers may differ between nodes); a group is
 // created all or nothing. Node i's GPUs are the claim NAME.node-i, an
-// ordinary claim; the agent that created the group keeps its record, which
-// remembers whether it was created with GPUs: one created without can never
-// get any, one created with must keep at least one.
+// ordinary claim. The group's record says whether it was created with
+// GPUs: one created without can never get any, one created with must keep
+// at least one. Under the name registry the record is the group name's
+// registry record (groups_registry.go), readable through any agent; a
+// server running alone keeps it in a file (below). A node claim released
+// directly leaves its group readable, with the node missing: repair places
+// it again, resize and delete work as usual.
 
 const groupsDir = "groups"
 
@@ -41,11 +46,61 @@ func validateGroupName(name string) error {
 	return nil
 }
 
+// groupEntry is a group's record as its store keeps it.
+type groupEntry struct {
+	rec api.GroupRecord
+	// gpus are the GPUs per node the group was created with; nil when the
+	// store does not say (a record file).
+	gpus []api.Item
+	// nodes are the node claim IDs, node 0 first; none without GPUs.
+	nodes []string
+	// token is the registry's grant of the group name; 0 for a file.
+	token uint64
+	// where keeps the record file.
+	where target
+}
+
+func legacyNodes(rec api.GroupRecord) []string {
+	if !rec.WithGPUs {
+		return nil
+	}
+	out := make([]string, rec.Nodes)
+	for i := range out {
+		out[i] = nodeClaimID(rec.Name, i)
+	}
+	return out
+}
+
+// readGroup reads a group's record from wherever it is kept.
+func (a *Agent) readGroup(ctx context.Context, name string) (groupEntry, error) {
+	if a.names != nil {
+		return a.readGroupName(ctx, name)
+	}
+	rec, where, err := a.findGroup(ctx, name)
+	if err != nil {
+		return groupEntry{}, err
+	}
+	return groupEntry{rec: rec, nodes: legacyNodes(rec), where: where}, nil
+}
+
+// forgetGroup drops a group's record; its node claims must be gone.
+func (a *Agent) forgetGroup(ctx context.Context, e groupEntry) error {
+	if a.names != nil {
+		return a.releaseGroupName(ctx, e)
+	}
+	dctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	defer cancel()
+	if _, err := e.where.owner.DeleteGroup(dctx, e.rec.Name); err != nil && !isCode(err, api.CodeNotFound) {
+		return err
+	}
+	return nil
+}
+
 func (a *Agent) groupPath(name string) string {
 	return filepath.Join(a.cfg.DataDir, groupsDir, name+".json")
 }
 
-// LookupGroup returns a group record this server keeps.
+// LookupGroup returns a group record this server keeps in a file.
 func (a *Agent) LookupGroup(_ context.Context, name string) (api.GroupRecord, error) {
 	if err := validateGroupName(name); err != nil {
 		return api.GroupRecord{}, err
@@ -64,7 +119,7 @@ func (a *Agent) LookupGroup(_ context.Context, name string) (api.GroupRecord, er
 	return rec, nil
 }
 
-// DeleteGroup forgets a group record this server keeps.
+// DeleteGroup forgets a group record this server keeps in a file.
 func (a *Agent) DeleteGroup(ctx context.Context, name string) (api.GroupRecord, error) {
 	rec, err := a.LookupGroup(ctx, name)
 	if err != nil {
@@ -73,7 +128,7 @@ func (a *Agent) DeleteGroup(ctx context.Context, name string) (api.GroupRecord, 
 	return rec, os.Remove(a.groupPath(name))
 }
 
-// findGroup looks for a group's record on every server of the view.
+// findGroup looks for a group's record file on every server of the view.
 func (a *Agent) findGroup(ctx context.Context, name string) (api.GroupRecord, target, error) {
 	targets := a.targets()
 	var (
@@ -105,9 +160,30 @@ func (a *Agent) findGroup(ctx context.Context, name string) (api.GroupRecord, ta
 	return *found, where, nil
 }
 
+// createGroupFile writes the record file of a new group on this server.
+func (a *Agent) createGroupFile(ctx context.Context, rec api.GroupRecord) (groupEntry, error) {
+	if _, _, err := a.findGroup(ctx, rec.Name); err == nil {
+		return groupEntry{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("group %s already exists; delete it first or choose another name", rec.Name)}
+	}
+	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, groupsDir), 0o700); err != nil {
+		return groupEntry{}, err
+	}
+	data, _ := json.Marshal(rec)
+	if err := writeFileAtomic(a.groupPath(rec.Name), data); err != nil {
+		return groupEntry{}, fmt.Errorf("writing group record: %w", err)
+	}
+	self, _ := targetNamed(a.targets(), a.cfg.NodeName)
+	return groupEntry{rec: rec, nodes: legacyNodes(rec), where: self}, nil
+}
+
 // CreateGroup places every node's GPUs, each node on one server, all or
-// nothing: when one node cannot be placed, the nodes already placed are
-// released and the answer says which GPUs were not available.
+// nothing: when the nodes cannot all be placed, the nodes already placed
+// are released, the group's name is let go, and the answer says which
+// GPUs were not available, with what every node could have instead. Under
+// the name registry a retry of the same request, through any agent,
+// answers the group (placing the nodes it lacks); another request for the
+// name is a conflict.
 func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupRequest) (api.Group, error) {
 	if err := validateGroupName(name); err != nil {
 		return api.Group{}, err
@@ -115,130 +191,279 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 	if req.Nodes < 1 || req.Nodes > maxGroupNodes {
 		return api.Group{}, api.Invalid("nodes", "a group has between 1 and %d nodes, not %d", maxGroupNodes, req.Nodes)
 	}
-	var items []ledger.Item
+	var items []api.Item
 	if len(req.GPUs) > 0 {
 		lreq, err := a.resolve(api.ClaimRequest{GPUs: req.GPUs})
 		if err != nil {
 			return api.Group{}, err
 		}
-		items = lreq.Items
+		if err := ledger.ValidateRequest(lreq, a.cfg.MaxGPUsPerClaim); err != nil {
+			return api.Group{}, a.apiError(err)
+		}
+		items = apiItems(lreq.Items)
 	}
-	if _, _, err := a.findGroup(ctx, name); err == nil {
-		return api.Group{}, &api.Error{Code: api.CodeConflict,
-			Message: fmt.Sprintf("group %s already exists; delete it first or choose another name", name)}
+	rec := api.GroupRecord{Name: name, Nodes: req.Nodes, WithGPUs: len(items) > 0, Coordinator: a.cfg.NodeName}
+	var (
+		e   groupEntry
+		err error
+	)
+	if a.names != nil {
+		var retry bool
+		e, retry, err = a.acquireGroupName(ctx, rec, items)
+		if err != nil {
+			return api.Group{}, err
+		}
+		if retry {
+			// The same request again (a client's retry, through any
+			// agent): the group, with whatever nodes it lacks placed.
+			return a.repairGroup(ctx, e)
+		}
+	} else {
+		rec.CreatedAt = a.now().UTC()
+		if e, err = a.createGroupFile(ctx, rec); err != nil {
+			return api.Group{}, err
+		}
 	}
-	rec := api.GroupRecord{Name: name, Nodes: req.Nodes, WithGPUs: len(items) > 0, Coordinator: a.cfg.NodeName, CreatedAt: a.now().UTC()}
-	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, groupsDir), 0o700); err != nil {
-		return api.Group{}, err
-	}
-	data, _ := json.Marshal(rec)
-	if err := writeFileAtomic(a.groupPath(name), data); err != nil {
-		return api.Group{}, fmt.Errorf("writing group record: %w", err)
-	}
-	g := api.Group{GroupRecord: rec, GPUs: apiItems(items), Claims: []api.Claim{}}
+	e.gpus = items
+	g := api.Group{GroupRecord: e.rec, GPUs: items, Claims: []api.Claim{}}
 	if !rec.WithGPUs {
 		a.log.Info("group created without GPUs", "group", name, "nodes", req.Nodes)
 		return g, nil
 	}
-	for i := range req.Nodes {
-		id := nodeClaimID(name, i)
-		// any_node: a node of an earlier group of this name is remembered
-		// where it ran, which must not pin the new group's nodes there.
-		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: apiItems(items), Labels: map[string]string{groupLabel: name}, AnyNode: true})
-		if err != nil {
-			a.log.Warn("group creation failed; releasing its placed nodes", "group", name, "node", i, "err", err)
-			for j := range i {
-				if _, rerr := a.Release(context.WithoutCancel(ctx), nodeClaimID(name, j)); rerr != nil {
-					a.log.Error("releasing a node of a failed group", "group", name, "claim", nodeClaimID(name, j), "err", rerr)
-				}
-			}
-			_ = os.Remove(a.groupPath(name))
-			var e *api.Error
-			if errors.As(err, &e) {
-				e2 := *e
-				e2.Message = fmt.Sprintf("%s (node %d of %d of group %s; nothing was kept)", e.Message, i+1, req.Nodes, name)
-				return api.Group{}, &e2
-			}
+	claims, err := a.placeGroupNodes(ctx, e, e.nodes, items)
+	if err != nil {
+		if errors.As(err, new(*nodesKept)) {
+			// Nodes stay placed: the record stays, for group delete.
 			return api.Group{}, err
 		}
-		g.Claims = append(g.Claims, c)
+		if ferr := a.forgetGroup(context.WithoutCancel(ctx), e); ferr != nil {
+			a.log.Error("a failed group's name could not be let go", "group", name, "err", ferr)
+			return api.Group{}, annotate(err, "%s; the group's name is still taken (%v): run group delete %s", ferr, name)
+		}
+		return api.Group{}, err
 	}
+	g.Claims = claims
 	a.log.Info("group created", "group", name, "nodes", req.Nodes, "gpus_per_node", api.DescribeItems(g.GPUs))
 	return g, nil
 }
 
-// GetGroup returns a group and its nodes' claims.
+// placeGroupNodes claims ids for group e, each with items, all or nothing:
+// it first checks that the servers can hold every one of them at once (by
+// this agent's view), then places them one after the other; when one
+// cannot be placed it releases those it placed. The error is the node's,
+// with the alternatives every node could have.
+func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string, items []api.Item) ([]api.Claim, error) {
+	want := itemWants(items)
+	servers := serversOf(a.targets())
+	if placement.Copies(servers, want) < len(ids) {
+		return nil, a.refuseGroup(e.rec.Name, items, len(ids), servers, nil)
+	}
+	var placed []api.Claim
+	for i, id := range ids {
+		// any_node: a node of an earlier group of this name is remembered
+		// where it ran, which must not pin the new group's nodes there.
+		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: map[string]string{groupLabel: e.rec.Name}, AnyNode: true})
+		if err == nil {
+			placed = append(placed, c)
+			continue
+		}
+		a.log.Warn("group nodes not placed; releasing those placed", "group", e.rec.Name, "node", id, "err", err)
+		var kept []string
+		for _, p := range placed {
+			if _, rerr := a.Release(context.WithoutCancel(ctx), p.ID); rerr != nil && !isCode(rerr, api.CodeNotFound) {
+				a.log.Error("releasing a node of a group that could not be placed", "group", e.rec.Name, "claim", p.ID, "err", rerr)
+				kept = append(kept, fmt.Sprintf("%s on %s (%v)", p.ID, p.Node, rerr))
+			}
+		}
+		if len(kept) > 0 {
+			return nil, &nodesKept{err: &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("group %s: node %s could not be placed (%v), and these nodes placed before it could not be released: %v; run group delete %s", e.rec.Name, id, err, kept, e.rec.Name)}}
+		}
+		if isCode(err, api.CodeNotAvailable) {
+			return nil, a.refuseGroup(e.rec.Name, items, len(ids), serversOf(a.targets()), err)
+		}
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			out := *ae
+			out.Message = fmt.Sprintf("%s (node %d of %d of group %s; nothing was kept)", ae.Message, i+1, len(ids), e.rec.Name)
+			return nil, &out
+		}
+		return nil, fmt.Errorf("group %s: node %s: %w; nothing was kept", e.rec.Name, id, err)
+	}
+	return placed, nil
+}
+
+// nodesKept is placeGroupNodes' failure when nodes it placed could not
+// be released: the group's record must stay so that a delete finds them.
+type nodesKept struct{ err *api.Error }
+
+func (e *nodesKept) Error() string { return e.err.Error() }
+func (e *nodesKept) Unwrap() error { return e.err }
+
+// refuseGroup is the answer when nodes nodes of items cannot all be
+// placed: not available, with the alternatives every node could have at
+// once. cause, when set, is a node's own refusal, whose owners' reasons
+// are kept.
+func (a *Agent) refuseGroup(name string, items []api.Item, nodes int, servers []placement.Server, cause error) *api.Error {
+	e := &api.Error{Code: api.CodeNotAvailable,
+		Message: fmt.Sprintf("%s (%d nodes of group %s, each on one server; nothing was kept)", api.NotAvailableMessage(items), nodes, name),
+		Missing: items, Refusals: refusalsOf(cause)}
+	for _, alt := range placement.GroupAlternatives(servers, itemWants(items), a.modelNames(), nodes) {
+		var g []api.Item
+		for _, w := range alt.Items {
+			g = append(g, api.Item{Model: w.Model, Count: w.Count})
+		}
+		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: g, Servers: alt.Servers})
+	}
+	return e
+}
+
+// annotate puts what err is about around its message: into a copy of the
+// *api.Error it carries (whose code and message the API answers), else
+// into a wrapping error. format has one %s for the original message.
+func annotate(err error, format string, args ...any) error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		out := *ae
+		out.Message = fmt.Sprintf(format, append([]any{ae.Message}, args...)...)
+		return &out
+	}
+	return &annotated{msg: fmt.Sprintf(format, append([]any{err.Error()}, args...)...), err: err}
+}
+
+// annotated is an error with what it is about, still matching what it wraps.
+type annotated struct {
+	msg string
+	err error
+}
+
+func (e *annotated) Error() string { return e.msg }
+func (e *annotated) Unwrap() error { return e.err }
+
+func itemWants(items []api.Item) []placement.Want {
+	out := make([]placement.Want, len(items))
+	for i, it := range items {
+		out[i] = placement.Want{Model: it.Model, Count: it.Count}
+	}
+	return out
+}
+
+func serversOf(targets []target) []placement.Server {
+	out := make([]placement.Server, len(targets))
+	for i, t := range targets {
+		out[i] = t.server
+	}
+	return out
+}
+
+// groupState is a group read whole: its record, and each node's claim
+// (absent: the node claim is missing).
+type groupState struct {
+	e      groupEntry
+	claims map[string]api.Claim
+}
+
+// view is the group as the API shows it.
+func (s groupState) view() api.Group {
+	g := api.Group{GroupRecord: s.e.rec, GPUs: s.e.gpus, Claims: []api.Claim{}}
+	for _, id := range s.e.nodes {
+		if c, ok := s.claims[id]; ok {
+			g.Claims = append(g.Claims, c)
+			if len(g.Claims) == 1 {
+				g.GPUs = c.Items
+			}
+		} else {
+			g.Missing = append(g.Missing, id)
+		}
+	}
+	return g
+}
+
+// readGroupState reads a group and the claim of each of its nodes; a node
+// claim that no server holds is missing, a node whose server does not
+// answer makes the read fail (a retryable unavailable naming it).
+func (a *Agent) readGroupState(ctx context.Context, name string) (groupState, error) {
+	if err := validateGroupName(name); err != nil {
+		return groupState{}, err
+	}
+	e, err := a.readGroup(ctx, name)
+	if err != nil {
+		return groupState{}, err
+	}
+	s := groupState{e: e, claims: map[string]api.Claim{}}
+	for _, id := range e.nodes {
+		c, err := a.Get(ctx, id)
+		switch {
+		case err == nil:
+			s.claims[id] = c
+		case isCode(err, api.CodeNotFound):
+		default:
+			return groupState{}, annotate(err, "group %[2]s: node claim %[3]s: %[1]s", name, id)
+		}
+	}
+	return s, nil
+}
+
+// GetGroup returns a group and its nodes' claims; Missing lists the node
+// claims no server holds (released directly): group repair places them.
 func (a *Agent) GetGroup(ctx context.Context, name string) (api.Group, error) {
+	s, err := a.readGroupState(ctx, name)
+	if err != nil {
+		return api.Group{}, err
+	}
+	return s.view(), nil
+}
+
+// RepairGroup places again the node claims of a group that no server
+// holds, with the GPUs of its other nodes, all or nothing.
+func (a *Agent) RepairGroup(ctx context.Context, name string) (api.Group, error) {
 	if err := validateGroupName(name); err != nil {
 		return api.Group{}, err
 	}
-	rec, _, err := a.findGroup(ctx, name)
+	e, err := a.readGroup(ctx, name)
 	if err != nil {
 		return api.Group{}, err
 	}
-	g := api.Group{GroupRecord: rec, Claims: []api.Claim{}}
-	if !rec.WithGPUs {
+	return a.repairGroup(ctx, e)
+}
+
+func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error) {
+	s, err := a.readGroupState(ctx, e.rec.Name)
+	if err != nil {
+		return api.Group{}, err
+	}
+	g := s.view()
+	if len(g.Missing) == 0 {
 		return g, nil
 	}
-	for i := range rec.Nodes {
-		c, err := a.Get(ctx, nodeClaimID(name, i))
-		if err != nil {
-			return api.Group{}, fmt.Errorf("group %s: node %d: %w", name, i, err)
-		}
-		g.Claims = append(g.Claims, c)
-		g.GPUs = c.Items
-	}
-	return g, nil
-}
-
-// ResizeGroup gives every node of a group the new GPUs. A group created
-// without GPUs never gets one, and one with GPUs keeps at least one. When a
-// node cannot be resized, the nodes already changed go back to the old GPUs.
-func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
-	g, err := a.GetGroup(ctx, name)
-	if err != nil {
-		return api.Group{}, err
-	}
-	if !g.WithGPUs {
+	if len(g.GPUs) == 0 {
 		return api.Group{}, &api.Error{Code: api.CodeConflict,
-			Message: fmt.Sprintf("group %s was created without GPUs and can never get one; create a new group with GPUs", name)}
+			Message: fmt.Sprintf("group %s: no node holds GPUs and its record does not say which it had; give it GPUs with group resize %s --gpu MODEL[:COUNT]", e.rec.Name, e.rec.Name)}
 	}
-	if len(req.GPUs) == 0 {
-		return api.Group{}, api.Invalid("gpus", "group %s has GPUs and must keep at least one per node", name)
+	if _, err := a.placeGroupNodes(ctx, s.e, g.Missing, g.GPUs); err != nil {
+		return api.Group{}, err
 	}
-	old := g.GPUs
-	for i := range g.Nodes {
-		if _, err := a.Resize(ctx, nodeClaimID(name, i), req); err != nil {
-			for j := range i {
-				if _, rerr := a.Resize(context.WithoutCancel(ctx), nodeClaimID(name, j), api.ResizeRequest{GPUs: old}); rerr != nil {
-					a.log.Error("rolling back a node of a failed group resize", "group", name, "claim", nodeClaimID(name, j), "err", rerr)
-				}
-			}
-			return api.Group{}, err
-		}
-	}
-	return a.GetGroup(ctx, name)
+	a.log.Info("group repaired", "group", e.rec.Name, "placed", g.Missing)
+	return a.GetGroup(ctx, e.rec.Name)
 }
 
-// DeleteGroupClaims releases every node's claim and forgets the group.
+// DeleteGroupClaims releases every node's claim and forgets the group; its
+// name is free again. Nodes released before are skipped. When a node
+// cannot be released the group stays, so that a retry finds it.
 func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, error) {
-	g, err := a.GetGroup(ctx, name)
+	s, err := a.readGroupState(ctx, name)
 	if err != nil {
 		return api.Group{}, err
 	}
+	g := s.view()
 	for _, c := range g.Claims {
 		if _, err := a.Release(ctx, c.ID); err != nil && !isCode(err, api.CodeNotFound) {
-			return api.Group{}, fmt.Errorf("group %s: releasing %s: %w", name, c.ID, err)
+			return api.Group{}, annotate(err, "group %[2]s: releasing %[3]s: %[1]s; the group stays: run group delete again", name, c.ID)
 		}
 	}
-	_, where, err := a.findGroup(ctx, name)
-	if err == nil {
-		dctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
-		_, err = where.owner.DeleteGroup(dctx, name)
-		cancel()
-	}
-	if err != nil && !isCode(err, api.CodeNotFound) {
+	if err := a.forgetGroup(ctx, s.e); err != nil {
 		return api.Group{}, err
 	}
+	a.log.Info("group deleted", "group", name)
 	return g, nil
 }

@@ -285,31 +285,6 @@ func (at *attempt) releaseName(ctx context.Context, token uint64) {
 	}
 }
 
-// moveName gives a claim moving to t (coordinator.Resize) its name again:
-// the old owner's release let the name go, so it is acquired anew for the
-// new request and the reservation on t moved to the new grant, which t
-// confirms at commit. On failure the reservation is dropped.
-func (at *attempt) moveName(ctx context.Context, t target) error {
-	token, _, done, err := at.acquireName(ctx, requestDigest(at.rr))
-	if done {
-		if err == nil {
-			err = &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("claim %s was claimed again while it moved", at.id)}
-		}
-		at.abortReservation(ctx, t)
-		return fmt.Errorf("moving claim %s to %s: its GPUs were released, and its name could not be acquired again: %w", at.id, t.name, err)
-	}
-	at.rr.Token = token
-	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-	_, err = t.owner.Reserve(rctx, at.id, at.rr)
-	cancel()
-	if err != nil {
-		at.abortReservation(ctx, t)
-		at.releaseName(ctx, token)
-		return fmt.Errorf("moving claim %s to %s: %w", at.id, t.name, err)
-	}
-	return nil
-}
-
 // findNamed runs op on the server the registry says holds claim id, for
 // get and release. handled is false when the registry did not answer: the
 // caller then asks the owners' ledgers, as without a registry. The

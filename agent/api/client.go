@@ -138,6 +138,13 @@ func (c *Client) ResizeGroup(ctx context.Context, name string, req ResizeRequest
 	return v, c.do(ctx, http.MethodPost, "/groups/"+segment(name)+"/resize", req, &v)
 }
 
+// RepairGroup places again the node claims of a group that no server
+// holds (released directly), with the GPUs of its other nodes.
+func (c *Client) RepairGroup(ctx context.Context, name string) (Group, error) {
+	var v Group
+	return v, c.do(ctx, http.MethodPost, "/groups/"+segment(name)+"/repair", nil, &v)
+}
+
 // DeleteGroup releases every node's claim and forgets the group.
 func (c *Client) DeleteGroup(ctx context.Context, name string) (Group, error) {
 	var v Group

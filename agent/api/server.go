@@ -32,6 +32,7 @@ type Service interface {
 	GetGroup(ctx context.Context, name string) (Group, error)
 	ResizeGroup(ctx context.Context, name string, req ResizeRequest) (Group, error)
 	DeleteGroupClaims(ctx context.Context, name string) (Group, error)
+	RepairGroup(ctx context.Context, name string) (Group, error)
 	Version() VersionInfo
 }
 
@@ -96,6 +97,10 @@ func newMux(svc Service, log *slog.Logger) (*http.ServeMux, *handler) {
 			return
 		}
 		v, err := svc.ResizeGroup(r.Context(), r.PathValue("name"), req)
+		h.reply(w, r, v, err)
+	})
+	mux.HandleFunc("POST "+p+"/groups/{name}/repair", func(w http.ResponseWriter, r *http.Request) {
+		v, err := svc.RepairGroup(r.Context(), r.PathValue("name"))
 		h.reply(w, r, v, err)
 	})
 	mux.HandleFunc("DELETE "+p+"/groups/{name}", func(w http.ResponseWriter, r *http.Request) {

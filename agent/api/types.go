@@ -308,13 +308,15 @@ type GroupRequest struct {
 }
 
 // GroupRecord is what the platform remembers of a group besides its node
-// claims: the agent that created it keeps it.
+// claims: the name registry keeps it (a server running alone, a file).
 type GroupRecord struct {
-	Name        string    `json:"name"`
-	Nodes       int       `json:"nodes"`
-	WithGPUs    bool      `json:"with_gpus"`
-	Coordinator string    `json:"coordinator"`
-	CreatedAt   time.Time `json:"created_at"`
+	Name        string `json:"name"`
+	Nodes       int    `json:"nodes"`
+	WithGPUs    bool   `json:"with_gpus"`
+	Coordinator string `json:"coordinator"`
+	// CreatedAt is when the group was created; unknown (omitted) for a
+	// group kept in the name registry.
+	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 
 // Group is a node group with the claim of each node (node i's claim ID is
@@ -323,4 +325,7 @@ type Group struct {
 	GroupRecord
 	GPUs   []Item  `json:"gpus"` // per node
 	Claims []Claim `json:"claims"`
+	// Missing are the node claims no server holds (released directly);
+	// group repair places them again.
+	Missing []string `json:"missing,omitempty"`
 }

@@ -111,8 +111,10 @@ func (s *state) list() []Record {
 	return out
 }
 
-// snapshotVersion is the format of a snapshot file.
-const snapshotVersion = 1
+// snapshotVersion is the format of a snapshot file. Version 2 added a
+// held name's move (Record.Move, MovedFrom); version 1 files, which have
+// none, are read as they are.
+const snapshotVersion = 2
 
 type snapshotFile struct {
 	Version int       `json:"version"`
@@ -157,7 +159,7 @@ func readSnapshot(r io.Reader) (*state, uint64, error) {
 	if err := dec.Decode(&file); err != nil {
 		return nil, 0, fmt.Errorf("name registry snapshot: %w", err)
 	}
-	if file.Version != snapshotVersion {
+	if file.Version != snapshotVersion && file.Version != 1 {
 		return nil, 0, fmt.Errorf("name registry snapshot has format %d; this version reads %d", file.Version, snapshotVersion)
 	}
 	st := newState()

@@ -21,6 +21,8 @@ const (
 	messageExpire       messageType = 4
 	messageRemoveMember messageType = 5
 	messageSetMembers   messageType = 6
+	messageMove         messageType = 7
+	messageSetRequest   messageType = 8
 )
 
 func (t messageType) String() string {
@@ -37,6 +39,10 @@ func (t messageType) String() string {
 		return "remove-member"
 	case messageSetMembers:
 		return "set-members"
+	case messageMove:
+		return "move"
+	case messageSetRequest:
+		return "set-request"
 	}
 	return fmt.Sprintf("message type %d", uint8(t))
 }
@@ -118,6 +124,29 @@ type setMembersMessage struct {
 	Limits  Limits   `json:"limits"`
 }
 
+// moveMessage starts moving a held name from its owner to another server
+// (a claim resized onto another server): the name stays held on From under
+// Token until To confirms the move's own token, or the move lapses at
+// Now+Lease and the name simply stays where it was.
+type moveMessage struct {
+	Key    Key           `json:"key"`
+	Token  uint64        `json:"token"`
+	From   string        `json:"from"`
+	To     string        `json:"to"`
+	Caller string        `json:"caller"`
+	Now    time.Time     `json:"now"`
+	Lease  time.Duration `json:"lease"`
+}
+
+// setRequestMessage replaces a held group's request digest under its
+// token: the group's request after a resize, so that its record keeps
+// saying what every node has.
+type setRequestMessage struct {
+	Key     Key    `json:"key"`
+	Token   uint64 `json:"token"`
+	Request string `json:"request"`
+}
+
 func encodeMessage(t messageType, body any) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteByte(codecVersion)
@@ -151,6 +180,10 @@ func decodeMessage(b []byte) (messageType, any, error) {
 		body = new(removeMemberMessage)
 	case messageSetMembers:
 		body = new(setMembersMessage)
+	case messageMove:
+		body = new(moveMessage)
+	case messageSetRequest:
+		body = new(setRequestMessage)
 	default:
 		return t, nil, fmt.Errorf("unknown %s", t)
 	}
@@ -262,4 +295,41 @@ func (m *setMembersMessage) check() error {
 		return fmt.Errorf("%s: set-members needs the group's token", m.Key)
 	}
 	return checkMembers(m.Key, m.Members)
+}
+
+func (m *moveMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: move needs the token the name is held under", m.Key)
+	}
+	for _, n := range []struct{ what, name string }{{"from", m.From}, {"to", m.To}, {"caller", m.Caller}} {
+		if err := checkNode(n.what, n.name); err != nil {
+			return err
+		}
+	}
+	if m.From == m.To {
+		return fmt.Errorf("%s: move from %s to itself", m.Key, m.From)
+	}
+	if m.Lease <= 0 || m.Now.IsZero() {
+		return fmt.Errorf("%s: move carries no time or lease", m.Key)
+	}
+	return nil
+}
+
+func (m *setRequestMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Key.Kind != KindGroup {
+		return fmt.Errorf("%s: only a group's request changes", m.Key)
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: set-request needs the group's token", m.Key)
+	}
+	if m.Request == "" || len(m.Request) > maxName {
+		return fmt.Errorf("%s: request digest must be 1 to %d bytes", m.Key, maxName)
+	}
+	return nil
 }

@@ -91,6 +91,25 @@ type Record struct {
 	Members []string `json:"members,omitempty"`
 	// Index is the raft index of the record's last change.
 	Index uint64 `json:"index"`
+	// Move is a move of the held name to another server in progress: the
+	// name stays held on Owner under Token until Move.To confirms
+	// Move.Token, or the move lapses at Move.Deadline.
+	Move *Move `json:"move,omitempty"`
+	// MovedFrom is the server the name was held on before its last move.
+	MovedFrom string `json:"moved_from,omitempty"`
+}
+
+// Move is a held name on its way to another server (Record.Move).
+type Move struct {
+	// To is the server that will hold the name once it confirms Token.
+	To string `json:"to"`
+	// Token is the raft index of the move: the name's token once To
+	// confirms it.
+	Token uint64 `json:"token"`
+	// Deadline ends a move that To did not confirm in time.
+	Deadline time.Time `json:"deadline"`
+	// Caller is the agent moving the name (the resize's coordinator).
+	Caller string `json:"caller"`
 }
 
 // Key returns the record's key.
@@ -116,6 +135,19 @@ func (r Record) clone() Record {
 	if len(r.Members) == 0 {
 		r.Members = nil
 	}
+	if r.Move != nil {
+		m := *r.Move
+		r.Move = &m
+	}
+	return r
+}
+
+// at is the record as it stands at now: a move that lapsed is gone.
+func (r Record) at(now time.Time) Record {
+	r = r.clone()
+	if r.Move != nil && !now.Before(r.Move.Deadline) {
+		r.Move = nil
+	}
 	return r
 }
 
@@ -140,6 +172,14 @@ func (r Record) validate() error {
 	}
 	if r.Kind == KindClaim && len(r.Members) > 0 {
 		return fmt.Errorf("%s has members; only groups have them", r.Key())
+	}
+	if m := r.Move; m != nil {
+		switch {
+		case r.State != StateHeld:
+			return fmt.Errorf("%s is %s and moving; only a held name moves", r.Key(), r.State)
+		case m.To == "" || m.Caller == "" || m.Token == 0 || m.Deadline.IsZero():
+			return fmt.Errorf("%s: its move lacks its server, caller, token or deadline", r.Key())
+		}
 	}
 	return nil
 }

@@ -287,6 +287,23 @@ func (r *Registry) SetMembers(ctx context.Context, key Key, token uint64, member
 	return r.record(ctx, Request{Op: OpSetMembers, Key: key, Token: token, Members: members})
 }
 
+// Move starts moving key, held on from under token, to the server to, on
+// behalf of caller (a resize's coordinator). The name stays held on from
+// until to confirms the move's token (Record.Move.Token) with Confirm, in
+// the one step that ends from's hold; a move nobody confirms lapses after
+// the lease and the name stays on from. A retry by the same caller to the
+// same server answers the move already under way.
+func (r *Registry) Move(ctx context.Context, key Key, token uint64, from, to, caller string) (Record, error) {
+	return r.record(ctx, Request{Op: OpMove, Key: key, Token: token, Owner: from, To: to, Caller: caller})
+}
+
+// SetRequest replaces a held group's request digest under its token: what
+// the group's nodes have after a resize. A retry of the group's first
+// request is then a conflict, as a create of another group would be.
+func (r *Registry) SetRequest(ctx context.Context, key Key, token uint64, request string) (Record, error) {
+	return r.record(ctx, Request{Op: OpSetRequest, Key: key, Token: token, Request: request})
+}
+
 // ReadMode says how fresh a lookup must be.
 type ReadMode bool
 
@@ -593,6 +610,11 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 		return messageRelease, &releaseMessage{Key: req.Key, Token: req.Token, Node: req.Node}, nil
 	case OpSetMembers:
 		return messageSetMembers, &setMembersMessage{Key: req.Key, Token: req.Token, Members: req.Members, Limits: r.cfg.Limits}, nil
+	case OpSetRequest:
+		return messageSetRequest, &setRequestMessage{Key: req.Key, Token: req.Token, Request: req.Request}, nil
+	case OpMove:
+		return messageMove, &moveMessage{Key: req.Key, Token: req.Token, From: req.Owner, To: req.To, Caller: req.Caller,
+			Now: now, Lease: r.cfg.Lease}, nil
 	case OpRemoveMember:
 		return messageRemoveMember, &removeMemberMessage{Node: req.Node, Now: now}, nil
 	case OpExpire:

@@ -72,7 +72,7 @@ func (s *state) get(k Key) (Record, bool) {
 	if !ok || !r.live(s.now) {
 		return Record{}, false
 	}
-	return r, true
+	return r.at(s.now), true
 }
 
 // apply runs one decoded command written at raft index idx.
@@ -90,6 +90,10 @@ func (s *state) apply(idx uint64, t messageType, body any) Result {
 		return s.removeMember(idx, m)
 	case *setMembersMessage:
 		return s.setMembers(idx, m)
+	case *moveMessage:
+		return s.move(idx, m)
+	case *setRequestMessage:
+		return s.setRequest(idx, m)
 	}
 	return Result{Code: CodeInvalid, Detail: fmt.Sprintf("no rule for %s", t)}
 }
@@ -129,6 +133,9 @@ func (s *state) confirm(idx uint64, m *confirmMessage) Result {
 	if !ok {
 		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held: its grant lapsed or was released", m.Key)}
 	}
+	if r.Move != nil && r.Move.Token == m.Token && r.State == StateHeld {
+		return s.confirmMove(idx, now, r, m)
+	}
 	if r.Token != m.Token {
 		return Result{Code: CodeStale, Record: ptr(r.clone()),
 			Detail: fmt.Sprintf("%s token %d is not its current token %d: the grant ended", m.Key, m.Token, r.Token)}
@@ -162,6 +169,71 @@ func (s *state) confirm(idx uint64, m *confirmMessage) Result {
 		return Result{Code: CodeLost, Record: ptr(r.clone()),
 			Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster", m.Key, r.Owner)}
 	}
+}
+
+// move starts moving a held name to another server: it stays held where
+// it is until the new server confirms the move's token (confirmMove).
+func (s *state) move(idx uint64, m *moveMessage) Result {
+	now := s.advance(m.Now)
+	r, ok := s.get(m.Key)
+	switch {
+	case !ok:
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
+	case r.State == StateLost:
+		return Result{Code: CodeLost, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", m.Key, r.Owner)}
+	case r.State != StateHeld:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is still being placed by %s; only a held name moves", m.Key, r.Caller)}
+	case r.Token != m.Token:
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d: the grant ended", m.Key, m.Token, r.Token)}
+	case r.Owner != m.From:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is held on %s, not %s", m.Key, r.Owner, m.From)}
+	case r.Owner == m.To:
+		return Result{Code: CodeInvalid, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is held on %s already", m.Key, m.To)}
+	}
+	if mv := r.Move; mv != nil {
+		switch {
+		case mv.To == m.To && mv.Caller == m.Caller:
+			return withRecord(CodeSame, r)
+		case mv.Caller != m.Caller:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is being moved to %s by %s", m.Key, mv.To, mv.Caller)}
+		}
+		// The same caller tries another server (the first one said no):
+		// the new move replaces its own, whose token can no longer be
+		// confirmed.
+	}
+	r.Move = &Move{To: m.To, Token: idx, Deadline: now.Add(m.Lease), Caller: m.Caller}
+	r.Index = idx
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// confirmMove is the new server's confirm of a move: the name is held
+// there, under the move's token, in the same step that ends its hold on
+// the old server; an older token (the old server's) is stale from then on.
+func (s *state) confirmMove(idx uint64, now time.Time, r Record, m *confirmMessage) Result {
+	mv := r.Move
+	switch {
+	case !now.Before(mv.Deadline):
+		r.Move, r.Index = nil, idx
+		s.put(r)
+		return Result{Code: CodeExpired, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s: its move to %s lapsed at %s before it was confirmed; it stays on %s", m.Key, mv.To, mv.Deadline.UTC().Format(time.RFC3339Nano), r.Owner)}
+	case mv.To != m.Owner:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is moving to %s, not %s", m.Key, mv.To, m.Owner)}
+	}
+	if n := m.Limits.HeldPerOwner; n > 0 && s.heldBy[m.Owner] >= n {
+		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s holds %d names already, the most one server may", m.Owner, s.heldBy[m.Owner])}
+	}
+	r.MovedFrom, r.Owner, r.Token, r.Move, r.Index = r.Owner, mv.To, mv.Token, nil, idx
+	s.put(r)
+	return withRecord(CodeOK, r)
 }
 
 func (s *state) release(m *releaseMessage) Result {
@@ -213,11 +285,24 @@ func (s *state) removeMember(idx uint64, m *removeMemberMessage) Result {
 			keys = append(keys, k)
 		}
 	}
+	// A move to the removed server, or by it, can never be confirmed:
+	// the name stays where it is.
+	for k, r := range s.records {
+		if r.State == StateHeld && r.Owner != m.Node && r.Move != nil && (r.Move.To == m.Node || r.Move.Caller == m.Node) {
+			keys = append(keys, k)
+		}
+	}
 	sortKeys(keys)
 	for _, k := range keys {
 		r, _ := s.remove(k)
-		if r.State == StateHeld {
-			r.State, r.Index = StateLost, idx
+		switch {
+		case r.State == StatePending:
+			// Dropped.
+		case r.Owner == m.Node:
+			r.State, r.Move, r.Index = StateLost, nil, idx
+			s.put(r)
+		default:
+			r.Move, r.Index = nil, idx
 			s.put(r)
 		}
 	}
@@ -240,6 +325,26 @@ func (s *state) setMembers(idx uint64, m *setMembersMessage) Result {
 		return withRecord(CodeSame, r)
 	}
 	r.Members, r.Index = slices.Clone(m.Members), idx
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// setRequest replaces a held group's request digest under its token.
+func (s *state) setRequest(idx uint64, m *setRequestMessage) Result {
+	r, ok := s.get(m.Key)
+	switch {
+	case !ok:
+		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
+	case r.Token != m.Token:
+		return Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d", m.Key, m.Token, r.Token)}
+	case r.State != StateHeld:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is %s; only a held group's request changes", m.Key, r.State)}
+	case r.Request == m.Request:
+		return withRecord(CodeSame, r)
+	}
+	r.Request, r.Index = m.Request, idx
 	s.put(r)
 	return withRecord(CodeOK, r)
 }

@@ -15,6 +15,8 @@ const (
 	OpRelease      Op = "release"
 	OpLookup       Op = "lookup"
 	OpSetMembers   Op = "set_members"
+	OpMove         Op = "move"
+	OpSetRequest   Op = "set_request"
 	OpRemoveMember Op = "remove_member"
 	OpExpire       Op = "expire"
 	OpAddVoter     Op = "add_voter"
@@ -36,6 +38,8 @@ type Request struct {
 	Request string   `json:"request,omitempty"`
 	Token   uint64   `json:"token,omitempty"`
 	Members []string `json:"members,omitempty"`
+	// To is the server a move takes the name to (Owner is where it is).
+	To string `json:"to,omitempty"`
 	// Stale lets any server answer a lookup from its own copy.
 	Stale bool `json:"stale,omitempty"`
 	// Address is the raft address of a server to add.

@@ -23,9 +23,11 @@ func newGroupCmd(g *globals) *cobra.Command {
 		Use:   "create NAME --nodes N [--gpu MODEL[:COUNT] ...]",
 		Short: "Create a node group, all of it or nothing",
 		Long: `Create a node group of N nodes. With --gpu, every node gets those GPUs, all of
-a node's on one server (different nodes may use different servers); if one
-node cannot be placed nothing is kept and the exit code is 3. A group created
-without --gpu can never get GPUs later.`,
+a node's on one server (different nodes may use different servers); if the
+nodes cannot all be placed nothing is kept and the exit code is 3, with what
+every node could have instead. A group created without --gpu can never get
+GPUs later. A name already taken is refused (exit 6); with the name registry,
+the same request again is a retry and answers the group.`,
 		Args: idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.GroupRequest{Nodes: nodes}
@@ -85,7 +87,19 @@ without --gpu can never get GPUs later.`,
 			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.DeleteGroup(ctx, args[0]) })
 		},
 	}
-	cmd.AddCommand(create, resize, get, del)
+	repair := &cobra.Command{
+		Use:   "repair NAME",
+		Short: "Place again the node claims of a group that were released directly",
+		Long: `A node's claim released directly (gpuherd release NAME.node-I) leaves its group
+with the node missing; group get lists it. Repair places every missing node
+again with the GPUs of the group's other nodes, all or nothing (exit 3 when
+they cannot all be placed). A group resize places missing nodes too.`,
+		Args: idArg("one group name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) { return c.RepairGroup(ctx, args[0]) })
+		},
+	}
+	cmd.AddCommand(create, resize, get, repair, del)
 	return cmd
 }
 
@@ -96,7 +110,7 @@ func groupCall(g *globals, cmd *cobra.Command, req func(context.Context, *api.Cl
 			per = api.DescribeItems(gr.GPUs) + " per node"
 		}
 		fmt.Fprintf(w, "Group %s: %d node(s), %s\n", esc(gr.Name), gr.Nodes, esc(per))
-		if len(gr.Claims) > 0 {
+		if len(gr.Claims)+len(gr.Missing) > 0 {
 			fmt.Fprintln(w, "NODE CLAIM\tSERVER\tSTATE\tGPUS")
 			for _, c := range gr.Claims {
 				var addrs []string
@@ -105,6 +119,9 @@ func groupCall(g *globals, cmd *cobra.Command, req func(context.Context, *api.Cl
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", esc(c.ID), esc(c.Node), esc(c.State), esc(fmt.Sprint(addrs)))
 			}
+		}
+		for _, id := range gr.Missing {
+			fmt.Fprintf(w, "%s\t-\tmissing\t(released; gpuherd group repair %s places it again)\n", esc(id), esc(gr.Name))
 		}
 	})
 }

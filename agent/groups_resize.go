@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/placement"
+)
+
+// ResizeGroup gives every node of a group the new GPUs, all or nothing. A
+// group created without GPUs never gets one, and one with GPUs keeps at
+// least one. Before it touches a node it checks, on the capacity the
+// servers report now, that every node can get the new GPUs at once;
+// otherwise the answer is not available with what every node could have
+// instead, and nothing changed. Nodes missing (released directly) are
+// placed with the new GPUs. When a node fails all the same (a server
+// changed meanwhile), every node already changed is put back and then
+// read again: the answer says that every node is as it was, or names,
+// loudly, each node that is not.
+func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
+	s, err := a.readGroupState(ctx, name)
+	if err != nil {
+		return api.Group{}, err
+	}
+	if !s.e.rec.WithGPUs {
+		return api.Group{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("group %s was created without GPUs and can never get one; create a new group with GPUs", name)}
+	}
+	if len(req.GPUs) == 0 {
+		return api.Group{}, api.Invalid("gpus", "group %s has GPUs and must keep at least one per node", name)
+	}
+	lreq, err := a.resolve(api.ClaimRequest{GPUs: req.GPUs})
+	if err != nil {
+		return api.Group{}, err
+	}
+	items := apiItems(lreq.Items)
+	if err := a.groupFits(ctx, s, items); err != nil {
+		return api.Group{}, err
+	}
+	var done []groupStep
+	for _, id := range s.e.nodes {
+		before, held := s.claims[id]
+		var err error
+		switch {
+		case !held:
+			_, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: map[string]string{groupLabel: name}, AnyNode: true})
+		case sameItems(before.Items, items):
+			continue
+		default:
+			_, err = a.Resize(ctx, id, api.ResizeRequest{GPUs: items})
+		}
+		if err != nil {
+			return api.Group{}, a.restoreGroup(ctx, s, items, done, id, err)
+		}
+		done = append(done, groupStep{id: id, before: before, held: held})
+	}
+	a.noteGroupGPUs(ctx, s.e, items)
+	if len(done) > 0 {
+		a.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
+	}
+	return a.GetGroup(ctx, name)
+}
+
+// groupStep is one node a group resize changed: its claim before (none
+// when it was missing).
+type groupStep struct {
+	id     string
+	before api.Claim
+	held   bool
+}
+
+// groupFits checks, before a group resize touches any node, that every
+// node can get items at once: on the free GPUs the servers report now,
+// counting each node's own GPUs as free on its server (it lets them go as
+// it changes).
+func (a *Agent) groupFits(ctx context.Context, s groupState, items []api.Item) error {
+	targets := a.targets()
+	want := itemWants(items)
+	at := &attempt{coordinator: a.coordinator, want: want}
+	servers := at.recheck(ctx, targets)
+	for i := range servers {
+		free := make(map[string]int, len(servers[i].Free))
+		for m, n := range servers[i].Free {
+			free[m] = n
+		}
+		for _, c := range s.claims {
+			if c.Node == servers[i].Name {
+				for _, it := range c.Items {
+					free[it.Model] += it.Count
+				}
+			}
+		}
+		servers[i].Free = free
+	}
+	if placement.Copies(servers, want) >= len(s.e.nodes) {
+		return nil
+	}
+	return a.refuseGroup(s.e.rec.Name, items, len(s.e.nodes), servers, nil)
+}
+
+// restoreGroup puts back every node a failed group resize to items
+// changed (done), newest first, then reads every node again and compares
+// it with what it was. failed is the node that could not be resized,
+// cause why.
+func (a *Agent) restoreGroup(ctx context.Context, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
+	name := s.e.rec.Name
+	rctx := context.WithoutCancel(ctx)
+	for i := len(done) - 1; i >= 0; i-- {
+		st := done[i]
+		var err error
+		if !st.held {
+			_, err = a.Release(rctx, st.id)
+			if isCode(err, api.CodeNotFound) {
+				err = nil
+			}
+		} else {
+			_, err = a.resizeOn(rctx, st.id, api.ResizeRequest{GPUs: st.before.Items}, st.before.Node)
+		}
+		if err != nil {
+			a.log.Error("putting back a node of a failed group resize", "group", name, "claim", st.id, "err", err)
+		}
+	}
+	now := map[string]api.Claim{}
+	unread := map[string]error{}
+	for _, id := range s.e.nodes {
+		c, err := a.Get(rctx, id)
+		switch {
+		case err == nil:
+			now[id] = c
+		case !isCode(err, api.CodeNotFound):
+			unread[id] = err
+		}
+	}
+	off := nodesOff(s.e.nodes, s.claims, now, unread)
+	if len(off) == 0 {
+		a.log.Warn("group resize failed; every node is as it was", "group", name, "node", failed, "err", cause)
+		if isCode(cause, api.CodeNotAvailable) {
+			e := a.refuseGroup(name, items, len(s.e.nodes), serversOf(a.targets()), cause)
+			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
+			return e
+		}
+		return annotate(cause, "group %[2]s: node %[3]s could not be resized (%[1]s); every node is as it was", name, failed)
+	}
+	a.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
+	return &api.Error{Code: api.CodeInternal,
+		Message: fmt.Sprintf("group %s: node %s could not be resized (%v), and these nodes are not as they were: %v; see group get %s, then resize the group again", name, failed, cause, off, name)}
+}
+
+// nodesOff compares each node claim now with before (absent: no server
+// holds it) and describes those that differ in server or GPUs, or could
+// not be read.
+func nodesOff(ids []string, before, now map[string]api.Claim, unread map[string]error) []string {
+	var off []string
+	for _, id := range ids {
+		b, had := before[id]
+		n, has := now[id]
+		switch {
+		case unread[id] != nil:
+			off = append(off, fmt.Sprintf("%s could not be read (%v)", id, unread[id]))
+		case had && !has:
+			off = append(off, fmt.Sprintf("%s had %s on %s and is released", id, api.DescribeItems(b.Items), b.Node))
+		case !had && has:
+			off = append(off, fmt.Sprintf("%s was missing and holds %s on %s", id, api.DescribeItems(n.Items), n.Node))
+		case had && (b.Node != n.Node || !sameItems(b.Items, n.Items)):
+			off = append(off, fmt.Sprintf("%s had %s on %s and has %s on %s", id, api.DescribeItems(b.Items), b.Node, api.DescribeItems(n.Items), n.Node))
+		}
+	}
+	return off
+}
