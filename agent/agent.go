@@ -91,6 +91,9 @@ type Agent struct {
 	// names is the authority over claim IDs and group names; nil when this
 	// server runs alone (nameauthority.go).
 	names NameAuthority
+	// registry runs the name registry on this agent (registry.go); nil
+	// when this server runs alone or its authority was injected.
+	registry *registryState
 }
 
 var _ api.Service = (*Agent)(nil)
@@ -265,6 +268,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			a.Close()
 			return nil, err
 		}
+		a.setPhase(phaseNaming)
+		if err := a.openRegistry(); err != nil {
+			a.Close()
+			return nil, err
+		}
 	}
 	a.started.Store(true)
 	return a, nil
@@ -304,9 +312,11 @@ func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
 // kernel stays blocked; nothing can cancel it.
 func (a *Agent) Close() error {
 	var err error
+	a.registry.transfer()
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
 	}
+	a.registry.close()
 	a.lns.close()
 	if a.ledger != nil {
 		err = a.ledger.Close()

@@ -70,4 +70,3 @@ func (p *PeerClient) Names(ctx context.Context, req names.Request) (names.Respon
 	var v names.Response
 	return v, p.c.do(ctx, http.MethodPost, "/peer/names", req, &v)
 }
-

@@ -275,3 +275,25 @@ func (r *Registry) TransferLeadership(timeout time.Duration) error {
 		return errors.New("name registry: leadership transfer timed out")
 	}
 }
+
+// InConfiguration reports whether node is in this server's raft
+// configuration, voter or not.
+func (r *Registry) InConfiguration(node string) bool {
+	if r.raft == nil {
+		return false
+	}
+	f := r.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == node {
+			return true
+		}
+	}
+	return false
+}
+
+// WireNotLeader is the wire code of an answer from a server that does not
+// lead; an agent that runs no registry answers it too.
+const WireNotLeader = wireNotLeader
