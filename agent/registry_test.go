@@ -196,3 +196,77 @@ func TestIntegrationRegistryExplicitVoters(t *testing.T) {
 		t.Errorf("gpu-d released gpu-b's pending name (token %d): %v, want a conflict", ga.Record.Token, err)
 	}
 }
+
+// namesGauge reads one sample of the agent's metrics: the series of name whose
+// labels include label (k=v, or "" for any).
+func namesGauge(t testing.TB, a *Agent, name, label string) (float64, bool) {
+	t.Helper()
+	mfs, err := a.metrics.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if label == l.GetName()+"="+l.GetValue() {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+			if label == "" {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestIntegrationRegistrySplitIsReported: two agents that never met each
+// found a registry; when they meet, each logs the split and exports two
+// registries, and each keeps its own (a restart keeps its state and ID).
+func TestIntegrationRegistrySplitIsReported(t *testing.T) {
+	tc := newSocketCluster(t)
+	tc.adjust = func(c *Config) {
+		c.DirectorySettle = Duration(100 * time.Millisecond)
+		c.NamesBootstrapExpect = 1
+	}
+	a := tc.start("gpu-a", "l40s-4")
+	seedA := tc.seed
+	tc.seed = "" // gpu-b starts an island of its own
+	b := tc.start("gpu-b", "l40s-4")
+	waitRegistry(t, []*Agent{a}, []string{"gpu-a"}, 20*time.Second)
+	waitRegistry(t, []*Agent{b}, []string{"gpu-b"}, 20*time.Second)
+	idB := registryOf(t, b).ID()
+	if v, ok := namesGauge(t, a, "gpuherd_names_registries", ""); !ok || v != 1 {
+		t.Fatalf("gpuherd_names_registries before the islands meet: %v, %v", v, ok)
+	}
+	if v, ok := namesGauge(t, a, "gpuherd_names_leader", ""); !ok || v != 1 {
+		t.Errorf("gpuherd_names_leader on a lone leader: %v, %v", v, ok)
+	}
+	if v, ok := namesGauge(t, a, "gpuherd_names_role", "role=voter"); !ok || v != 1 {
+		t.Errorf("gpuherd_names_role{role=voter}: %v, %v", v, ok)
+	}
+
+	tc.stop("gpu-b")
+	b = tc.startWith("gpu-b", "l40s-4", func(c *Config) { c.Join = []string{seedA} })
+	if got := registryOf(t, b).ID(); got != idB {
+		t.Fatalf("gpu-b restarted in registry %q, want its own %q", got, idB)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		va, _ := namesGauge(t, a, "gpuherd_names_registries", "")
+		vb, _ := namesGauge(t, b, "gpuherd_names_registries", "")
+		if va == 2 && vb == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gpuherd_names_registries after the islands met: gpu-a %v, gpu-b %v; want 2", va, vb)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if registryOf(t, a).ID() == registryOf(t, b).ID() {
+		t.Error("the two registries share an ID")
+	}
+}
