@@ -152,6 +152,13 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	if _, err := rest[0].names.Acquire(ctx, names.Claim("vm-1"), rest[0].cfg.NodeName, "", "another-request", nil); !errors.Is(err, names.ErrConflict) {
 		t.Errorf("vm-1 for another request after the election: %v, want a conflict", err)
 	}
+	// An operator removes the dead voter (members remove), through an
+	// agent that does not lead: the registry is left with the two alive.
+	follower := others(rest, next)[0]
+	if err := follower.removeVoter(ctx, leader); err != nil {
+		t.Fatalf("removing voter %s through %s: %v", leader, follower.cfg.NodeName, err)
+	}
+	waitRegistry(t, rest, []string{rest[0].cfg.NodeName, rest[1].cfg.NodeName}, 10*time.Second)
 }
 
 // TestIntegrationRegistryExplicitVoters: with names_voters the listed
