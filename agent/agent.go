@@ -268,11 +268,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			a.Close()
 			return nil, err
 		}
-		a.setPhase(phaseNaming)
-		if err := a.openRegistry(); err != nil {
-			a.Close()
-			return nil, err
-		}
 	}
 	a.started.Store(true)
 	return a, nil

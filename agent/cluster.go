@@ -103,6 +103,12 @@ func (a *Agent) startCluster() error {
 		return err
 	}
 	c.g = g
+	// The registry before the peer API serves: its handlers read a.names.
+	if err := a.openRegistry(c); err != nil {
+		_ = g.Shutdown()
+		ln.Close()
+		return err
+	}
 	c.server = &http.Server{
 		Handler:           withCertCaller(api.NewPeerHandler(a, a, a.log)),
 		TLSConfig:         srvTLS,

@@ -52,15 +52,17 @@ type registryState struct {
 // registryTiming is raft's timing in a real cluster; tests shorten it.
 var registryTiming = names.LANTiming
 
-// openRegistry starts the name registry on this agent, unless a test
+// openRegistry starts the name registry on this agent (start phase
+// naming), once gossip runs and before the peer API serves, unless a test
 // injected one (WithNames) or the peer API runs in memory (no sockets:
 // such tests inject theirs).
-func (a *Agent) openRegistry() error {
-	if a.names != nil || a.peerNet != nil || a.cluster == nil {
+func (a *Agent) openRegistry(c *clusterState) error {
+	if a.names != nil || a.peerNet != nil {
 		return nil
 	}
+	a.setPhase(phaseNaming)
 	cfg := a.cfg
-	rs := &registryState{a: a, c: a.cluster, log: a.log.With("component", "names"), auto: len(cfg.NamesVoters) == 0, stop: make(chan struct{})}
+	rs := &registryState{a: a, c: c, log: a.log.With("component", "names"), auto: len(cfg.NamesVoters) == 0, stop: make(chan struct{})}
 	ncfg := names.Config{
 		Node:      cfg.NodeName,
 		Role:      names.RoleClient,
