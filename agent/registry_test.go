@@ -87,10 +87,12 @@ func byName(agents []*Agent, name string) *Agent {
 
 // TestIntegrationRegistryFormsByItself: three agents with an existing
 // cluster configuration (no names_* key) on loopback, raft over mutual
-// TLS: the registry founds itself and grows to three voters, a name is
-// acquired through an agent that does not lead (forwarded over the peer
-// API), and when the leader dies without handing over, the two others
-// elect a leader that still knows the name.
+// TLS: the registry founds itself and grows to three voters; a fourth
+// agent stays standby and founds nothing; names are acquired through the
+// standby and through a follower (forwarded over the peer API); when the
+// leader dies without handing over, the two others elect a leader that
+// still knows the names, and once the dead voter is removed the standby
+// replaces it.
 func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	tc := newSocketCluster(t)
 	tc.adjust = func(c *Config) { c.DirectorySettle = Duration(100 * time.Millisecond) }
@@ -116,10 +118,21 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 		t.Errorf("registry IDs %v, want one", ids)
 	}
 
+	// A fourth agent joins a cluster that has its registry: it founds
+	// none and stays standby (three voters are enough), and names acquired
+	// through it go to the leader.
+	d := tc.start("gpu-d", "l40s-4")
+	g := acquire(t, d, "vm-1")
+	if g.Record.Caller != "gpu-d" || g.Record.Token == 0 {
+		t.Fatalf("grant through the standby: %+v", g.Record)
+	}
+	time.Sleep(3 * registryTick) // time to found a registry, if it would
+	if st := registryOf(t, d).Status(); st.Role != names.StatusStandby || st.HasState || d.registry.registryCount() != 1 {
+		t.Fatalf("gpu-d after joining: %+v, registries seen %d; want a standby of the one registry", st, d.registry.registryCount())
+	}
 	via := others(agents, leader)[0]
-	g := acquire(t, via, "vm-1")
-	if g.Record.Caller != via.cfg.NodeName || g.Record.Token == 0 {
-		t.Fatalf("grant %+v", g.Record)
+	if g2 := acquire(t, via, "vm-1b"); g2.Record.Caller != via.cfg.NodeName {
+		t.Fatalf("grant through a follower: %+v", g2.Record)
 	}
 
 	// Kill the leader's raft without a hand-over, then the agent.
@@ -153,12 +166,12 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 		t.Errorf("vm-1 for another request after the election: %v, want a conflict", err)
 	}
 	// An operator removes the dead voter (members remove), through an
-	// agent that does not lead: the registry is left with the two alive.
+	// agent that does not lead: the leader replaces it with the standby.
 	follower := others(rest, next)[0]
 	if err := follower.removeVoter(ctx, leader); err != nil {
 		t.Fatalf("removing voter %s through %s: %v", leader, follower.cfg.NodeName, err)
 	}
-	waitRegistry(t, rest, []string{rest[0].cfg.NodeName, rest[1].cfg.NodeName}, 10*time.Second)
+	waitRegistry(t, append(rest, d), []string{rest[0].cfg.NodeName, rest[1].cfg.NodeName, "gpu-d"}, 10*time.Second)
 }
 
 // TestIntegrationRegistryExplicitVoters: with names_voters the listed
