@@ -14,9 +14,9 @@ import (
 // "Voters in a cluster"): an agent with no raft state never founds one
 // while any member knows a registry; once it has joined and the alive
 // membership has stayed the same for directory_settle, the member that
-// names.ChooseVoters puts first asks every alive member whether it knows
-// a registry and, only if all answer no, founds one with itself as its
-// only voter. The leader then adds voters, in ChooseVoters order, until
+// names.ChooseVoters puts first asks every member it knows (alive,
+// suspect or dead; not those that left) whether it knows a registry and,
+// only if all answer no, founds one with itself as its only voter. The leader then adds voters, in ChooseVoters order, until
 // there are names_bootstrap_expect.
 
 // registryTick is how often the agent looks at its registry and gossip.
@@ -133,9 +133,13 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		f.reset()
 		return
 	}
+	// alive choose the founder; others are asked. A member that is
+	// suspect or dead is asked too, and so postpones the founding until
+	// it answers or is gone for good: it may be on the other side of a
+	// partition, about to found a registry of its own.
 	var alive, others []string
 	for _, m := range rs.members() {
-		if m.State != gossip.StateAlive {
+		if m.State == gossip.StateLeft {
 			continue
 		}
 		if !m.Self && knowsRegistry(m.Summary.Names) {
@@ -145,7 +149,7 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		if !m.Self {
 			others = append(others, m.Name)
 		}
-		if m.Self || m.Summary.Names.Addr != "" {
+		if m.State == gossip.StateAlive && (m.Self || m.Summary.Names.Addr != "") {
 			alive = append(alive, m.Name)
 		}
 	}
@@ -180,7 +184,7 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		"voters_wanted", rs.a.cfg.namesExpect())
 }
 
-// askAll asks every other alive member whether it knows a registry; ok
+// askAll asks every other member it knows whether it knows a registry; ok
 // only when all answered and none does. Otherwise it says why.
 func (rs *registryState) askAll(ctx context.Context, others []string) (string, bool) {
 	type answer struct {
