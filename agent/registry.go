@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -244,7 +246,8 @@ func (rs *registryState) Forward(ctx context.Context, server string, req names.R
 	default:
 		return names.Response{}, fmt.Errorf("%s: no peer client: %w", server, names.ErrNotDelivered)
 	}
-	resp, err := pc.Names(ctx, req)
+	var resp names.Response
+	err := pc.Names(ctx, req, &resp)
 	if err == nil {
 		return resp, nil
 	}
@@ -258,12 +261,18 @@ func (rs *registryState) Forward(ctx context.Context, server string, req names.R
 // ServeNames answers another agent's registry request (POST
 // /v1/peer/names); the API has already set who acts from the caller's
 // certificate (api.Attribute).
-func (a *Agent) ServeNames(ctx context.Context, req names.Request) names.Response {
+func (a *Agent) ServeNames(ctx context.Context, body json.RawMessage) (any, error) {
+	var req names.Request
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, api.Invalid("", "name registry request: %v", err)
+	}
 	rs := a.registry
 	if rs == nil {
-		return names.Response{Error: &names.WireError{Code: names.WireNotLeader, Message: a.cfg.NodeName + " runs no name registry"}}
+		return names.Response{Error: &names.WireError{Code: names.WireNotLeader, Message: a.cfg.NodeName + " runs no name registry"}}, nil
 	}
-	return rs.reg.Load().Serve(ctx, req)
+	return rs.reg.Load().Serve(ctx, req), nil
 }
 
 var _ api.NameServer = (*Agent)(nil)

@@ -24,11 +24,17 @@ type fakeNameOwner struct {
 	reqs []names.Request
 }
 
-func (f *fakeNameOwner) ServeNames(_ context.Context, req names.Request) names.Response {
+func (f *fakeNameOwner) ServeNames(_ context.Context, body json.RawMessage) (any, error) {
+	var req names.Request
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reqs = append(f.reqs, req)
-	return names.Response{Result: &names.Result{Code: names.CodeOK}}
+	return names.Response{Result: &names.Result{Code: names.CodeOK}}, nil
 }
 
 func (f *fakeNameOwner) last() (names.Request, int) {
@@ -44,9 +50,14 @@ func (f *fakeNameOwner) last() (names.Request, int) {
 // attached no identity to) and returns the status and the log.
 func postNames(t *testing.T, o *fakeNameOwner, caller string, req names.Request) (int, string) {
 	t.Helper()
+	body, _ := json.Marshal(req)
+	return postNamesBody(t, o, caller, body)
+}
+
+func postNamesBody(t *testing.T, o *fakeNameOwner, caller string, body []byte) (int, string) {
+	t.Helper()
 	var logBuf bytes.Buffer
 	h := api.NewPeerHandler(&fakeService{}, o, slog.New(slog.NewTextHandler(&logBuf, nil)))
-	body, _ := json.Marshal(req)
 	r := httptest.NewRequest(http.MethodPost, "/v1/peer/names", bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	if caller != "" {
@@ -97,6 +108,25 @@ func TestNamesRouteActsAsTheCaller(t *testing.T) {
 				t.Errorf("the registry got %+v (%d calls)", got, n)
 			}
 		})
+	}
+}
+
+// TestNamesRouteRefusesOtherSpellings: a field named in another case
+// (which Go's JSON decoding would match) cannot carry another node past
+// the one the route sets.
+func TestNamesRouteRefusesOtherSpellings(t *testing.T) {
+	o := &fakeNameOwner{}
+	for _, body := range []string{
+		`{"op":"acquire","key":{"kind":"claim","name":"vm-1"},"request":"d","Caller":"gpu-victim"}`,
+		`{"op":"release","key":{"kind":"claim","name":"vm-1"},"NODE":"gpu-victim"}`,
+		`{"OP":"lookup","op":"acquire","key":{"kind":"claim","name":"vm-1"},"request":"d"}`,
+	} {
+		if code, _ := postNamesBody(t, o, "gpu-mallory", []byte(body)); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", body, code)
+		}
+	}
+	if _, n := o.last(); n != 0 {
+		t.Errorf("the registry was called %d times", n)
 	}
 }
 

@@ -498,29 +498,35 @@ func appendOnce(s []string, v string) []string {
 // servers lists the registry servers to ask: raft's configuration when
 // this agent has one, else the configured voters.
 func (r *Registry) servers() []string {
-	var out []string
+	var conf []string
 	if r.raft != nil {
 		if f := r.raft.GetConfiguration(); f.Error() == nil {
 			for _, s := range f.Configuration().Servers {
-				out = append(out, string(s.ID))
+				conf = append(conf, string(s.ID))
 			}
-			if len(out) > 0 {
+			if len(conf) > 0 {
 				r.mu.Lock()
 				clear(r.known)
-				for _, id := range out {
+				for _, id := range conf {
 					r.known[id] = true
 				}
 				r.mu.Unlock()
 			}
 		}
 	}
-	for _, s := range r.cfg.Servers {
-		out = appendOnce(out, s.ID)
-	}
+	// The discovered servers first: Discover names the likeliest leader
+	// first and leaves out servers that are down.
+	var out []string
 	if r.cfg.Discover != nil {
 		for _, s := range r.cfg.Discover() {
 			out = appendOnce(out, s)
 		}
+	}
+	for _, s := range conf {
+		out = appendOnce(out, s)
+	}
+	for _, s := range r.cfg.Servers {
+		out = appendOnce(out, s.ID)
 	}
 	return out
 }
