@@ -142,6 +142,13 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	}
 	killed := time.Now()
 	tc.stop(leader)
+	// A request to an agent that is gone certainly never reached it: the
+	// registry may send a write elsewhere without doubt.
+	for _, to := range []string{leader, "gpu-never-seen"} {
+		if _, err := d.registry.Forward(context.Background(), to, names.Request{Op: names.OpPing}); !errors.Is(err, names.ErrNotDelivered) {
+			t.Errorf("forward to %s: %v, want ErrNotDelivered", to, err)
+		}
+	}
 	rest := others(agents, leader)
 	next := waitRegistry(t, rest, all, 20*time.Second)
 	if next == leader {
