@@ -102,10 +102,7 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate that signs every agent")
 	fl.StringVar(&f.TLSCert, "tls-cert", "", "this agent's certificate")
 	fl.StringVar(&f.TLSKey, "tls-key", "", "this agent's key")
-	fl.StringSliceVar(&f.NamesVoters, "names-voters", nil, "node names of the name registry's voters: 1, 3 or 5 (default: chosen at run time)")
-	fl.StringVar(&f.NamesAddr, "names-addr", "", "HOST:PORT the name registry's raft listens on (default: peer-addr's host, a free port)")
-	fl.StringVar(&f.NamesDir, "names-dir", "", "the name registry's raft state (default: DATA_DIR/names)")
-	fl.IntVar(&f.NamesBootstrapExpect, "names-bootstrap-expect", d.NamesBootstrapExpect, "voters a registry without --names-voters grows to: 1, 3 or 5")
+	addNamesFlags(fl, &f, d)
 	// The agent's --socket is its own flag; the client's persistent one is hidden here.
 	return cmd
 }
@@ -114,44 +111,41 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 // default never overrides the config file.
 func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 	set := map[string]func(){
-		"node-name":              func() { cfg.NodeName = f.NodeName },
-		"data-dir":               func() { cfg.DataDir = f.DataDir },
-		"socket":                 func() { cfg.Socket = f.Socket },
-		"socket-group":           func() { cfg.SocketGroup = f.SocketGroup },
-		"sysfs-root":             func() { cfg.SysfsRoot = f.SysfsRoot },
-		"dev-root":               func() { cfg.DevRoot = f.DevRoot },
-		"simulate":               func() { cfg.Simulate = f.Simulate },
-		"idle-driver":            func() { cfg.IdleDriver = f.IdleDriver },
-		"allow-devices":          func() { cfg.AllowDevices = f.AllowDevices },
-		"gpu-devices":            func() { cfg.GPUDevices = f.GPUDevices },
-		"bind-timeout":           func() { cfg.BindTimeout = f.BindTimeout },
-		"reservation-lease":      func() { cfg.ReservationLease = f.ReservationLease },
-		"directory-settle":       func() { cfg.DirectorySettle = f.DirectorySettle },
-		"max-gpus-per-claim":     func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
-		"nvml":                   func() { cfg.NVML = f.NVML },
-		"log-level":              func() { cfg.LogLevel = f.LogLevel },
-		"log-format":             func() { cfg.LogFormat = f.LogFormat },
-		"metrics-addr":           func() { cfg.MetricsAddr = f.MetricsAddr },
-		"offered-models":         func() { cfg.OfferedModels = f.OfferedModels },
-		"web.config.file":        func() { cfg.MetricsWebConfig = f.MetricsWebConfig },
-		"deny-devices":           func() { cfg.DenyDevices = f.DenyDevices },
-		"fabric-mode":            func() { cfg.FabricMode = f.FabricMode },
-		"gossip-addr":            func() { cfg.GossipAddr = f.GossipAddr },
-		"advertise-addr":         func() { cfg.AdvertiseAddr = f.AdvertiseAddr },
-		"advertise-interface":    func() { cfg.AdvertiseInterface = f.AdvertiseInterface },
-		"join":                   func() { cfg.Join = f.Join },
-		"gossip-key-file":        func() { cfg.GossipKeyFile = f.GossipKeyFile },
-		"insecure-gossip":        func() { cfg.InsecureGossip = f.InsecureGossip },
-		"peer-addr":              func() { cfg.PeerAddr = f.PeerAddr },
-		"tls-ca":                 func() { cfg.TLSCA = f.TLSCA },
-		"tls-cert":               func() { cfg.TLSCert = f.TLSCert },
-		"tls-key":                func() { cfg.TLSKey = f.TLSKey },
-		"names-voters":           func() { cfg.NamesVoters = f.NamesVoters },
-		"names-addr":             func() { cfg.NamesAddr = f.NamesAddr },
-		"names-dir":              func() { cfg.NamesDir = f.NamesDir },
-		"names-bootstrap-expect": func() { cfg.NamesBootstrapExpect = f.NamesBootstrapExpect },
+		"node-name":           func() { cfg.NodeName = f.NodeName },
+		"data-dir":            func() { cfg.DataDir = f.DataDir },
+		"socket":              func() { cfg.Socket = f.Socket },
+		"socket-group":        func() { cfg.SocketGroup = f.SocketGroup },
+		"sysfs-root":          func() { cfg.SysfsRoot = f.SysfsRoot },
+		"dev-root":            func() { cfg.DevRoot = f.DevRoot },
+		"simulate":            func() { cfg.Simulate = f.Simulate },
+		"idle-driver":         func() { cfg.IdleDriver = f.IdleDriver },
+		"allow-devices":       func() { cfg.AllowDevices = f.AllowDevices },
+		"gpu-devices":         func() { cfg.GPUDevices = f.GPUDevices },
+		"bind-timeout":        func() { cfg.BindTimeout = f.BindTimeout },
+		"reservation-lease":   func() { cfg.ReservationLease = f.ReservationLease },
+		"directory-settle":    func() { cfg.DirectorySettle = f.DirectorySettle },
+		"max-gpus-per-claim":  func() { cfg.MaxGPUsPerClaim = f.MaxGPUsPerClaim },
+		"nvml":                func() { cfg.NVML = f.NVML },
+		"log-level":           func() { cfg.LogLevel = f.LogLevel },
+		"log-format":          func() { cfg.LogFormat = f.LogFormat },
+		"metrics-addr":        func() { cfg.MetricsAddr = f.MetricsAddr },
+		"offered-models":      func() { cfg.OfferedModels = f.OfferedModels },
+		"web.config.file":     func() { cfg.MetricsWebConfig = f.MetricsWebConfig },
+		"deny-devices":        func() { cfg.DenyDevices = f.DenyDevices },
+		"fabric-mode":         func() { cfg.FabricMode = f.FabricMode },
+		"gossip-addr":         func() { cfg.GossipAddr = f.GossipAddr },
+		"advertise-addr":      func() { cfg.AdvertiseAddr = f.AdvertiseAddr },
+		"advertise-interface": func() { cfg.AdvertiseInterface = f.AdvertiseInterface },
+		"join":                func() { cfg.Join = f.Join },
+		"gossip-key-file":     func() { cfg.GossipKeyFile = f.GossipKeyFile },
+		"insecure-gossip":     func() { cfg.InsecureGossip = f.InsecureGossip },
+		"peer-addr":           func() { cfg.PeerAddr = f.PeerAddr },
+		"tls-ca":              func() { cfg.TLSCA = f.TLSCA },
+		"tls-cert":            func() { cfg.TLSCert = f.TLSCert },
+		"tls-key":             func() { cfg.TLSKey = f.TLSKey },
 	}
 	maps.Copy(set, vmFlagSetters(f, cfg))
+	maps.Copy(set, namesFlagSetters(f, cfg))
 	fl.Visit(func(p *pflag.Flag) {
 		if apply, ok := set[p.Name]; ok {
 			apply()
