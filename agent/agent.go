@@ -95,6 +95,9 @@ type Agent struct {
 	// server runs alone (nameauthority.go).
 	names NameAuthority
 	ae    antiEntropy // the owner's pass over names and ledger (antientropy.go)
+	// registry runs the name registry on this agent (registry.go); nil
+	// when this server runs alone or its authority was injected.
+	registry *registryState
 }
 
 var _ api.Service = (*Agent)(nil)
@@ -308,9 +311,11 @@ func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
 // kernel stays blocked; nothing can cancel it.
 func (a *Agent) Close() error {
 	var err error
+	a.registry.transfer()
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
 	}
+	a.registry.close()
 	a.lns.close()
 	if a.ledger != nil {
 		err = a.ledger.Close()

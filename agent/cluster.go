@@ -38,6 +38,8 @@ type clusterState struct {
 	// joined turns true once a seed answered (or there is none to ask):
 	// before that this agent's view may lack servers that hold claims.
 	joined atomic.Bool
+	// names is this agent's part in the name registry, once it runs.
+	names atomic.Pointer[registryState]
 }
 
 // PeerNetwork carries the peer API without sockets or TLS: an agent serves
@@ -101,6 +103,12 @@ func (a *Agent) startCluster() error {
 		return err
 	}
 	c.g = g
+	// The registry before the peer API serves: its handlers read a.names.
+	if err := a.openRegistry(c); err != nil {
+		_ = g.Shutdown()
+		ln.Close()
+		return err
+	}
 	c.server = &http.Server{
 		Handler:           withCertCaller(api.NewPeerHandler(a, a, a.log)),
 		TLSConfig:         srvTLS,
@@ -166,6 +174,9 @@ func (c *clusterState) summary() gossip.Summary {
 		Drained:      a.serverDrained(),
 		Revision:     a.ledger.Revision(),
 		Boot:         a.boot,
+	}
+	if rs := c.names.Load(); rs != nil {
+		s.Names = rs.namesInfo()
 	}
 	for m, t := range a.ledger.Totals(a.now()) {
 		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy), Unusable: clamp16(t.Unusable)})

@@ -104,6 +104,12 @@ type Config struct {
 	TLSCA              string   `yaml:"tls_ca"`              // CA that signs every agent's certificate
 	TLSCert            string   `yaml:"tls_cert"`            // this agent's certificate (server and client)
 	TLSKey             string   `yaml:"tls_key"`             // its key
+
+	// The name registry (docs/names.md), run by every agent of a cluster.
+	NamesVoters          []string `yaml:"names_voters"`           // the voters' node names (1, 3 or 5); none: chosen at run time
+	NamesAddr            string   `yaml:"names_addr"`             // HOST:PORT raft listens on; "": peer_addr's host, port 0
+	NamesDir             string   `yaml:"names_dir"`              // raft state; "": <data_dir>/names
+	NamesBootstrapExpect int      `yaml:"names_bootstrap_expect"` // voters a registry grows to when names_voters is not set
 }
 
 // Duration is a time.Duration that reads "30s" from YAML.
@@ -173,6 +179,7 @@ func DefaultConfig() Config {
 	c.ProcRoot = "/proc"
 	c.DriverCheckInterval = Duration(30 * time.Second)
 	c.RememberReleased = Duration(24 * time.Hour)
+	c.NamesBootstrapExpect = 3
 	return c
 }
 
@@ -337,7 +344,7 @@ func (c *Config) validateCluster() error {
 		if len(c.Join) > 0 {
 			return bad("join", "needs gossip_addr: set the address gossip listens on (e.g. 0.0.0.0:7946)")
 		}
-		return nil
+		return c.validateNames()
 	}
 	if _, _, err := net.SplitHostPort(c.GossipAddr); err != nil {
 		return bad("gossip_addr", "%q: use HOST:PORT, e.g. 0.0.0.0:7946", c.GossipAddr)
@@ -359,7 +366,7 @@ func (c *Config) validateCluster() error {
 	if c.GossipKeyFile == "" && !c.InsecureGossip {
 		return bad("gossip_key_file", "required with gossip_addr: gossip is encrypted (generate a key with `gpuherd gossip keygen`), or set insecure_gossip: true for a lab")
 	}
-	return nil
+	return c.validateNames()
 }
 
 // gpuDevices parses GPUDevices: exact vendor:device IDs, each on the allow

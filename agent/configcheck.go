@@ -131,7 +131,7 @@ func (c *Config) CheckHost() error {
 	}
 	// Ports: each listener needs its own.
 	ports := map[int]string{}
-	for _, l := range []struct{ key, addr string }{{"metrics_addr", c.MetricsAddr}, {"gossip_addr", c.GossipAddr}, {"peer_addr", c.PeerAddr}} {
+	for _, l := range []struct{ key, addr string }{{"metrics_addr", c.MetricsAddr}, {"gossip_addr", c.GossipAddr}, {"peer_addr", c.PeerAddr}, {"names_addr", c.NamesAddr}} {
 		if l.addr == "" {
 			continue
 		}

@@ -23,11 +23,12 @@ const (
 	phaseDiscovering = "discovering"
 	phaseReconciling = "reconciling"
 	phaseJoining     = "joining"
+	phaseNaming      = "naming"
 	phaseServing     = "serving"
 	phaseStopping    = "stopping"
 )
 
-var phases = []string{phaseChecking, phaseDiscovering, phaseReconciling, phaseJoining, phaseServing, phaseStopping}
+var phases = []string{phaseChecking, phaseDiscovering, phaseReconciling, phaseJoining, phaseNaming, phaseServing, phaseStopping}
 
 // listeners are every socket the agent serves on, bound before it moves
 // any driver: a socket it cannot have (a missing socket_group, a port in
@@ -42,6 +43,7 @@ type listeners struct {
 	metCtx  context.Context
 	metStop context.CancelFunc
 	peer    net.Listener // nil when this server runs alone
+	names   net.Listener // the registry's raft; nil when this agent runs none
 	// serving turns true in Run: the API handler takes requests.
 	serving atomic.Bool
 }
@@ -75,6 +77,11 @@ func (a *Agent) bindListeners() (err error) {
 	if a.cfg.GossipAddr != "" && a.peerNet == nil { // a PeerNetwork needs no socket
 		if l.peer, err = net.Listen("tcp", a.cfg.PeerAddr); err != nil {
 			return fmt.Errorf("peer_addr %s: %w", a.cfg.PeerAddr, err)
+		}
+		if a.names == nil && a.cfg.runsRaft() {
+			if l.names, err = net.Listen("tcp", a.cfg.namesAddr()); err != nil {
+				return fmt.Errorf("names_addr %s: %w", a.cfg.namesAddr(), err)
+			}
 		}
 	}
 	handler := api.NewHandler(a, a.log)
@@ -128,6 +135,9 @@ func (l *listeners) close() {
 	if l.peer != nil {
 		l.peer.Close()
 	}
+	if l.names != nil {
+		l.names.Close()
+	}
 }
 
 // setPhase records what start-up (or shutdown) is doing.
@@ -164,7 +174,7 @@ type phaseCollector struct {
 
 func newPhaseCollector(a *Agent) *phaseCollector {
 	return &phaseCollector{a: a, desc: prometheus.NewDesc("gpuherd_agent_phase",
-		"What the agent is doing: checking, discovering, reconciling, joining, serving or stopping (1 for the current phase).",
+		"What the agent is doing: checking, discovering, reconciling, joining, naming, serving or stopping (1 for the current phase).",
 		[]string{"phase"}, nil)}
 }
 

@@ -62,7 +62,8 @@ func (a *Agent) Members(context.Context) ([]api.Member, error) {
 			continue
 		}
 		v := api.Member{Name: m.Name, Addr: m.Addr, State: m.State, Drained: m.Summary.Drained,
-			AgentVersion: m.Summary.AgentVersion, Models: []api.ModelAvailability{}}
+			AgentVersion: m.Summary.AgentVersion, Models: []api.ModelAvailability{},
+			NamesRole: m.Summary.Names.Role, NamesLeader: m.Summary.Names.Leader}
 		if m.SummaryErr != nil {
 			v.AgentVersion = "unreadable summary: " + m.SummaryErr.Error()
 		}
@@ -79,6 +80,10 @@ func (a *Agent) Members(context.Context) ([]api.Member, error) {
 func (a *Agent) self() api.Member {
 	m := api.Member{Name: a.cfg.NodeName, State: "alive", Self: true, Drained: a.serverDrained(),
 		AgentVersion: Version, Models: []api.ModelAvailability{}}
+	if rs := a.registry; rs != nil {
+		info := rs.namesInfo()
+		m.NamesRole, m.NamesLeader = info.Role, info.Leader
+	}
 	totals := a.ledger.Totals(a.now())
 	for _, name := range slices.Sorted(maps.Keys(totals)) {
 		m.Models = append(m.Models, modelAvail(name, totals[name]))

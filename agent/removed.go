@@ -87,10 +87,9 @@ func (a *Agent) RemoveMember(ctx context.Context, node string, force bool) (api.
 			out.Dropped = append(out.Dropped, k.Name)
 		}
 	}
-	if rs, ok := a.names.(registryServers); ok && rs.IsServer(node) {
-		if err := rs.RemoveServer(ctx, node); err != nil {
-			return api.MemberRemoval{}, registryAPIError(fmt.Sprintf("%s's names are lost now (%d claims), but taking it out of the name registry's servers", node, len(out.Lost)), err)
-		}
+	if wasServer, err := a.removeVoter(ctx, node); err != nil {
+		return api.MemberRemoval{}, registryAPIError(fmt.Sprintf("%s's names are lost now (%d claims), but taking it out of the name registry's servers", node, len(out.Lost)), err)
+	} else if wasServer {
 		out.RegistryServer = true
 		out.Warnings = append(out.Warnings, fmt.Sprintf("%s was a server of the name registry and is one no more: add a replacement (docs/names.md) so that the registry keeps tolerating the loss of a server", node))
 	}

@@ -17,6 +17,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
 	a.annotateUse(st.GPUs)
+	st.Names = a.registry.status()
 	return st, nil
 }
 

@@ -20,6 +20,7 @@ type Summary struct {
 	Revision     uint64          // owner's ledger revision: a newer one wins
 	Boot         uint64          // random per agent run: a restart behind the same name shows as a new boot
 	Models       []ModelCapacity // per model, sorted by name when encoded
+	Names        NamesInfo       // its part in the name registry
 }
 
 // ModelCapacity is how many GPUs of one model a server has, has free, has
@@ -112,6 +113,7 @@ func (s Summary) Encode() ([]byte, error) {
 	if s.Boot != 0 {
 		b = appendTLV(b, fieldBoot, binary.AppendUvarint(nil, s.Boot))
 	}
+	b = s.Names.append(b)
 	var v []byte
 	for _, m := range models {
 		typ, name := fieldModel, m.Model
@@ -142,6 +144,9 @@ func (s Summary) validate() error {
 	}
 	if len(s.PeerAddr) > maxPeerAddrLen {
 		return fmt.Errorf("gossip: peer address %q is longer than %d bytes", s.PeerAddr, maxPeerAddrLen)
+	}
+	if err := s.Names.validate(); err != nil {
+		return err
 	}
 	if len(s.Models) > maxModels {
 		return fmt.Errorf("gossip: %d models in the capacity summary, at most %d fit", len(s.Models), maxModels)
@@ -227,6 +232,9 @@ func DecodeSummary(b []byte) (Summary, error) {
 }
 
 func (s *Summary) decodeField(typ byte, v []byte) error {
+	if ok, err := s.decodeNamesField(typ, v); ok {
+		return err
+	}
 	switch typ {
 	case fieldAgentVersion:
 		s.AgentVersion = string(v)

@@ -43,6 +43,11 @@ var metricLabels = map[string][]string{
 	"gpuherd_releases_refused_in_use_total":     {},
 	"gpuherd_gossip_members":                    {"state"},
 	"gpuherd_gossip_health_score":               {},
+	"gpuherd_names_role":                        {"role"},
+	"gpuherd_names_leader":                      {},
+	"gpuherd_names_last_contact_seconds":        {},
+	"gpuherd_names_halted":                      {},
+	"gpuherd_names_registries":                  {},
 	"gpuherd_ledger_claims":                     {"state"},
 	"gpuherd_ledger_file_size_bytes":            {},
 	"gpuherd_gpu_temperature_celsius":           {"pci_address", "model"},
@@ -149,7 +154,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdClaimDuplicates", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNoReadiness"}
+	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdClaimDuplicates", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNameRegistryNoLeader", "GpuherdNameRegistrySplit", "GpuherdNoReadiness"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts = %v, want %v", alerts, want)
 	}

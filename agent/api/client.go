@@ -214,7 +214,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		if c.remote() {
 			// Another server's agent: the local socket and its flags have
 			// nothing to do with it.
-			return fmt.Errorf("%w at %s: the gpuherd agent on that server is down or cannot be reached (%v)", ErrAgentDown, c.target, rootCause(err))
+			return fmt.Errorf("%w at %s: the gpuherd agent on that server is down or cannot be reached (%w)", ErrAgentDown, c.target, rootCause(err))
 		}
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return fmt.Errorf("%w on %s (is `gpuherd agent` running? set --socket or GPUHERD_SOCKET)", ErrAgentDown, c.target)

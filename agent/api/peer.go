@@ -98,6 +98,9 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 	if d, ok := o.(Directory); ok {
 		directoryRoutes(d, mux, h)
 	}
+	if n, ok := o.(NameServer); ok {
+		nameRoutes(n, mux, h)
+	}
 }
 
 // PeerClient is a coordinator's connection to one owner, over HTTPS with

@@ -58,6 +58,20 @@ type Status struct {
 	// full-passthrough, unknown) and FabricWarning what it cannot serve.
 	Fabric        string `json:"fabric,omitempty"`
 	FabricWarning string `json:"fabric_warning,omitempty"`
+	// Names is this agent's part in the name registry; absent when it
+	// runs none (alone).
+	Names *NamesStatus `json:"names,omitempty"`
+}
+
+// NamesStatus is an agent's view of the name registry.
+type NamesStatus struct {
+	Role     string   `json:"role"` // voter, non-voter, standby or client
+	Leader   string   `json:"leader,omitempty"`
+	Registry string   `json:"registry,omitempty"` // the registry's ID
+	Voters   []string `json:"voters,omitempty"`
+	// LastContactSeconds: since a follower last heard from its leader.
+	LastContactSeconds float64 `json:"last_contact_seconds,omitempty"`
+	Halted             string  `json:"halted,omitempty"`
 }
 
 // Item is `count` GPUs of one model.
@@ -217,6 +231,11 @@ type Member struct {
 	Drained      bool                `json:"drained"`
 	AgentVersion string              `json:"agent_version,omitempty"`
 	Models       []ModelAvailability `json:"models"`
+	// NamesRole is the member's role in the name registry (voter,
+	// non-voter, standby, client), as it gossips it; NamesLeader marks the
+	// registry's leader.
+	NamesRole   string `json:"names_role,omitempty"`
+	NamesLeader bool   `json:"names_leader,omitempty"`
 }
 
 // ServerDrainRequest cordons a whole server.

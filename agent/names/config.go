@@ -86,8 +86,12 @@ type Config struct {
 	Node string
 	Role Role
 	// Servers are the configured voters: the cluster bootstraps with them,
-	// and clients ask them for the leader.
+	// and clients ask them for the leader. It may be empty when Discover
+	// is set and the registry is bootstrapped later (Bootstrap).
 	Servers []Server
+	// Discover, when set, names more registry servers to ask for the
+	// leader (the agent's gossip view), the likeliest leader first.
+	Discover func() []string
 	// DataDir holds the raft log (names.db) and snapshots; empty keeps
 	// everything in memory, for tests only.
 	DataDir string
@@ -128,7 +132,7 @@ func (c *Config) fill() error {
 	if err := checkNode("names node", c.Node); err != nil {
 		return err
 	}
-	if len(c.Servers) == 0 {
+	if len(c.Servers) == 0 && c.Discover == nil {
 		return errors.New("names servers: no registry voters configured")
 	}
 	seen := map[string]bool{}
@@ -144,7 +148,7 @@ func (c *Config) fill() error {
 		}
 		seen[s.ID] = true
 	}
-	if len(c.Servers)%2 == 0 {
+	if len(c.Servers) > 0 && len(c.Servers)%2 == 0 {
 		return fmt.Errorf("names servers: %d voters; use an odd number (3 or 5): an even one tolerates no more failures than one fewer", len(c.Servers))
 	}
 	if c.Role != RoleClient && c.Transport == nil {
@@ -153,7 +157,7 @@ func (c *Config) fill() error {
 	if c.Role == RoleVoter && !seen[c.Node] {
 		return fmt.Errorf("names: %s starts as a voter but is not among the configured servers", c.Node)
 	}
-	if c.Forwarder == nil && (c.Role == RoleClient || len(c.Servers) > 1) {
+	if c.Forwarder == nil && (c.Role == RoleClient || len(c.Servers) > 1 || c.Discover != nil) {
 		return errors.New("names: no forwarder to reach the leader")
 	}
 	return nil
@@ -164,6 +168,15 @@ func (c *Config) fill() error {
 // share a prefix (a rack, a row) do not all land together as a sorted
 // pick would have them. Fewer members than n: all of them.
 func ChooseVoters(members []string, n int) []string {
+	out := RankVoters(members)
+	out = out[:min(n, len(out))]
+	slices.Sort(out)
+	return out
+}
+
+// RankVoters orders members (without duplicates) as ChooseVoters prefers
+// them: ChooseVoters(members, n) is the first n of it, sorted.
+func RankVoters(members []string) []string {
 	type scored struct {
 		name  string
 		score uint64
@@ -186,10 +199,9 @@ func ChooseVoters(members []string, n int) []string {
 		}
 		return 1
 	})
-	out := make([]string, 0, n)
-	for i := 0; i < n && i < len(all); i++ {
-		out = append(out, all[i].name)
+	out := make([]string, 0, len(all))
+	for _, s := range all {
+		out = append(out, s.name)
 	}
-	slices.Sort(out)
 	return out
 }

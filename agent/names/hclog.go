@@ -32,8 +32,18 @@ func slogLevel(level hclog.Level) slog.Level {
 	return slog.LevelInfo
 }
 
+// routine are raft's warnings that describe a normal state of an agent:
+// a standby server that belongs to no registry yet (docs/names.md).
+var routine = map[string]bool{
+	"no known peers, aborting election":                   true,
+	"not part of stable configuration, aborting election": true,
+}
+
 func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	lv := slogLevel(level)
+	if routine[msg] {
+		lv = slog.LevelDebug
+	}
 	if !h.l.Enabled(context.Background(), lv) {
 		return
 	}

@@ -37,6 +37,10 @@ type Registry struct {
 	// added since, less those it removed.
 	known map[string]bool
 
+	// id names the registry this server belongs to (see Bootstrap); ""
+	// until it bootstrapped one or adopted the leader's.
+	id string
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -96,6 +100,10 @@ func Open(cfg Config) (*Registry, error) {
 		r.closeStore()
 		return nil, fmt.Errorf("name registry state in %s: %w", cfg.DataDir, err)
 	}
+	if r.id, err = readID(cfg.DataDir); err != nil {
+		r.closeStore()
+		return nil, err
+	}
 	ra, err := raft.NewRaft(rc, r.fsm, logs, stable, snaps, cfg.Transport)
 	if err != nil {
 		r.closeStore()
@@ -103,13 +111,9 @@ func Open(cfg Config) (*Registry, error) {
 	}
 	r.raft = ra
 	if cfg.Role == RoleVoter && !existing {
-		var c raft.Configuration
-		for _, s := range cfg.Servers {
-			c.Servers = append(c.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(s.ID), Address: raft.ServerAddress(s.Address)})
-		}
-		if err := ra.BootstrapCluster(c).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		if err := r.bootstrap(cfg.Servers, VotersID(cfg.Servers)); err != nil {
 			r.Close()
-			return nil, fmt.Errorf("name registry: bootstrap with %d voters: %w", len(c.Servers), err)
+			return nil, err
 		}
 	}
 	obs := make(chan raft.Observation, 64)
@@ -511,21 +515,32 @@ func appendOnce(s []string, v string) []string {
 // servers lists the registry servers to ask: raft's configuration when
 // this agent has one, else the configured voters.
 func (r *Registry) servers() []string {
-	var out []string
+	var conf []string
 	if r.raft != nil {
 		if f := r.raft.GetConfiguration(); f.Error() == nil {
 			for _, s := range f.Configuration().Servers {
-				out = append(out, string(s.ID))
+				conf = append(conf, string(s.ID))
 			}
-			if len(out) > 0 {
+			if len(conf) > 0 {
 				r.mu.Lock()
 				clear(r.known)
-				for _, id := range out {
+				for _, id := range conf {
 					r.known[id] = true
 				}
 				r.mu.Unlock()
 			}
 		}
+	}
+	// The discovered servers first: Discover names the likeliest leader
+	// first and leaves out servers that are down.
+	var out []string
+	if r.cfg.Discover != nil {
+		for _, s := range r.cfg.Discover() {
+			out = appendOnce(out, s)
+		}
+	}
+	for _, s := range conf {
+		out = appendOnce(out, s)
 	}
 	for _, s := range r.cfg.Servers {
 		out = appendOnce(out, s.ID)
@@ -554,6 +569,9 @@ func (r *Registry) Serve(ctx context.Context, req Request) Response {
 	switch {
 	case req.Op == OpPing:
 		return Response{Result: &Result{Code: CodeOK}}
+	case req.Op == OpStatus:
+		st := r.Status()
+		return Response{Result: &Result{Code: CodeOK}, Status: &st}
 	case r.raft == nil:
 		return Response{Error: &WireError{Code: wireNotLeader, Message: r.cfg.Node + " is a registry client", Leader: r.Leader()}}
 	case isRead(req.Op) && req.Stale:

@@ -20,6 +20,12 @@ type TLSStreamLayer struct {
 	ln     net.Listener
 	server *tls.Config
 	client *tls.Config
+	// advertise, when set, is the address Addr reports (the listener may
+	// be bound to 0.0.0.0).
+	advertise net.Addr
+	// nodeAt, when set, names the node an address belongs to: a dialled
+	// server must then present that node's certificate.
+	nodeAt func(address string) string
 }
 
 var _ raft.StreamLayer = (*TLSStreamLayer)(nil)
@@ -80,13 +86,50 @@ func (l *TLSStreamLayer) Accept() (net.Conn, error) {
 // Close stops listening.
 func (l *TLSStreamLayer) Close() error { return l.ln.Close() }
 
-// Addr is the listening address.
-func (l *TLSStreamLayer) Addr() net.Addr { return l.ln.Addr() }
+// Addr is the listening address, or the advertised one.
+func (l *TLSStreamLayer) Addr() net.Addr {
+	if l.advertise != nil {
+		return l.advertise
+	}
+	return l.ln.Addr()
+}
+
+// Advertise makes Addr report addr (host:port others reach this server
+// at) instead of the listener's own address. Call it before raft starts.
+func (l *TLSStreamLayer) Advertise(addr string) error {
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("names: advertised raft address %q: %w", addr, err)
+	}
+	l.advertise = a
+	return nil
+}
+
+// ExpectNodes makes Dial require, beyond a registry server, the node that
+// nodeAt names for the dialled address (when it names one): an address
+// that now belongs to another node is refused. Call it before raft starts.
+func (l *TLSStreamLayer) ExpectNodes(nodeAt func(address string) string) { l.nodeAt = nodeAt }
 
 // Dial connects to a registry server and completes the handshake.
 func (l *TLSStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout}
-	c, err := tls.DialWithDialer(d, "tcp", string(address), l.client)
+	cfg := l.client
+	if l.nodeAt != nil {
+		if want := l.nodeAt(string(address)); want != "" {
+			cfg = cfg.Clone()
+			prev := cfg.VerifyConnection
+			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+				if err := prev(cs); err != nil {
+					return err
+				}
+				if got, _ := pki.NodeName(cs.PeerCertificates[0]); got != want {
+					return fmt.Errorf("names: raft server at %s is %q, expected %q", address, got, want)
+				}
+				return nil
+			}
+		}
+	}
+	c, err := tls.DialWithDialer(d, "tcp", string(address), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("names: raft connection to %s: %w", address, err)
 	}
@@ -95,13 +138,23 @@ func (l *TLSStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration)
 
 // NewTLSTransport is raft's network transport over a TLSStreamLayer.
 func NewTLSTransport(layer *TLSStreamLayer, log *slog.Logger) *raft.NetworkTransport {
+	return NewTLSTransportResolving(layer, nil, log)
+}
+
+// NewTLSTransportResolving is NewTLSTransport with servers' addresses
+// looked up by their IDs (node names) at each connection, falling back to
+// the address in raft's configuration when resolve has none: an agent
+// whose raft port is ephemeral advertises it in gossip, and a restart on
+// another port is found there.
+func NewTLSTransportResolving(layer *TLSStreamLayer, resolve raft.ServerAddressProvider, log *slog.Logger) *raft.NetworkTransport {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  layer,
-		MaxPool: 3,
-		Timeout: 10 * time.Second,
-		Logger:  newHCLog(log.With("component", "raft-transport")),
+		Stream:                layer,
+		ServerAddressProvider: resolve,
+		MaxPool:               3,
+		Timeout:               10 * time.Second,
+		Logger:                newHCLog(log.With("component", "raft-transport")),
 	})
 }

@@ -24,6 +24,9 @@ const (
 	OpRemoveServer Op = "remove_server"
 	// OpPing asks whether a server answers at all.
 	OpPing Op = "ping"
+	// OpStatus asks an agent what it knows of the registry (Status); read
+	// only, answered by every agent, leader or not.
+	OpStatus Op = "status"
 )
 
 // Request is one operation as it travels to the leader. The peer API that
@@ -53,6 +56,8 @@ type Request struct {
 type Response struct {
 	Result *Result    `json:"result,omitempty"`
 	Error  *WireError `json:"error,omitempty"`
+	// Status answers OpStatus.
+	Status *ServerStatus `json:"status,omitempty"`
 }
 
 // WireError is why a server did not produce a Result.

@@ -102,6 +102,7 @@ machine's state lives in --data-dir and outlives the agent, as a real one does.`
 	fl.StringVar(&f.TLSCA, "tls-ca", "", "CA certificate that signs every agent")
 	fl.StringVar(&f.TLSCert, "tls-cert", "", "this agent's certificate")
 	fl.StringVar(&f.TLSKey, "tls-key", "", "this agent's key")
+	addNamesFlags(fl, &f, d)
 	// The agent's --socket is its own flag; the client's persistent one is hidden here.
 	return cmd
 }
@@ -144,6 +145,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 		"tls-key":             func() { cfg.TLSKey = f.TLSKey },
 	}
 	maps.Copy(set, vmFlagSetters(f, cfg))
+	maps.Copy(set, namesFlagSetters(f, cfg))
 	fl.Visit(func(p *pflag.Flag) {
 		if apply, ok := set[p.Name]; ok {
 			apply()

@@ -20,7 +20,7 @@ func newMembersCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
 				func(w *tabwriter.Writer, ms []api.Member) {
-					head := "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION"
+					head := "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION\tREGISTRY"
 					if g.wide() {
 						head += "\tADDRESS"
 					}
@@ -42,7 +42,11 @@ func newMembersCmd(g *globals) *cobra.Command {
 						if m.Drained {
 							drained = "yes"
 						}
-						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s", esc(name), esc(m.State), drained, dash(esc(strings.Join(caps, ", "))), dash(esc(m.AgentVersion)))
+						role := m.NamesRole
+						if m.NamesLeader {
+							role += " (leader)"
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", esc(name), esc(m.State), drained, dash(esc(strings.Join(caps, ", "))), dash(esc(m.AgentVersion)), dash(esc(role)))
 						if g.wide() {
 							fmt.Fprintf(w, "\t%s", dash(esc(m.Addr)))
 						}
