@@ -72,7 +72,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		}
 		return c, true, err
 	}
-	deadline := time.Now().Add(at.pendingTTL())
+	deadline := time.Now().Add(min(at.pendingTTL(), pendingPatience))
 	wait := 10 * time.Millisecond
 	for first := true; ; first = false {
 		var r answer

@@ -84,9 +84,11 @@ func jitter(d time.Duration) time.Duration {
 // computes an order-independent digest instead of comparing sorted names.
 func (o *owner) dirMembership() bool {
 	var set uint64
+	usable := map[string]bool{o.cfg.NodeName: true}
 	for _, m := range o.cluster.g.Members() {
 		if m.Usable() {
 			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
+			usable[m.Name] = true
 		}
 	}
 	d := o.dir
@@ -97,6 +99,8 @@ func (o *owner) dirMembership() bool {
 	}
 	d.members = set
 	d.changed = o.now()
+	// A coordinator that left places nothing any more (dirquota.go).
+	d.dropIntentsOf(func(n string) bool { return usable[n] })
 	return true
 }
 

@@ -50,6 +50,10 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 			h.reply(w, r, nil, err)
 			return
 		}
+		if err := ownName(r, "coordinator", &req.Coordinator); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
 		v, err := o.Reserve(r.Context(), r.PathValue("id"), req)
 		h.reply(w, r, v, err)
 	})

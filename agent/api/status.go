@@ -16,6 +16,10 @@ func StatusOf(code string) int {
 		return http.StatusConflict
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
+	case CodeForbidden:
+		return http.StatusForbidden
+	case CodeLimit:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }

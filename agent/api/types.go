@@ -240,6 +240,8 @@ const (
 	CodeNotClaimed   = "not_claimed"     // 409: a domain names GPUs its claim does not hold; PCIAddresses lists them
 	CodeInUse        = "in_use"          // 409: the claim is in use by another VM, or a release would take GPUs from a VM using them
 	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
+	CodeForbidden    = "forbidden"       // 403: a peer call without a verified caller, or naming a node other than its caller
+	CodeLimit        = "limit"           // 429: the caller holds as many records of this kind as one caller may
 )
 
 // Error is the body of every non-2xx answer.
