@@ -108,9 +108,15 @@ func (v *avoidance) last(ranked []string, addrOf func(string) string) []string {
 	if v.n.Load() == 0 {
 		return ranked
 	}
+	v.mu.Lock()
+	listed := make(map[string]bool, len(v.m))
+	for name := range v.m {
+		listed[name] = true
+	}
+	v.mu.Unlock()
 	var ok, avoided []string
 	for _, name := range ranked {
-		if v.avoiding(name, addrOf(name)) != nil {
+		if listed[name] && v.avoiding(name, addrOf(name)) != nil {
 			avoided = append(avoided, name)
 		} else {
 			ok = append(ok, name)
