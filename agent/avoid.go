@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptrace"
 	"sync"
@@ -33,6 +34,7 @@ type avoidance struct {
 	now func() time.Time
 	// boot returns the gossiped boot of a member, to tell a restart.
 	boot func(name string) uint64
+	log  *slog.Logger
 	n    atomic.Int32 // len(m), read without the lock on every ranking
 	mu   sync.Mutex
 	m    map[string]*avoidEntry
@@ -46,8 +48,8 @@ type avoidEntry struct {
 	err   error  // why
 }
 
-func newAvoidance(now func() time.Time, boot func(string) uint64) *avoidance {
-	return &avoidance{now: now, boot: boot, m: map[string]*avoidEntry{}}
+func newAvoidance(now func() time.Time, boot func(string) uint64, log *slog.Logger) *avoidance {
+	return &avoidance{now: now, boot: boot, log: log, m: map[string]*avoidEntry{}}
 }
 
 // failed records that connecting to name at addr failed.
@@ -64,6 +66,8 @@ func (v *avoidance) failed(name, addr string, err error) {
 	e.wait = min(max(2*e.wait, avoidFirst), avoidMax)
 	e.until = v.now().Add(e.wait)
 	e.err = err
+	v.log.Warn("peer API did not answer; not calling it until the backoff passes, it restarts or moves",
+		"node", name, "addr", addr, "backoff", e.wait, "err", err)
 }
 
 // succeeded forgets name's backoff: it answered.

@@ -68,7 +68,7 @@ func (a *Agent) startCluster() error {
 	}
 	ln := a.lns.peer // bound before any driver moved (listeners.go)
 	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
-	c.avoid = newAvoidance(a.now, c.bootOf)
+	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 
 	gcfg := gossip.Config{
 		NodeName:     cfg.NodeName,
@@ -131,7 +131,7 @@ func (a *Agent) startCluster() error {
 func (a *Agent) startClusterOn(files pki.Files) error {
 	cfg := a.cfg
 	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}}
-	c.avoid = newAvoidance(a.now, c.bootOf)
+	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 	gcfg := gossip.Config{
 		NodeName:      cfg.NodeName,
 		Join:          cfg.Join,
