@@ -127,6 +127,12 @@ func (d *directory) apply(from string, op api.DirOp, now time.Time) error {
 		}
 		e.coordinator, e.since = "", now
 	case api.DirOpGone:
+		if e != nil && len(e.owners) > 0 && !slices.Contains(e.owners, from) {
+			// Not the server that holds it: neither a release nor where
+			// the ID last ran (an owner re-sending an old release of an
+			// ID held elsewhere now has nothing to say either).
+			return nil
+		}
 		d.noteRelease(from, op, now)
 		if e == nil {
 			return nil

@@ -460,3 +460,23 @@ func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
 		t.Errorf("copies of %s: %d, want the one on %s", id, len(hits), cl.Node)
 	}
 }
+
+// A release notice counts only from the server that holds the claim: one
+// from another member (in its own name, all it can send now) neither
+// removes the holder nor makes the sender the server the ID last ran on.
+func TestHomeTakesReleasesOnlyFromTheHolder(t *testing.T) {
+	d := newDirectory(time.Unix(0, 0))
+	now := time.Unix(100, 0)
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
+	d.apply("intruder", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(time.Second))
+	if ans, _ := d.answer("vm-1", now, time.Minute); ans.State != api.DirHeld || !slices.Equal(ans.Owners, []string{"a"}) {
+		t.Errorf("after another member's release notice: %+v, want held on a", ans)
+	}
+	if last := d.lastOwner("vm-1", now.Add(2*time.Second), time.Hour); last != "" {
+		t.Errorf("another member's release notice made %q the last owner", last)
+	}
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(3*time.Second))
+	if last := d.lastOwner("vm-1", now.Add(4*time.Second), time.Hour); last != "a" {
+		t.Errorf("the holder's release: last owner %q, want a", last)
+	}
+}
