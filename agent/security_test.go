@@ -443,3 +443,65 @@ func TestStartRefusesACertificateOfAnotherNode(t *testing.T) {
 	}
 	a.Close()
 }
+
+// The same over real sockets and mutual TLS: a member's peer port accepts
+// connections and never completes a TLS handshake (a tarpit, or a process
+// stopped with SIGSTOP). A claim for which it is the best fit pays the
+// connect bound once — before, the handshake alone could take the whole
+// 20 s reserve timeout — and the next claim does not try it.
+func TestIntegrationClaimAvoidsAPeerThatNeverHandshakes(t *testing.T) {
+	tc := newSocketCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	tar := tc.start("a", "l40s-4")
+	tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 3 })
+	ctx := context.Background()
+	if _, err := tar.Claim(ctx, "vm-fill", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a", SameNode: true}); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("a's claim", func(x *Agent) bool {
+		t, ok := targetNamed(x.targets(), "a")
+		return ok && t.server.Free["NVIDIA L40S"] == 2
+	})
+	// a's peer port now accepts and says nothing.
+	addr := tar.cluster.ln.Addr().String()
+	tar.cluster.ln.Close()
+	pit, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("taking over a's peer port: %v", err)
+	}
+	defer pit.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			conn, err := pit.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	claim := func(id string) time.Duration {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		start := time.Now()
+		cl, err := c.Claim(cctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+		if err != nil || cl.Node != "b" {
+			t.Fatalf("claim %s after %v: %+v, %v", id, time.Since(start), cl, err)
+		}
+		return time.Since(start)
+	}
+	first := claim(idHomedOn(c, "a"))
+	next := claim(idHomedOn(c, "a") + "-2")
+	t.Logf("claims with a peer that never handshakes: first %v, next %v", first, next)
+	if first > 3*time.Second || next > time.Second {
+		t.Errorf("claims took %v and %v; the connect bound is %v", first, next, api.PeerConnectTimeout)
+	}
+}
