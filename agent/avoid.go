@@ -91,14 +91,21 @@ func (v *avoidance) avoiding(name, addr string) error {
 		return nil
 	}
 	v.mu.Lock()
-	e := v.m[name]
+	var e avoidEntry
+	p := v.m[name]
+	if p != nil {
+		e = *p // failed changes the entry under the lock
+	}
 	v.mu.Unlock()
-	if e == nil {
+	if p == nil {
 		return nil
 	}
-	if e.addr != addr || e.boot != v.boot(name) {
-		v.succeeded(name)
+	if e.boot != v.boot(name) {
+		v.succeeded(name) // it restarted
 		return nil
+	}
+	if e.addr != addr {
+		return nil // another address: it gets its own try
 	}
 	if !v.now().Before(e.until) {
 		return nil // one more try; a failure doubles the backoff
