@@ -72,7 +72,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		}
 		return c, true, err
 	}
-	deadline := time.Now().Add(at.pendingTTL())
+	deadline := time.Now().Add(min(at.pendingTTL(), pendingPatience))
 	wait := 10 * time.Millisecond
 	for first := true; ; first = false {
 		var r answer
@@ -163,7 +163,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 // every item of the request, the preferred one first, then best fit, ties
 // shuffled.
 func (at *attempt) rank(servers []placement.Server) []string {
-	return placement.Rank(servers, at.want, at.prefer, at.rnd())
+	return at.rankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
 }
 
 // place runs steps 3 to 8: it ranks the servers that, by this agent's view,

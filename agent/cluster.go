@@ -33,6 +33,9 @@ type clusterState struct {
 
 	mu      sync.Mutex
 	clients map[string]*api.PeerClient // by name@addr
+	// avoid is the backoff of members whose peer API did not answer
+	// (avoid.go).
+	avoid *avoidance
 
 	stopOnce sync.Once
 	// joined turns true once a seed answered (or there is none to ask):
@@ -67,6 +70,7 @@ func (a *Agent) startCluster() error {
 	}
 	ln := a.lns.peer // bound before any driver moved (listeners.go)
 	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
+	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 
 	gcfg := gossip.Config{
 		NodeName:     cfg.NodeName,
@@ -135,6 +139,7 @@ func (a *Agent) startCluster() error {
 func (a *Agent) startClusterOn(files pki.Files) error {
 	cfg := a.cfg
 	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}}
+	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 	gcfg := gossip.Config{
 		NodeName:      cfg.NodeName,
 		Join:          cfg.Join,
@@ -245,7 +250,7 @@ func (c *clusterState) client(name, addr string) api.Owner {
 		return pc
 	}
 	if c.a.peerNet != nil {
-		pc := api.NewPeerClientTransport(addr, c.a.peerNet.Transport(c.a.cfg.NodeName), reserveTimeout)
+		pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, c.a.peerNet.Transport(c.a.cfg.NodeName)), reserveTimeout)
 		c.clients[key] = pc
 		return pc
 	}
@@ -253,7 +258,7 @@ func (c *clusterState) client(name, addr string) api.Owner {
 	if err != nil {
 		return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
 	}
-	pc := api.NewPeerClient(addr, cfg, reserveTimeout)
+	pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, api.NewPeerTransport(cfg)), reserveTimeout)
 	c.clients[key] = pc
 	return pc
 }

@@ -50,10 +50,13 @@ type directory struct {
 
 	// released: where the IDs homed here were last released (lifecycle.go).
 	released map[string]lastRelease
+
+	// counts: the records above per caller, for their bounds (dirquota.go).
+	counts dirCounts
 }
 
 func newDirectory(now time.Time) *directory {
-	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}, released: map[string]lastRelease{}}
+	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}, released: map[string]lastRelease{}, counts: newDirCounts()}
 }
 
 // rendezvous is the weight of node for claim id; the highest weight wins.
@@ -98,10 +101,18 @@ func (d *directory) answer(id string, now time.Time, ttl time.Duration) (api.Dir
 	return api.DirAnswer{State: api.DirUnsure}, true
 }
 
-func (d *directory) apply(from string, op api.DirOp, now time.Time) {
+// apply applies one notification of from, which the peer API verified to
+// be the caller: an owner adds or removes only itself, a coordinator drops
+// only its own intent. It refuses a record past from's bound (dirquota.go).
+func (d *directory) apply(from string, op api.DirOp, now time.Time) error {
 	e := d.entries[op.ID]
 	switch op.Op {
 	case api.DirOpHeld:
+		if e == nil || !slices.Contains(e.owners, from) {
+			if d.counts.held[from] >= dirHeldPerCaller {
+				return limitError("claims reported held", from, dirHeldPerCaller)
+			}
+		}
 		if e == nil {
 			e = &dirEntry{}
 			d.entries[op.ID] = e
@@ -109,22 +120,36 @@ func (d *directory) apply(from string, op api.DirOp, now time.Time) {
 		if !slices.Contains(e.owners, from) {
 			e.owners = append(e.owners, from)
 			slices.Sort(e.owners)
+			add(d.counts.held, from, 1)
+		}
+		if e.coordinator != "" {
+			add(d.counts.intents, e.coordinator, -1)
 		}
 		e.coordinator, e.since = "", now
 	case api.DirOpGone:
+		if e != nil && len(e.owners) > 0 && !slices.Contains(e.owners, from) {
+			// Not the server that holds it: neither a release nor where
+			// the ID last ran (an owner re-sending an old release of an
+			// ID held elsewhere now has nothing to say either).
+			return nil
+		}
 		d.noteRelease(from, op, now)
 		if e == nil {
-			return
+			return nil
 		}
-		e.owners = slices.DeleteFunc(e.owners, func(o string) bool { return o == from })
+		if slices.Contains(e.owners, from) {
+			e.owners = slices.DeleteFunc(e.owners, func(o string) bool { return o == from })
+			add(d.counts.held, from, -1)
+		}
 		if len(e.owners) == 0 && e.coordinator == "" {
 			delete(d.entries, op.ID)
 		}
 	case api.DirOpAbandon:
 		if e != nil && len(e.owners) == 0 && e.coordinator == from {
-			delete(d.entries, op.ID)
+			d.dropEntry(op.ID)
 		}
 	}
+	return nil
 }
 
 // forget drops intents that went stale long ago: the owners' periodic
@@ -135,7 +160,7 @@ func (d *directory) forget(now time.Time) {
 	}
 	for id, e := range d.entries {
 		if len(e.owners) == 0 && now.Sub(e.since) > dirForget {
-			delete(d.entries, id)
+			d.dropEntry(id)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -39,7 +40,9 @@ func (h *home) BeginClaim(_ context.Context, id string, req api.DirBegin) (api.D
 	if ok && ans.State != api.DirUnsure {
 		return ans, nil
 	}
-	d.entries[id] = &dirEntry{coordinator: req.Coordinator, since: now}
+	if err := d.setIntent(id, req.Coordinator, now, h.pendingTTL()); err != nil {
+		return api.DirAnswer{}, err
+	}
 	if ok || !vouch {
 		return api.DirAnswer{State: api.DirUnsure}, nil
 	}
@@ -89,8 +92,16 @@ func (h *home) UpdateDirectory(_ context.Context, u api.DirUpdate) error {
 	d := h.dir
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, op := range u.Ops {
-		d.apply(u.From, op, now)
+	for i, op := range u.Ops {
+		if err := d.apply(u.From, op, now); err != nil {
+			if i > 0 {
+				var e *api.Error
+				if errors.As(err, &e) {
+					e.Message = fmt.Sprintf("%s (the first %d operations were applied)", e.Message, i)
+				}
+			}
+			return err
+		}
 	}
 	d.forget(now)
 	if len(d.released) >= maxLastReleases/2 {

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +192,291 @@ func TestHostileRequests(t *testing.T) {
 	resp, body := rawRequest(t, socket, httpReq("GET", "/v1/claims/vm-0", "", ""))
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"claimed"`) {
 		t.Fatalf("after the hostile requests: %d %s", resp.StatusCode, body)
+	}
+}
+
+// peerCallAs sends one raw peer API request to agent to, through the
+// in-memory network, as node from (the identity a client certificate
+// would give it), and returns the status and the error body, if any.
+func peerCallAs(t *testing.T, tc *testCluster, from string, to *Agent, method, path, body string) (int, *api.Error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+to.cluster.peerAddr+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := tc.peers.Transport(from).RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%s %s as %s: %v", method, path, from, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var eb api.ErrorBody
+	if resp.StatusCode/100 != 2 {
+		if err := json.Unmarshal(data, &eb); err != nil || eb.Error == nil {
+			t.Fatalf("%s %s as %s: %d %s is not an API error", method, path, from, resp.StatusCode, data)
+		}
+	}
+	return resp.StatusCode, eb.Error
+}
+
+// waitHeld waits until home answers that id is held on owner.
+func waitHeld(t *testing.T, home *Agent, id, owner string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ans, err := home.LookupDirectory(context.Background(), id)
+		if err == nil && ans.State == api.DirHeld && slices.Equal(ans.Owners, []string{owner}) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("home %s never said %s is held on %s: %+v, %v", home.cfg.NodeName, id, owner, ans, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A peer call speaks only for its caller: a certificate of the cluster's
+// CA (here: the in-memory network's caller "intruder") cannot reserve
+// under another coordinator's name, begin a placement for another, or
+// tell a home that another server released a claim — which, before, let
+// the same ID be claimed a second time with another request.
+func TestPeerCallsSpeakOnlyForTheirCaller(t *testing.T) {
+	tc, a, b, c := threeAgents(t, 0, "l40s-4", "dgx-h100", "a100-pcie-4")
+	ctx := context.Background()
+	id := idHomedOn(a, "c")
+	if _, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, c, id, "a")
+	rev := a.ledger.Revision()
+
+	forbidden := func(what string, status int, e *api.Error) {
+		t.Helper()
+		if status != http.StatusForbidden || e == nil || e.Code != api.CodeForbidden {
+			t.Errorf("%s: %d %+v, want 403 forbidden", what, status, e)
+		}
+	}
+	// A release notice in a's name, for a's claim, sent to its home.
+	status, e := peerCallAs(t, tc, "intruder", c, "POST", "/v1/peer/directory",
+		`{"from":"a","ops":[{"id":"`+id+`","op":"gone"}]}`)
+	forbidden("gone in another server's name", status, e)
+	if e != nil && (e.Field != "from" || !strings.Contains(e.Message, `"intruder"`)) {
+		t.Errorf("the refusal does not name the field and the caller: %+v", e)
+	}
+	waitHeld(t, c, id, "a")
+	// So the same ID with another request (H100s: only b has them) is a
+	// conflict, not a second copy on b.
+	if cl, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}); !isCode(err, api.CodeConflict) {
+		t.Fatalf("the same ID with another request: %+v, %v; want a conflict", cl, err)
+	}
+
+	// A reservation and an intent in another coordinator's name.
+	status, e = peerCallAs(t, tc, "intruder", a, "PUT", "/v1/peer/reservations/vm-stolen",
+		`{"items":[{"model":"NVIDIA L40S","count":1}],"coordinator":"b"}`)
+	forbidden("a reservation under another coordinator", status, e)
+	status, e = peerCallAs(t, tc, "intruder", c, "POST", "/v1/peer/directory/vm-stolen/begin", `{"coordinator":"b"}`)
+	forbidden("an intent under another coordinator", status, e)
+	if a.ledger.Revision() != rev {
+		t.Errorf("refused calls changed a's ledger: revision %d → %d", rev, a.ledger.Revision())
+	}
+	if _, ok := c.dir.answer("vm-stolen", c.now(), time.Hour); ok {
+		t.Error("a refused begin left an intent")
+	}
+
+	// The control: under its own name (or none: the caller's is filled
+	// in) the same reservation is made, and the ledger names the caller.
+	status, e = peerCallAs(t, tc, "intruder", a, "PUT", "/v1/peer/reservations/vm-own",
+		`{"items":[{"model":"NVIDIA L40S","count":1}]}`)
+	if status != http.StatusOK {
+		t.Fatalf("a reservation under the caller's own name: %d %+v", status, e)
+	}
+	if r, err := a.ledger.Get("vm-own"); err != nil || r.Coordinator != "intruder" {
+		t.Errorf("the reservation's coordinator: %+v, %v; want intruder", r, err)
+	}
+	if status, e := peerCallAs(t, tc, "intruder", a, "DELETE", "/v1/peer/reservations/vm-own", ""); status != http.StatusOK {
+		t.Errorf("aborting its own reservation: %d %+v", status, e)
+	}
+}
+
+// A peer call that carries no verified caller is refused, whatever it
+// asks; the public API on the same handler is not a peer call.
+func TestPeerCallWithoutCallerIsRefused(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "l40s-4")
+	h := api.NewPeerHandler(a, a, quietLog())
+	rev := a.ledger.Revision()
+	for _, r := range []struct{ method, path, body string }{
+		{"GET", "/v1/peer/claims", ""},
+		{"PUT", "/v1/peer/reservations/vm-1", `{"items":[{"model":"NVIDIA L40S","count":1}],"coordinator":"a"}`},
+		{"POST", "/v1/peer/directory", `{"from":"a","ops":[{"id":"vm-1","op":"held"}]}`},
+		{"GET", "/v1/peer/capacity", ""},
+	} {
+		req := httptest.NewRequest(r.method, r.path, strings.NewReader(r.body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var eb api.ErrorBody
+		_ = json.Unmarshal(rec.Body.Bytes(), &eb)
+		if rec.Code != http.StatusForbidden || eb.Error == nil || eb.Error.Code != api.CodeForbidden {
+			t.Errorf("%s %s without a caller: %d %s", r.method, r.path, rec.Code, rec.Body)
+		}
+	}
+	if a.ledger.Revision() != rev || len(a.dir.entries) != 0 {
+		t.Error("a refused call changed the ledger or the directory")
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/status", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("the public status on the peer handler: %d", rec.Code)
+	}
+}
+
+// One caller cannot grow a home's memory without end, nor push out the
+// records of others: 100,000 intents, held claims and releases from one
+// caller are refused (or, for releases, replace its own oldest) past its
+// bound; another owner's remembered release survives; an intruder's
+// intents go when the membership changes without it.
+func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a", "l40s-4")
+	ctx := context.Background()
+	const flood = 100_000
+	ids := func(prefix string, from, n int) []api.DirOp {
+		ops := make([]api.DirOp, n)
+		for i := range ops {
+			ops[i] = api.DirOp{ID: fmt.Sprintf("%s-%d", prefix, from+i)}
+		}
+		return ops
+	}
+	send := func(from, op, prefix string) (applied int, err error) {
+		for i := 0; i < flood; i += api.MaxDirUpdateIDs {
+			batch := ids(prefix, i, min(api.MaxDirUpdateIDs, flood-i))
+			for j := range batch {
+				batch[j].Op = op
+			}
+			if err := a.UpdateDirectory(ctx, api.DirUpdate{From: from, Ops: batch}); err != nil {
+				return i, err
+			}
+		}
+		return flood, nil
+	}
+	// A real owner's release, to be remembered for remember_released.
+	if err := a.UpdateDirectory(ctx, api.DirUpdate{From: "owner-1", Ops: []api.DirOp{{ID: "vm-real", Op: api.DirOpGone}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	if n, err := send("intruder", api.DirOpHeld, "held"); !isCode(err, api.CodeLimit) || n > dirHeldPerCaller {
+		t.Errorf("100k held claims: %d batches' worth applied, %v; want a limit error by %d", n, err, dirHeldPerCaller)
+	}
+	if n, err := send("intruder", api.DirOpGone, "gone"); err != nil {
+		t.Errorf("100k releases after %d: %v", n, err)
+	}
+	refused := 0
+	for i := range flood {
+		if _, err := a.BeginClaim(ctx, fmt.Sprintf("intent-%d", i), api.DirBegin{Coordinator: "intruder"}); err != nil {
+			if !isCode(err, api.CodeLimit) {
+				t.Fatalf("begin %d: %v", i, err)
+			}
+			refused++
+		}
+	}
+	if refused != flood-dirIntentsPerCaller {
+		t.Errorf("%d of 100k intents refused, want all past %d", refused, dirIntentsPerCaller)
+	}
+	a.dir.mu.Lock()
+	entries, released, last := len(a.dir.entries), len(a.dir.released), a.dir.lastOwner("vm-real", a.now(), time.Hour)
+	a.dir.mu.Unlock()
+	if entries > dirHeldPerCaller+dirIntentsPerCaller || released > dirReleasesPerCaller+1 {
+		t.Errorf("one caller grew the home to %d entries and %d releases; bounds %d and %d", entries, released, dirHeldPerCaller+dirIntentsPerCaller, dirReleasesPerCaller)
+	}
+	if last != "owner-1" {
+		t.Errorf("owner-1's release of vm-real is forgotten (last owner %q)", last)
+	}
+	// Over the wire too: 429 limit, naming the caller.
+	status, e := peerCallAs(t, tc, "intruder", a, "POST", "/v1/peer/directory", `{"ops":[{"id":"one-more","op":"held"}]}`)
+	if status != http.StatusTooManyRequests || e == nil || e.Code != api.CodeLimit || !strings.Contains(e.Message, "intruder") {
+		t.Errorf("one more held claim over the wire: %d %+v", status, e)
+	}
+
+	// The intruder is no member: the next membership change drops its
+	// intents (its held records stay: they are what keeps a claim on a
+	// server that is down from answering "not found").
+	tc.start("b", "l40s-4")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.dir.mu.Lock()
+		n := a.dir.counts.intents["intruder"]
+		a.dir.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d intents of a non-member remain after a membership change", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An intent alone does not hold a real claim: a member that posts a
+// begin for an ID it never places (under its own name, all it can do
+// now) delays a real claim of that ID by at most pendingPatience, not a
+// reservation's whole life (55 s by default), and the claim is placed
+// once.
+func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
+	tc, a, b, _ := threeAgents(t, 0, "l40s-4", "l40s-4", "a100-pcie-4")
+	tc.start("intruder", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 4 })
+	id := idHomedOn(a, "a", "b")
+	home := a
+	if homeOf(id, a.targets()).name == "b" {
+		home = b
+	}
+	if status, e := peerCallAs(t, tc, "intruder", home, "POST", "/v1/peer/directory/"+id+"/begin", `{}`); status != http.StatusOK {
+		t.Fatalf("the intruder's begin: %d %+v", status, e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	cl, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("the real claim after %v: %v", took, err)
+	}
+	t.Logf("claim of an ID with a fake intent took %v", took)
+	if took > pendingPatience+3*time.Second {
+		t.Errorf("the real claim took %v; a fake intent may delay it by %v at most", took, pendingPatience)
+	}
+	hits, _ := b.allCopies(context.Background(), b.targets(), id)
+	if len(hits) != 1 || hits[0].c.Node != cl.Node {
+		t.Errorf("copies of %s: %d, want the one on %s", id, len(hits), cl.Node)
+	}
+}
+
+// A release notice counts only from the server that holds the claim: one
+// from another member (in its own name, all it can send now) neither
+// removes the holder nor makes the sender the server the ID last ran on.
+func TestHomeTakesReleasesOnlyFromTheHolder(t *testing.T) {
+	d := newDirectory(time.Unix(0, 0))
+	now := time.Unix(100, 0)
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
+	d.apply("intruder", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(time.Second))
+	if ans, _ := d.answer("vm-1", now, time.Minute); ans.State != api.DirHeld || !slices.Equal(ans.Owners, []string{"a"}) {
+		t.Errorf("after another member's release notice: %+v, want held on a", ans)
+	}
+	if last := d.lastOwner("vm-1", now.Add(2*time.Second), time.Hour); last != "" {
+		t.Errorf("another member's release notice made %q the last owner", last)
+	}
+	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(3*time.Second))
+	if last := d.lastOwner("vm-1", now.Add(4*time.Second), time.Hour); last != "a" {
+		t.Errorf("the holder's release: last owner %q, want a", last)
 	}
 }

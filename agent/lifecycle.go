@@ -222,7 +222,13 @@ func (d *directory) noteRelease(from string, op api.DirOp, now time.Time) {
 	if len(d.released) >= maxLastReleases {
 		d.forgetReleases(now, 0)
 	}
+	if old, ok := d.released[op.ID]; ok {
+		delete(d.released, op.ID)
+		add(d.counts.released, old.node, -1)
+	}
+	d.roomForRelease(from)
 	d.released[op.ID] = lastRelease{node: from, at: at}
+	add(d.counts.released, from, 1)
 }
 
 // lastOwner is the server claim id was last released on, if within keep.
@@ -240,6 +246,7 @@ func (d *directory) forgetReleases(now time.Time, keep time.Duration) {
 	for id, r := range d.released {
 		if keep == 0 || now.Sub(r.at) >= keep {
 			delete(d.released, id)
+			add(d.counts.released, r.node, -1)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/gossip"
 )
 
 // An owner keeps the homes of its claim IDs up to date (docs/protocol.md,
@@ -84,7 +85,8 @@ func jitter(d time.Duration) time.Duration {
 // computes an order-independent digest instead of comparing sorted names.
 func (o *owner) dirMembership() bool {
 	var set uint64
-	for _, m := range o.cluster.g.Members() {
+	members := o.cluster.g.Members()
+	for _, m := range members {
 		if m.Usable() {
 			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
 		}
@@ -97,6 +99,10 @@ func (o *owner) dirMembership() bool {
 	}
 	d.members = set
 	d.changed = o.now()
+	// A coordinator that left places nothing any more (dirquota.go).
+	d.dropIntentsOf(func(n string) bool {
+		return n == o.cfg.NodeName || slices.ContainsFunc(members, func(m gossip.Member) bool { return m.Name == n && m.Usable() })
+	})
 	return true
 }
 

@@ -19,8 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claimtest"
 	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/gossip/gossiptest"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
@@ -129,6 +134,25 @@ func TestIntegrationPeerListenerRefusesClientsWithoutOurCertificate(t *testing.T
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a client of the cluster's CA: %d %s", resp.StatusCode, body)
+	}
+
+	// A certificate of our CA speaks for its own node only: a peer call
+	// naming another coordinator is refused, whatever the CA.
+	rev = a.ledger.Revision()
+	req, _ := http.NewRequest("PUT", "https://"+addr+"/v1/peer/reservations/vm-posed",
+		strings.NewReader(`{"items":[{"model":"NVIDIA L40S","count":1}],"coordinator":"owner"}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = client([]tls.Certificate{ours}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), `"forbidden"`) || !strings.Contains(string(body), "client-1") {
+		t.Fatalf("client-1 reserving as the owner: %d %s", resp.StatusCode, body)
+	}
+	if a.ledger.Revision() != rev {
+		t.Fatal("a refused peer call changed the ledger")
 	}
 }
 
@@ -314,5 +338,170 @@ func TestWritesStayOnGPUsAndTheirGroups(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A member that gossips free GPUs at a peer address that never answers
+// (anyone with the gossip key can advertise one) costs a claim one
+// connection attempt of about a second, not the reserve timeout, and is
+// then avoided: the next claims do not call it at all. Here it is the
+// best fit and the home of the claim IDs, the worst case. Before, such a
+// claim took 20 s or more.
+func TestClaimAvoidsAMemberWhosePeerAddressVanished(t *testing.T) {
+	tc, _, _, c := threeAgents(t, 0, "l40s-4", "l40s-4", "a100-pcie-4")
+	dead := tc.agents["a"]
+	ctx := context.Background()
+	if cl, err := dead.Claim(ctx, "vm-fill", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a", SameNode: true}); err != nil || cl.Node != "a" {
+		t.Fatalf("filling a: %+v, %v", cl, err)
+	}
+	tc.converge("a's claim", func(x *Agent) bool {
+		t, ok := targetNamed(x.targets(), "a")
+		return ok && t.server.Free["NVIDIA L40S"] == 2
+	})
+	tc.peers.Vanish("a")
+
+	claim := func(id string) (api.Claim, time.Duration) {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+		defer cancel()
+		start := time.Now()
+		cl, err := c.Claim(cctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("claim %s after %v: %v", id, took, err)
+		}
+		return cl, took
+	}
+	// The first claim meets the dead address: best fit, and home of the ID.
+	first, took := claim(idHomedOn(c, "a"))
+	t.Logf("first claim with a dead peer address: %v, on %s", took, first.Node)
+	if first.Node != "b" || took > 2500*time.Millisecond {
+		t.Errorf("the first claim took %v (on %s); one connection attempt of %v is its price", took, first.Node, time.Second)
+	}
+	// The next ones do not call it at all.
+	calls := tc.peers.Calls("c", "a")
+	second, took := claim(idHomedOn(c, "a") + "-2")
+	t.Logf("next claim: %v, on %s", took, second.Node)
+	if n := tc.peers.Calls("c", "a") - calls; n != 0 || second.Node != "b" {
+		t.Errorf("the next claim called the avoided member %d times, took %v, landed on %s", n, took, second.Node)
+	}
+	// Gets and releases of its claims say it did not answer, at once.
+	start := time.Now()
+	if _, err := c.Get(ctx, "vm-fill"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "a") {
+		t.Errorf("get of a claim on the avoided member: %v, want unavailable naming it", err)
+	}
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("the get took %v", took)
+	}
+}
+
+// An agent refuses to start when its certificate names another node:
+// other agents would take its calls for that node's. It fails before any
+// sysfs write, naming both names; the same start with its own
+// certificate joins.
+func TestStartRefusesACertificateOfAnotherNode(t *testing.T) {
+	dir := t.TempDir()
+	caDir, certDir := filepath.Join(dir, "ca"), filepath.Join(dir, "certs")
+	if err := pki.CreateCA(caDir, "test CA", 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"gpu-1", "gpu-2"} {
+		if err := pki.IssueCert(caDir, certDir, n, []string{"127.0.0.1"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(cert string) (*Agent, *sim.Machine, error) {
+		d := t.TempDir()
+		cfg := testConfig(t, d)
+		cfg.NodeName = "gpu-1"
+		cfg.GossipAddr, cfg.PeerAddr, cfg.AdvertiseAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1"
+		cfg.InsecureGossip = true
+		cfg.TLSCA = filepath.Join(caDir, "ca.crt")
+		cfg.TLSCert, cfg.TLSKey = filepath.Join(certDir, cert+".crt"), filepath.Join(certDir, cert+".key")
+		m := machine(t, "l40s-4", d)
+		var peers claimtest.Network
+		var gossip gossiptest.Network
+		tr := gossip.NewTransport()
+		a, err := New(context.Background(), cfg, quietLog(), WithSysfs(m.Kernel, m.NVML), WithPeerNetwork(&peers),
+			WithGossipTune(func(c *memberlist.Config) { fastGossip(c); c.Transport = tr }))
+		return a, m, err
+	}
+	a, m, err := start("gpu-2")
+	if err == nil {
+		a.Close()
+		t.Fatal("an agent named gpu-1 started with gpu-2's certificate")
+	}
+	if !strings.Contains(err.Error(), `names node "gpu-2"`) || !strings.Contains(err.Error(), `node_name is "gpu-1"`) {
+		t.Errorf("the refusal does not name both nodes: %v", err)
+	}
+	if w := m.Kernel.Writes(); len(w) != 0 {
+		t.Errorf("%d sysfs writes before the refusal", len(w))
+	}
+	a, _, err = start("gpu-1")
+	if err != nil {
+		t.Fatalf("the control, with its own certificate: %v", err)
+	}
+	a.Close()
+}
+
+// The same over real sockets and mutual TLS: a member's peer port accepts
+// connections and never completes a TLS handshake (a tarpit, or a process
+// stopped with SIGSTOP). A claim for which it is the best fit pays the
+// connect bound once — before, the handshake alone could take the whole
+// 20 s reserve timeout — and the next claim does not try it.
+func TestIntegrationClaimAvoidsAPeerThatNeverHandshakes(t *testing.T) {
+	tc := newSocketCluster(t)
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	tar := tc.start("a", "l40s-4")
+	tc.start("b", "l40s-4")
+	c := tc.start("c", "a100-pcie-4")
+	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 3 })
+	ctx := context.Background()
+	if _, err := tar.Claim(ctx, "vm-fill", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "a", SameNode: true}); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge("a's claim", func(x *Agent) bool {
+		t, ok := targetNamed(x.targets(), "a")
+		return ok && t.server.Free["NVIDIA L40S"] == 2
+	})
+	// a's peer port now accepts and says nothing.
+	addr := tar.cluster.ln.Addr().String()
+	tar.cluster.ln.Close()
+	pit, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("taking over a's peer port: %v", err)
+	}
+	defer pit.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			conn, err := pit.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	claim := func(id string) time.Duration {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		start := time.Now()
+		cl, err := c.Claim(cctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+		if err != nil || cl.Node != "b" {
+			t.Fatalf("claim %s after %v: %+v, %v", id, time.Since(start), cl, err)
+		}
+		return time.Since(start)
+	}
+	first := claim(idHomedOn(c, "a"))
+	next := claim(idHomedOn(c, "a") + "-2")
+	t.Logf("claims with a peer that never handshakes: first %v, next %v", first, next)
+	if first > 3*time.Second || next > time.Second {
+		t.Errorf("claims took %v and %v; the connect bound is %v", first, next, api.PeerConnectTimeout)
 	}
 }

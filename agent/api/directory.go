@@ -99,6 +99,10 @@ func directoryRoutes(d Directory, mux *http.ServeMux, h *handler) {
 			h.reply(w, r, nil, err)
 			return
 		}
+		if err := ownName(r, "coordinator", &req.Coordinator); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
 		v, err := d.BeginClaim(r.Context(), r.PathValue("id"), req)
 		h.reply(w, r, v, err)
 	})
@@ -115,6 +119,10 @@ func directoryRoutes(d Directory, mux *http.ServeMux, h *handler) {
 	mux.HandleFunc("POST "+p, func(w http.ResponseWriter, r *http.Request) {
 		var u DirUpdate
 		if err := decode(w, r, &u); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		if err := ownName(r, "from", &u.From); err != nil {
 			h.reply(w, r, nil, err)
 			return
 		}

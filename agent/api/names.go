@@ -21,9 +21,6 @@ type NameServer interface {
 	ServeNames(ctx context.Context, body json.RawMessage) (any, error)
 }
 
-// CodeForbidden: the caller may not make this call (403).
-const CodeForbidden = "forbidden"
-
 // actingField is, per registry operation, the field that names the node
 // that acts: the caller of an acquire, the owner of a confirm, the holder
 // of a release (agent/names.Op values).

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/tls"
+	"net"
 	"net/http"
 	"time"
 )
@@ -47,6 +48,10 @@ func peerRoutes(o Owner, mux *http.ServeMux, h *handler) {
 	mux.HandleFunc("PUT "+p+"/reservations/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var req ReserveRequest
 		if err := decode(w, r, &req); err != nil {
+			h.reply(w, r, nil, err)
+			return
+		}
+		if err := ownName(r, "coordinator", &req.Coordinator); err != nil {
 			h.reply(w, r, nil, err)
 			return
 		}
@@ -114,18 +119,26 @@ var _ Owner = (*PeerClient)(nil)
 // NewPeerClient talks to the owner's peer API at addr (host:port) with the
 // given TLS configuration (which must verify the owner's identity).
 func NewPeerClient(addr string, cfg *tls.Config, timeout time.Duration) *PeerClient {
-	tr := &http.Transport{
+	return NewPeerClientTransport(addr, NewPeerTransport(cfg), timeout)
+}
+
+// PeerConnectTimeout bounds connecting to another agent's peer API, TCP
+// and TLS handshake together: an agent that answers at all answers that
+// within milliseconds, and an address that never answers must cost a
+// coordinator about a second, not a whole call's timeout.
+const PeerConnectTimeout = time.Second
+
+// NewPeerTransport is the mutual-TLS transport to other agents' peer APIs
+// with cfg (which must verify the far end's identity).
+func NewPeerTransport(cfg *tls.Config) *http.Transport {
+	return &http.Transport{
 		TLSClientConfig:     cfg,
+		DialContext:         (&net.Dialer{Timeout: PeerConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: timeout,
+		TLSHandshakeTimeout: PeerConnectTimeout,
 	}
-	return &PeerClient{c: &Client{
-		base:   "https://" + addr,
-		target: addr,
-		http:   &http.Client{Transport: tr, Timeout: timeout},
-	}}
 }
 
 // NewPeerClientTransport returns a client for the owner at addr that sends

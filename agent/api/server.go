@@ -57,7 +57,7 @@ func NewHandler(svc Service, log *slog.Logger) http.Handler {
 func NewPeerHandler(svc Service, o Owner, log *slog.Logger) http.Handler {
 	mux, h := newMux(svc, log)
 	peerRoutes(o, mux, h)
-	return mux
+	return requirePeerCaller(mux)
 }
 
 func newMux(svc Service, log *slog.Logger) (*http.ServeMux, *handler) {

@@ -340,7 +340,8 @@ func TestStatusOfCodes(t *testing.T) {
 	for code, want := range map[string]int{
 		api.CodeInvalid: 400, api.CodeUnknownModel: 400, api.CodeNotFound: 404,
 		api.CodeNotAvailable: 409, api.CodeConflict: 409, api.CodeLeaseExpired: 409,
-		api.CodeBindFailed: 500, api.CodeInternal: 500, api.CodeUnavailable: 503, "something_new": 500,
+		api.CodeBindFailed: 500, api.CodeInternal: 500, api.CodeUnavailable: 503, api.CodeForbidden: 403, api.CodeLimit: 429,
+		"something_new": 500,
 	} {
 		if got := api.StatusOf(code); got != want {
 			t.Errorf("StatusOf(%q) = %d, want %d", code, got, want)

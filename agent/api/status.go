@@ -18,6 +18,10 @@ func StatusOf(code string) int {
 		return http.StatusServiceUnavailable
 	case CodeLost:
 		return http.StatusGone
+	case CodeForbidden:
+		return http.StatusForbidden
+	case CodeLimit:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }

@@ -270,6 +270,8 @@ const (
 	CodeInUse        = "in_use"          // 409: the claim is in use by another VM, or a release would take GPUs from a VM using them
 	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
 	CodeLost         = "lost"            // 410: the claim's server was removed from the cluster; release it to free the ID
+	CodeForbidden    = "forbidden"       // 403: a peer call without a verified caller, or naming a node other than its caller
+	CodeLimit        = "limit"           // 429: the caller holds as many records of this kind as one caller may
 )
 
 // Error is the body of every non-2xx answer.

@@ -1,7 +1,8 @@
 // Package claimtest carries the agents' peer API in memory, for tests: an
 // agent serves its peer handler on a Network and reaches the others through
 // it, without sockets or TLS, with hooks to drop, delay, partition (both
-// ways or one way), pause and kill a member. It implements the agent's
+// ways or one way), pause and kill a member, or make its address answer
+// nothing (Vanish). It implements the agent's
 // PeerNetwork; pass it with agent.WithPeerNetwork.
 package claimtest
 
@@ -13,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"sync"
 	"time"
 
@@ -31,6 +33,7 @@ type Network struct {
 	addrOf  map[string]string        // node → address
 	blocked map[[2]string]bool       // from node → to node: requests vanish
 	paused  map[string]chan struct{} // node → closed on Resume
+	silent  map[string]bool          // node → its address answers nothing: no connection is ever made
 	loss    float64                  // share of requests lost on the way
 	lossRep float64                  // share of answers lost on the way back
 	delay   time.Duration            // added to every request
@@ -107,6 +110,29 @@ func (n *Network) Resume(node string) {
 	}
 }
 
+// Vanish makes node's peer address answer nothing, as an address whose
+// packets are dropped before any connection is made: a call to it waits,
+// never connected, until the caller gives up; gossip, carried elsewhere,
+// is untouched (a member that advertises an address nobody answers at).
+// Block and Pause act on a connection already made instead: the caller's
+// transport reports the connection (httptrace GotConn) and the request
+// then waits. Heal does not lift it; Reappear does.
+func (n *Network) Vanish(node string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.silent == nil {
+		n.silent = map[string]bool{}
+	}
+	n.silent[node] = true
+}
+
+// Reappear makes node's address answer again.
+func (n *Network) Reappear(node string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.silent, node)
+}
+
 // Kill removes node from the network: calls to it are refused at once.
 // Serving it again (an agent restarted) brings it back.
 func (n *Network) Kill(node string) {
@@ -167,6 +193,7 @@ type roundTripper struct {
 type fate struct {
 	to           member
 	refused      bool
+	silent       bool
 	vanish       bool
 	loseAnswer   bool
 	delay        time.Duration
@@ -185,7 +212,7 @@ func (n *Network) fate(from, addr string) fate {
 		n.calls = map[[2]string]int{}
 	}
 	n.calls[[2]string{from, m.node}]++
-	f := fate{to: m, delay: n.delay, pausedFrom: n.paused[from], pausedTarget: n.paused[m.node]}
+	f := fate{to: m, silent: n.silent[m.node], delay: n.delay, pausedFrom: n.paused[from], pausedTarget: n.paused[m.node]}
 	f.vanish = n.blocked[[2]string{from, m.node}]
 	if n.rnd != nil {
 		f.vanish = f.vanish || n.rnd.Float64() < n.loss
@@ -209,6 +236,15 @@ func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	f := rt.n.fate(rt.from, req.URL.Host)
 	if f.refused {
 		return nil, fmt.Errorf("dial %s: %w", req.URL.Host, ErrRefused)
+	}
+	if f.silent {
+		<-ctx.Done()
+		return nil, fmt.Errorf("dial %s: %w", req.URL.Host, ctx.Err())
+	}
+	// Connected, as net/http's transport reports it once its dial and TLS
+	// handshake are done.
+	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.GotConn != nil {
+		tr.GotConn(httptrace.GotConnInfo{})
 	}
 	for _, ch := range []chan struct{}{f.pausedFrom, f.pausedTarget} {
 		if ch != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"testing"
 	"time"
 
@@ -121,5 +122,46 @@ func TestCallerIsTheMemberThatCalled(t *testing.T) {
 		if err != nil || got != from {
 			t.Fatalf("caller seen by b: %q, %v; want %q", got, err, from)
 		}
+	}
+}
+
+// A vanished member's address makes no connection (the caller's trace
+// never hears GotConn) until it reappears; a live one reports its
+// connection before the request waits on a pause.
+func TestVanishedAddressMakesNoConnection(t *testing.T) {
+	var n Network
+	addr, _ := n.Serve("b", echo("b"))
+	traced := func(within time.Duration) (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		got := make(chan struct{}, 1)
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { got <- struct{}{} }})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/v1/peer/capacity", nil)
+		resp, err := n.Transport("a").RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		select {
+		case <-got:
+			return true, err
+		default:
+			return false, err
+		}
+	}
+	n.Vanish("b")
+	if conn, err := traced(30 * time.Millisecond); conn || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a call to a vanished address: connected %v, %v; want no connection and the caller's deadline", conn, err)
+	}
+	n.Heal() // lifts faults on connections, not a vanished address
+	if conn, _ := traced(30 * time.Millisecond); conn {
+		t.Error("Heal brought a vanished address back")
+	}
+	n.Reappear("b")
+	if conn, err := traced(time.Second); !conn || err != nil {
+		t.Errorf("after Reappear: connected %v, %v", conn, err)
+	}
+	n.Block("a", "b")
+	if conn, err := traced(30 * time.Millisecond); !conn || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a blocked call: connected %v, %v; want a connection, then the caller's deadline", conn, err)
 	}
 }

@@ -72,6 +72,10 @@ func exitCode(err error) int {
 		return exitUnavailable
 	case api.CodeConflict, api.CodeInUse:
 		return exitConflict
+	case api.CodeForbidden, api.CodeLimit:
+		// Not the caller's input and not worth a retry: its certificate
+		// does not let it say that (or it holds too much already).
+		return exitError
 	}
 	return exitError
 }
