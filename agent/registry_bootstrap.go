@@ -13,7 +13,8 @@ import (
 // How a cluster without names_voters gets its registry (docs/names.md,
 // "Voters in a cluster"): an agent with no raft state never founds one
 // while any member knows a registry; once it has joined and the alive
-// membership has stayed the same for directory_settle, the member that
+// membership has stayed the same for directory_settle (at most
+// foundingSettle), the member that
 // names.ChooseVoters puts first asks every member it knows (alive,
 // suspect or dead; not those that left) whether it knows a registry and,
 // only if all answer no, founds one with itself as its only voter. The leader then adds voters, in ChooseVoters order, until
@@ -21,6 +22,13 @@ import (
 
 // registryTick is how often the agent looks at its registry and gossip.
 const registryTick = 250 * time.Millisecond
+
+// foundingSettle caps how long the alive membership must stay the same
+// before the founder asks (directory_settle when shorter). Gossip settles
+// a join within a few probe rounds; the founder's question to every
+// member, not this wait, is what keeps two founders apart, and the first
+// claims of a new cluster wait for the founding.
+const foundingSettle = 2 * time.Second
 
 // askTimeout bounds the founder's status question to one member.
 const askTimeout = 2 * time.Second
@@ -161,7 +169,7 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 	if sig := strings.Join(alive, ","); sig != f.sig {
 		f.sig, f.since = sig, now
 	}
-	settle := time.Duration(rs.a.cfg.DirectorySettle)
+	settle := min(time.Duration(rs.a.cfg.DirectorySettle), foundingSettle)
 	if now.Sub(f.since) < settle || now.Before(f.nextAsk) {
 		return
 	}
