@@ -73,7 +73,11 @@ func newSocketCluster(t testing.TB) *testCluster {
 	if testing.Short() {
 		t.Skip("starts real agents with TLS and gossip on loopback: make test-integration or make test runs it")
 	}
-	return newCluster(t)
+	tc := newCluster(t)
+	// Real sockets, real registry: each agent runs its own, founded by
+	// itself as in production.
+	tc.names = nil
+	return tc
 }
 
 func newCluster(t testing.TB) *testCluster {

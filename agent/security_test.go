@@ -451,7 +451,9 @@ func TestStartRefusesACertificateOfAnotherNode(t *testing.T) {
 // 20 s reserve timeout — and the next claim does not try it.
 func TestIntegrationClaimAvoidsAPeerThatNeverHandshakes(t *testing.T) {
 	tc := newSocketCluster(t)
-	tc.adjust = func(c *Config) { c.DirectorySettle = 0 }
+	// The name registry runs on c alone: the member whose port turns into
+	// a pit is an ordinary owner, as a stranger advertising GPUs would be.
+	tc.adjust = func(c *Config) { c.DirectorySettle = 0; c.NamesVoters = []string{"c"} }
 	tar := tc.start("a", "l40s-4")
 	tc.start("b", "l40s-4")
 	c := tc.start("c", "a100-pcie-4")
@@ -472,6 +474,15 @@ func TestIntegrationClaimAvoidsAPeerThatNeverHandshakes(t *testing.T) {
 		t.Fatalf("taking over a's peer port: %v", err)
 	}
 	defer pit.Close()
+	// Connections made before (the name registry's calls) would still
+	// reach a's handler: drop them, so every call to a dials the pit.
+	for _, x := range []*Agent{tar, c} {
+		x.cluster.mu.Lock()
+		for _, pc := range x.cluster.clients {
+			pc.Close()
+		}
+		x.cluster.mu.Unlock()
+	}
 	go func() {
 		var held []net.Conn
 		defer func() {
