@@ -152,7 +152,7 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 		})}
 	}
 	if tc.names != nil {
-		opts = append(opts, WithNames(tc.names))
+		opts = append(opts, WithNames(tc.names.as(name)))
 	}
 	log := quietLog()
 	if tc.logFor != nil {

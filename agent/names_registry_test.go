@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,4 +119,40 @@ func TestTestNamesGrantsAndGoesDown(t *testing.T) {
 	if r, err := n.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); err != nil || r.State != names.StatePending {
 		t.Fatalf("lookup after: %+v, %v", r, err)
 	}
+}
+
+// as is n seen through node's peer API route: like agent/api's names route,
+// it takes the acting node from the caller, never from the arguments, so
+// in-memory tests meet the registry's identity rules as real agents do.
+func (n *testNames) as(node string) NameAuthority { return nodeNames{n, node} }
+
+type nodeNames struct {
+	*testNames
+	node string
+}
+
+func (n nodeNames) Acquire(ctx context.Context, key names.Key, _, owner, request string, members []string) (names.Grant, error) {
+	return n.testNames.Acquire(ctx, key, n.node, owner, request, members)
+}
+
+func (n nodeNames) Confirm(ctx context.Context, key names.Key, token uint64, owner string, members []string) (names.Record, error) {
+	if owner != "" && owner != n.node {
+		if len(members) > 0 {
+			return names.Record{}, fmt.Errorf("test registry: %s confirms members for %s", n.node, owner)
+		}
+		return n.testNames.ConfirmMove(ctx, key, token, owner, n.node)
+	}
+	return n.testNames.Confirm(ctx, key, token, n.node, members)
+}
+
+func (n nodeNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, _ string) (names.Record, error) {
+	return n.testNames.ConfirmMove(ctx, key, token, owner, n.node)
+}
+
+func (n nodeNames) Release(ctx context.Context, key names.Key, token uint64, _ string) (names.Record, error) {
+	return n.testNames.Release(ctx, key, token, n.node)
+}
+
+func (n nodeNames) Move(ctx context.Context, key names.Key, token uint64, from, to, _ string) (names.Record, error) {
+	return n.testNames.Move(ctx, key, token, from, to, n.node)
 }

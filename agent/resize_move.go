@@ -37,6 +37,7 @@ import (
 // NameAuthority (*names.Registry has it).
 type nameMover interface {
 	Move(ctx context.Context, key names.Key, token uint64, from, to, caller string) (names.Record, error)
+	ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, caller string) (names.Record, error)
 }
 
 var _ nameMover = (*names.Registry)(nil)
@@ -101,7 +102,9 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the commit failed, nothing changed: %[1]s", at.id, from.name, t.name)
 		}
 		if named {
-			if _, err := at.names.Confirm(ctx, key, rr.Token, t.name, nil); err != nil {
+			// t's commit confirmed the move's token as t itself (owner
+			// confirm): the name is held on t now, unless it changed.
+			if err := at.nameHeldOn(ctx, key, rr.Token, t.name); err != nil {
 				if names.IsUnavailable(err) {
 					return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 						Message: fmt.Sprintf("claim %s was committed on %s, but the name registry did not confirm its move from %s (%v); both copies are kept until the move is settled: retry the resize", at.id, t.name, from.name, err)}
@@ -182,8 +185,21 @@ func (at *attempt) moveNameBack(ctx context.Context, key names.Key, to, from str
 	if err != nil {
 		return err
 	}
-	_, err = at.names.Confirm(ctx, key, m.Move.Token, from, nil)
+	_, err = at.names.(nameMover).ConfirmMove(ctx, key, m.Move.Token, from, at.cfg.NodeName)
 	return err
+}
+
+// nameHeldOn checks that the registry holds key on owner under token.
+func (at *attempt) nameHeldOn(ctx context.Context, key names.Key, token uint64, owner string) error {
+	rec, err := at.names.Lookup(ctx, key, names.Linearizable)
+	if err != nil {
+		return err
+	}
+	if rec.State != names.StateHeld || rec.Owner != owner || rec.Token != token {
+		return &names.RefusedError{Op: names.OpConfirm, Key: key, Code: names.CodeConflict, Record: &rec,
+			Detail: fmt.Sprintf("%s is %s on %s under token %d, not on %s under %d", key, rec.State, rec.Owner, rec.Token, owner, token)}
+	}
+	return nil
 }
 
 // registryError turns a name registry error into the API's: unavailable

@@ -19,6 +19,13 @@ func (n *testNames) Move(ctx context.Context, key names.Key, token uint64, from,
 
 var _ groupRequester = (*testNames)(nil)
 
+func (n *testNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, caller string) (names.Record, error) {
+	if err := n.unavailable(names.OpConfirm, key); err != nil {
+		return names.Record{}, err
+	}
+	return n.reg.ConfirmMove(ctx, key, token, owner, caller)
+}
+
 func (n *testNames) SetRequest(ctx context.Context, key names.Key, token uint64, request string) (names.Record, error) {
 	if err := n.unavailable(names.OpSetRequest, key); err != nil {
 		return names.Record{}, err

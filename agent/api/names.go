@@ -24,7 +24,10 @@ type NameServer interface {
 // actingField is, per registry operation, the field that names the node
 // that acts: the caller of an acquire, the owner of a confirm, the holder
 // of a release (agent/names.Op values).
-var actingField = map[string]string{"acquire": "caller", "confirm": "owner", "release": "node"}
+// A confirm acts as its caller: its owner, when the body names another
+// node, is refused by the registry unless the caller started that name's
+// move (a coordinator putting a name back).
+var actingField = map[string]string{"acquire": "caller", "confirm": "caller", "release": "node"}
 
 // operatorOps are the registry operations no agent needs for its own
 // claims: an operator's `members remove` or voter changes, relayed by the
@@ -83,6 +86,9 @@ func Attribute(req map[string]json.RawMessage, caller string) (string, error) {
 	if f, ok := actingField[op]; ok {
 		b, _ := json.Marshal(caller)
 		req[f] = b
+		if op == "confirm" && rawString(req["owner"]) == "" {
+			req["owner"] = b
+		}
 	}
 	return op, nil
 }

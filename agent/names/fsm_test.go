@@ -260,6 +260,12 @@ func TestGroupMembers(t *testing.T) {
 	set := func(tok uint64, m ...string) Result {
 		return x.run(messageSetMembers, &setMembersMessage{Key: g, Token: tok, Members: m, Limits: DefaultLimits()})
 	}
+	// A group is the cluster's: another node releases it with its
+	// current token, never without it.
+	other := want(t, x.acquire(Group("other"), "node-a", "req"), CodeOK).Record.Token
+	want(t, x.confirm(Group("other"), other, "node-a"), CodeOK)
+	want(t, x.release(Group("other"), 0, "node-b"), CodeConflict)
+	want(t, x.release(Group("other"), other, "node-b"), CodeOK)
 	want(t, set(tok, "pool-0"), CodeOK)
 	want(t, set(tok, "pool-0"), CodeSame)
 	want(t, set(tok-1, "pool-9"), CodeStale)

@@ -87,9 +87,13 @@ type acquireMessage struct {
 // confirmMessage is sent by the server that commits the name, under the
 // token it was granted with.
 type confirmMessage struct {
-	Key     Key       `json:"key"`
-	Token   uint64    `json:"token"`
-	Owner   string    `json:"owner"`
+	Key   Key    `json:"key"`
+	Token uint64 `json:"token"`
+	Owner string `json:"owner"`
+	// Caller, when set and not Owner, is the coordinator of a move that
+	// confirms it for Owner (undoing a move whose old copy stays); it
+	// must be the move's own caller.
+	Caller  string    `json:"caller,omitempty"`
 	Members []string  `json:"members,omitempty"`
 	Now     time.Time `json:"now"`
 	Limits  Limits    `json:"limits"`
@@ -253,6 +257,11 @@ func (m *confirmMessage) check() error {
 	}
 	if err := checkNode("owner", m.Owner); err != nil {
 		return err
+	}
+	if m.Caller != "" {
+		if err := checkNode("caller", m.Caller); err != nil {
+			return err
+		}
 	}
 	return checkMembers(m.Key, m.Members)
 }

@@ -208,3 +208,22 @@ func TestSetRequest(t *testing.T) {
 		t.Error("set-request without a request decoded")
 	}
 }
+
+// Only a node confirms its own names; a move's coordinator may confirm
+// that move for the node it moves to (putting a name back), no one else.
+func TestConfirmForAnotherNode(t *testing.T) {
+	x := newFx(t)
+	vm := Claim("vm-c")
+	confirmAs := func(token uint64, owner, caller string) Result {
+		return x.run(messageConfirm, &confirmMessage{Key: vm, Token: token, Owner: owner, Caller: caller, Now: x.now, Limits: DefaultLimits()})
+	}
+	p := want(t, x.acquire(vm, "node-c", "req"), CodeOK).Record
+	want(t, confirmAs(p.Token, "node-a", "node-m"), CodeConflict, "may not confirm")
+	want(t, confirmAs(p.Token, "node-a", "node-a"), CodeOK)
+	m := want(t, x.move(vm, p.Token, "node-a", "node-b", "node-c"), CodeOK).Record
+	want(t, confirmAs(m.Move.Token, "node-b", "node-m"), CodeConflict, "may not confirm")
+	r := want(t, confirmAs(m.Move.Token, "node-b", "node-c"), CodeOK).Record
+	if r.Owner != "node-b" || r.Token != m.Move.Token {
+		t.Fatalf("after the coordinator's confirm: %+v", r)
+	}
+}

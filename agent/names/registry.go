@@ -277,7 +277,15 @@ func (r *Registry) Acquire(ctx context.Context, key Key, caller, owner, request 
 // takes at commit, before its ledger commits. An older token is refused
 // (ErrStale), so a caller paused past its lease cannot commit.
 func (r *Registry) Confirm(ctx context.Context, key Key, token uint64, owner string, members []string) (Record, error) {
-	return r.record(ctx, Request{Op: OpConfirm, Key: key, Token: token, Owner: owner, Members: members})
+	return r.record(ctx, Request{Op: OpConfirm, Key: key, Token: token, Owner: owner, Caller: owner, Members: members})
+}
+
+// ConfirmMove confirms, as caller (the coordinator that started the move
+// under token), key's move to owner: how a coordinator puts a name back
+// on the server whose copy it could not release. The registry refuses it
+// from anyone but that move's caller.
+func (r *Registry) ConfirmMove(ctx context.Context, key Key, token uint64, owner, caller string) (Record, error) {
+	return r.record(ctx, Request{Op: OpConfirm, Key: key, Token: token, Owner: owner, Caller: caller})
 }
 
 // Release frees key. token, when not zero, must be its current token;
@@ -622,7 +630,7 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 		return messageAcquire, &acquireMessage{Key: req.Key, Caller: req.Caller, Owner: req.Owner, Request: req.Request,
 			Members: req.Members, Now: now, Lease: r.cfg.Lease, Limits: r.cfg.Limits}, nil
 	case OpConfirm:
-		return messageConfirm, &confirmMessage{Key: req.Key, Token: req.Token, Owner: req.Owner, Members: req.Members,
+		return messageConfirm, &confirmMessage{Key: req.Key, Token: req.Token, Owner: req.Owner, Caller: req.Caller, Members: req.Members,
 			Now: now, Limits: r.cfg.Limits}, nil
 	case OpRelease:
 		return messageRelease, &releaseMessage{Key: req.Key, Token: req.Token, Node: req.Node}, nil

@@ -133,6 +133,13 @@ func (s *state) confirm(idx uint64, m *confirmMessage) Result {
 	if !ok {
 		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held: its grant lapsed or was released", m.Key)}
 	}
+	if m.Caller != "" && m.Caller != m.Owner {
+		// Only a move's own coordinator may confirm it for another node.
+		if r.Move == nil || r.Move.Token != m.Token || r.Move.Caller != m.Caller || r.State != StateHeld {
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s: %s may not confirm it for %s: only a node confirms its own names, or a move's coordinator that move", m.Key, m.Caller, m.Owner)}
+		}
+	}
 	if r.Move != nil && r.Move.Token == m.Token && r.State == StateHeld {
 		return s.confirmMove(idx, now, r, m)
 	}
@@ -246,9 +253,11 @@ func (s *state) release(m *releaseMessage) Result {
 			Detail: fmt.Sprintf("%s token %d is not its current token %d: it was granted again since", m.Key, m.Token, r.Token)}
 	}
 	// A lost name's holder was removed for good and will never release
-	// it: whoever brings its current token may (an operator's release
-	// through any agent).
-	if m.Node != "" && m.Node != r.holder() && !(r.State == StateLost && m.Token == r.Token) {
+	// it, and a group belongs to the cluster, not to the agent that
+	// created it: whoever brings its current token may release either (an
+	// operator's release or group delete through any agent).
+	byToken := m.Token == r.Token && (r.State == StateLost || r.Kind == KindGroup)
+	if m.Node != "" && m.Node != r.holder() && !byToken {
 		return Result{Code: CodeConflict, Record: ptr(r.clone()),
 			Detail: fmt.Sprintf("%s is %s by %s, not %s", m.Key, r.State, r.holder(), m.Node)}
 	}
