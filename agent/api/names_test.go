@@ -92,7 +92,9 @@ func TestNamesRouteActsAsTheCaller(t *testing.T) {
 		// The registry refuses a confirm whose caller is not its owner,
 		// unless the caller coordinates that name's move (fsm tests).
 		{"confirm on another owner", names.Request{Op: names.OpConfirm, Key: key, Token: 7, Owner: "gpu-victim", Caller: "gpu-victim"},
-			func(r names.Request) bool { return r.Caller == "gpu-mallory" && r.Owner == "gpu-victim" && r.Token == 7 }},
+			func(r names.Request) bool {
+				return r.Caller == "gpu-mallory" && r.Owner == "gpu-victim" && r.Token == 7
+			}},
 		{"confirm with no owner", names.Request{Op: names.OpConfirm, Key: key, Token: 7},
 			func(r names.Request) bool { return r.Caller == "gpu-mallory" && r.Owner == "gpu-mallory" }},
 		{"release as another holder", names.Request{Op: names.OpRelease, Key: key, Token: 7, Node: "gpu-victim"},
