@@ -39,9 +39,6 @@ func TestSimulation(t *testing.T) {
 		out := Run(cfg)
 		ops, acked, regOps, faults = ops+out.ClientOps, acked+out.Acked, regOps+out.RegOps, faults+out.Faults
 		checked, skipped = checked+out.Checked, skipped+out.Skipped
-		if len(out.Violations) == 0 {
-			out.Violations = checkHistory(out.History)
-		}
 		if len(out.Violations) > 0 {
 			if n == 1 {
 				t.Log(out.Trace)

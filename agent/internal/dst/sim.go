@@ -58,7 +58,9 @@ type Outcome struct {
 	Acked      int
 	RegOps     int
 	Faults     int
-	History    []regOp
+	// History is the registry's operations, for a model check (not
+	// written yet: see docs/names.md, "Simulation").
+	History []regOp
 	// Checked counts the IDs whose acknowledged state was checked;
 	// Skipped those left out because an abandoned call might land late.
 	Checked, Skipped int
