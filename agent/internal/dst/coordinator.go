@@ -17,6 +17,32 @@ func (r request) items() []ledger.Item         { return []ledger.Item{{Model: "L
 func (r request) digest() string               { return fmt.Sprintf("v1:l40s-%d", r.count) }
 func sameItems(c ledger.Claim, r request) bool { return slices.Equal(c.Items, r.items()) }
 
+// claimLocked runs claim once no other claim of id runs on this agent:
+// coordinateOn takes the ID's lock (claimLocks), so a retry through the
+// same agent waits for the first try. The lock is in memory: a kill ends
+// it with the attempts it ordered.
+func (n *node) claimLocked(id string, rq request, reply func(answer)) {
+	run := func() {
+		n.claim(id, rq, 0, func(a answer) {
+			q := n.locks[id]
+			if len(q) == 0 {
+				delete(n.locks, id)
+			} else {
+				next := q[0]
+				n.locks[id] = q[1:]
+				n.w.at(n.idx, 0, next)
+			}
+			reply(a)
+		})
+	}
+	if q, busy := n.locks[id]; busy {
+		n.locks[id] = append(q, run)
+		return
+	}
+	n.locks[id] = nil
+	run()
+}
+
 // claim is placeNamed (namedclaim.go) on coordinator n: acquire the ID,
 // place under the grant's token, acquire once more when the owner's
 // confirm was fenced, and release a grant that committed nothing.

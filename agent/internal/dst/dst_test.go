@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 )
 
 // schedules is how many seeds TestSimulation runs: DST_SCHEDULES, or 300.
@@ -32,13 +34,20 @@ func TestSimulation(t *testing.T) {
 	first, n := schedules(t)
 	dir := t.TempDir()
 	start := time.Now()
-	var ops, acked, regOps, faults, checked, skipped int
+	var ops, acked, regOps, faults, checked, skipped, undecided int
 	for seed := first; seed < first+uint64(n); seed++ {
 		cfg := DefaultConfig(seed, dir)
 		cfg.Trace = n == 1
 		out := Run(cfg)
 		ops, acked, regOps, faults = ops+out.ClientOps, acked+out.Acked, regOps+out.RegOps, faults+out.Faults
 		checked, skipped = checked+out.Checked, skipped+out.Skipped
+		if len(out.Violations) == 0 {
+			var res porcupine.CheckResult
+			res, out.Violations = checkHistory(out.History, 2*time.Second)
+			if res == porcupine.Unknown {
+				undecided++
+			}
+		}
 		if len(out.Violations) > 0 {
 			if n == 1 {
 				t.Log(out.Trace)
@@ -47,8 +56,8 @@ func TestSimulation(t *testing.T) {
 		}
 	}
 	el := time.Since(start)
-	t.Logf("%d schedules in %v (%.0f schedules/s): %d client calls (%d acknowledged claims/releases), %d registry calls, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late)",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), ops, acked, regOps, faults, checked, skipped)
+	t.Logf("%d schedules in %v (%.0f schedules/s): %d client calls (%d acknowledged claims/releases), %d registry calls, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late); %d registry histories linearizable, %d undecided in 2 s",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), ops, acked, regOps, faults, checked, skipped, n-undecided, undecided)
 }
 
 // TestSimulationCatchesCommitWithoutConfirm proves the checks can fail:

@@ -40,6 +40,9 @@ type node struct {
 	ledger      *ledger.Ledger
 	// dups is the anti-entropy pass's previous sightings of duplicates.
 	dups map[string]uint64
+	// locks are the coordinator's claim IDs in progress, each with the
+	// claims through this agent waiting for it.
+	locks map[string][]func()
 }
 
 func (n *node) open() error {
@@ -72,6 +75,7 @@ func (n *node) kill() {
 func (n *node) restart() {
 	n.alive = true
 	n.dups = map[string]uint64{}
+	n.locks = map[string][]func(){}
 	if err := n.open(); err != nil {
 		panic(err)
 	}

@@ -58,8 +58,8 @@ type Outcome struct {
 	Acked      int
 	RegOps     int
 	Faults     int
-	// History is the registry's operations, for a model check (not
-	// written yet: see docs/names.md, "Simulation").
+	// History is the registry's operations, for the porcupine check
+	// (model.go).
 	History []regOp
 	// Checked counts the IDs whose acknowledged state was checked;
 	// Skipped those left out because an abandoned call might land late.
@@ -90,7 +90,7 @@ func Run(cfg Config) (out Outcome) {
 	}
 	w.loss = float64(w.rng.IntN(4)) * 0.03 // 0, 3, 6 or 9 % of messages
 	for i := range n {
-		nd := &node{w: w, idx: i, name: fmt.Sprintf("gpu-%c", 'a'+i), alive: true, dups: map[string]uint64{},
+		nd := &node{w: w, idx: i, name: fmt.Sprintf("gpu-%c", 'a'+i), alive: true, dups: map[string]uint64{}, locks: map[string][]func(){},
 			path: filepath.Join(cfg.Dir, fmt.Sprintf("ledger-%d.db", i))}
 		removeLedger(nd.path)
 		if err := nd.open(); err != nil {
@@ -289,7 +289,7 @@ func (c *client) try(op, id string, rq request, tries int) {
 		reply := func(a answer) { w.at(-1, 1, func() { finish(a, true) }) }
 		switch op {
 		case "claim":
-			via.claim(id, rq, 0, reply)
+			via.claimLocked(id, rq, reply)
 		case "get":
 			via.get(id, reply)
 		case "release":

@@ -130,6 +130,10 @@ func (w *world) runUntil(t int64) {
 // from -> to is cut or the message is lost. to == len(nodes) is the
 // registry, which runs fn whatever the nodes do.
 func (w *world) send(from, to int, fn func()) {
+	if from == to {
+		w.at(to, 0, fn) // in-process: nothing to lose
+		return
+	}
 	if w.cut[from][to] || (w.loss > 0 && w.rng.Float64() < w.loss) {
 		return
 	}
