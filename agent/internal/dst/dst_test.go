@@ -3,6 +3,7 @@ package dst
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +95,23 @@ func joinLines(s []string) string {
 		out += "  " + l + "\n"
 	}
 	return out
+}
+
+// TestSimulationAgentAdoptRuleKeepsReleasedCopy replays the defect the
+// simulation found in the agent's anti-entropy rule (docs/names.md,
+// "Simulation"): a move's leftover copy, still there when the client
+// releases the claim, is adopted afterwards and holds its GPUs under the
+// released ID. It passes while the agent keeps that rule; with the rule
+// changed, set AdoptNamedCopies to the new one and drop this test.
+func TestSimulationAgentAdoptRuleKeepsReleasedCopy(t *testing.T) {
+	cfg := DefaultConfig(67, t.TempDir())
+	cfg.AdoptNamedCopies = true
+	out := Run(cfg)
+	want := "acknowledged release of vm-0-1, but [gpu-c] holds its GPUs"
+	for _, v := range out.Violations {
+		if strings.Contains(v, want) {
+			return
+		}
+	}
+	t.Fatalf("seed 67 with the agent's adopt rule: want %q, got %q", want, out.Violations)
 }

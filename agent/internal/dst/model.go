@@ -95,6 +95,14 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 		}
 		s = s.gone()
 	}
+	if s.Exists && !out.Unknown && (out.Code == names.CodeStale || out.Code == names.CodeConflict) && out.Rec.Token != 0 {
+		// A refusal shows the current token: one of a grant whose
+		// answer was lost is learnt from it.
+		var ok bool
+		if s, ok = s.learn(out.Rec.Token); !ok {
+			return false, s
+		}
+	}
 	switch in.Op {
 	case "lookup":
 		if !s.Exists {
@@ -214,10 +222,17 @@ var nameModel = porcupine.Model{
 
 // checkHistory checks a schedule's registry history against the model.
 func checkHistory(h []regOp, timeout time.Duration) (porcupine.CheckResult, []string) {
+	// The model has no moves: a name that was moved is left out.
+	moved := map[string]bool{}
+	for _, op := range h {
+		if op.In.Op == "move" {
+			moved[op.In.Key] = true
+		}
+	}
 	ops := make([]porcupine.Operation, 0, len(h))
 	for i, op := range h {
-		if op.In.Op == "list" {
-			continue // reads many names; its expiry pass the model allows for
+		if op.In.Op == "list" || moved[op.In.Key] {
+			continue // a list reads many names; its expiry pass the model allows for
 		}
 		out := modelOut{Unknown: op.Unknown, Code: op.Out.Code, Found: op.Found}
 		if op.Out.Record != nil {

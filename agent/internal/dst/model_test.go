@@ -31,6 +31,11 @@ func TestNameModelRefuses(t *testing.T) {
 		{"an old token confirmed", []regOp{grant("r1", 5), confirm(4, names.CodeOK)}, false},
 		{"a confirm of a free name", []regOp{confirm(5, names.CodeOK)}, false},
 		{"a lost grant learnt from its confirm", []regOp{{In: grant("r1", 0).In, Unknown: true}, confirm(7, names.CodeOK)}, true},
+		{"a lost grant learnt from a refusal", []regOp{{In: grant("r1", 0).In, Unknown: true},
+			{In: regIn{Op: "release", Key: "vm-1", Token: 3, Node: "gpu-a", Now: 30}, Out: names.Result{Code: names.CodeStale, Record: &names.Record{Token: 8}}},
+			confirm(8, names.CodeOK)}, true},
+		{"a refusal showing an old token", []regOp{grant("r1", 5), {In: grant("r1", 0).In, Unknown: true},
+			{In: regIn{Op: "release", Key: "vm-1", Token: 3, Node: "gpu-a", Now: 30}, Out: names.Result{Code: names.CodeStale, Record: &names.Record{Token: 4}}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range tc.h {

@@ -224,10 +224,24 @@ func (n *node) noteCommit(id string, err error) {
 		if o == n || !o.alive {
 			continue
 		}
-		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted && !n.w.moving(id, o.name, n.name) {
 			n.w.violation("claim %s committed on %s and on %s: a name held twice", id, o.name, n.name)
 		}
 	}
+}
+
+// moving reports whether the registry shows claim id moving between a
+// and b: the new copy is committed before the old one is released.
+func (w *world) moving(id, a, b string) bool {
+	r, ok := w.reg.m.Lookup(names.Claim(id))
+	if !ok || r.State != names.StateHeld || (r.Owner != a && r.Owner != b) {
+		return false
+	}
+	other := r.MovedFrom
+	if r.Move != nil {
+		other = r.Move.To
+	}
+	return other != r.Owner && (other == a || other == b)
 }
 
 // antiEntropy is the pass of antientropy.go: names held here without a
@@ -260,17 +274,22 @@ func (n *node) antiEntropy() {
 			if c.State != ledger.StateCommitted {
 				continue
 			}
-			if _, ok := held[c.ID]; ok {
+			if r, ok := held[c.ID]; ok {
+				// ownName: a claim moved back carries its old token.
+				if c.NameToken != r.Token {
+					if _, err := n.ledger.SetNameToken(c.ID, r.Token); err != nil {
+						panic(err)
+					}
+				}
 				continue
 			}
 			c := c
 			w.reg.do(n.idx, regIn{Op: "lookup", Key: c.ID}, func(res names.Result, found, ok bool) {
-				if !ok || !found || res.Record.State != names.StateHeld || res.Record.Owner == n.name {
-					// Not found: the real pass adopts the name (a ledger of
-					// an older version); every claim here has one.
-					if ok && !found {
-						w.violation("claim %s committed on %s with no name in the registry", c.ID, n.name)
-					}
+				if ok && !found {
+					n.unnamed(c)
+					return
+				}
+				if !ok || res.Record.State != names.StateHeld || res.Record.Owner == n.name {
 					return
 				}
 				w.logf("%s anti-entropy: duplicate %s (kept on %s)", n.name, c.ID, res.Record.Owner)
@@ -288,6 +307,47 @@ func (n *node) antiEntropy() {
 				w.logf("%s anti-entropy released duplicate %s", n.name, c.ID)
 			})
 		}
+	})
+}
+
+// unnamed handles committed claim c, whose ID has no name. A claim
+// without a token was never named (a broken owner committed without a
+// confirm): a violation. The agent's pass adopts a named one too
+// (adoptName: acquire and confirm it here); with AdoptNamedCopies off the
+// simulation applies the rule docs/names.md proposes instead: a copy
+// confirmed under a token whose name is gone is a leftover of a move, and
+// is released.
+func (n *node) unnamed(c ledger.Claim) {
+	w := n.w
+	if c.NameToken == 0 {
+		w.violation("claim %s committed on %s with no name in the registry", c.ID, n.name)
+		return
+	}
+	if !w.cfg.AdoptNamedCopies {
+		cur, err := n.ledger.Get(c.ID)
+		if err != nil || !cur.CommittedAt.Equal(c.CommittedAt) {
+			return
+		}
+		if _, err := n.ledger.Release(c.ID, n.clock()); err != nil {
+			panic(err)
+		}
+		w.logf("%s anti-entropy released %s: confirmed under token %d, its name is gone", n.name, c.ID, c.NameToken)
+		return
+	}
+	req := fmt.Sprintf("adopted:%d", len(c.GPUs))
+	w.reg.do(n.idx, regIn{Op: "acquire", Key: c.ID, Caller: n.name, Request: req, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+		if !ok || res.Code != names.CodeOK {
+			return
+		}
+		w.reg.do(n.idx, regIn{Op: "confirm", Key: c.ID, Token: res.Record.Token, Node: n.name}, func(res names.Result, _, ok bool) {
+			if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
+				return
+			}
+			if _, err := n.ledger.SetNameToken(c.ID, res.Record.Token); err != nil {
+				return // released meanwhile
+			}
+			w.logf("%s anti-entropy adopted %s under token %d", n.name, c.ID, res.Record.Token)
+		})
 	})
 }
 

@@ -28,7 +28,8 @@ type regIn struct {
 	Caller  string
 	Request string
 	Token   uint64
-	Node    string
+	Node    string // the owner, holder, or a move's From
+	To      string // a move's target
 	Now     int64
 	Lease   int64
 }
@@ -98,6 +99,9 @@ func (r *registry) apply(in regIn) (names.Result, bool) {
 	case "release":
 		r.ops++
 		return r.m.Release(key, in.Token, in.Node), true
+	case "move":
+		r.ops++
+		return r.m.Move(key, in.Token, in.Node, in.To, in.Caller, now, time.Duration(in.Lease)*time.Millisecond), true
 	case "lookup":
 		r.lookups++
 		// A linearizable read sees the registry's clock as of its last

@@ -32,6 +32,10 @@ type Config struct {
 	AntiEntropy    int64
 	CommitAttempts int
 	RegUncertain   float64
+	// AdoptNamedCopies is the agent's anti-entropy rule for a committed
+	// claim confirmed under a token whose name is gone: adopt it. Off,
+	// such a copy is released (the rule docs/names.md proposes).
+	AdoptNamedCopies bool
 	// BrokenCommitWithoutConfirm makes owners commit without the
 	// registry's confirm: the checker must catch it.
 	BrokenCommitWithoutConfirm bool
@@ -243,12 +247,12 @@ func (c *client) next() {
 	c.left--
 	id := c.mine[w.rng.IntN(len(c.mine))]
 	rq := request{count: 1 + w.rng.IntN(2)}
-	op := []string{"claim", "claim", "get", "release"}[w.rng.IntN(4)]
+	op := []string{"claim", "claim", "get", "release", "resize"}[w.rng.IntN(5)]
 	st := c.ids[id]
 	switch op {
 	case "claim":
 		st.acked = "" // what it was is no longer certain
-	case "release":
+	case "release", "resize":
 		st.acked = ""
 	}
 	c.try(op, id, rq, 3)
@@ -294,6 +298,8 @@ func (c *client) try(op, id string, rq request, tries int) {
 			via.get(id, reply)
 		case "release":
 			via.release(id, reply)
+		case "resize":
+			via.resizeLocked(id, rq, reply)
 		}
 	})
 }
@@ -302,7 +308,7 @@ func (c *client) try(op, id string, rq request, tries int) {
 func (c *client) settled(op, id string, a answer) {
 	st := c.ids[id]
 	switch {
-	case op == "claim" && a.code == codeOK:
+	case (op == "claim" || op == "resize") && a.code == codeOK:
 		st.acked, st.node, st.gpus = "claimed", "", slices.Clone(a.claim.GPUs)
 		c.out.Acked++
 		for _, nd := range c.w.nodes {
@@ -338,7 +344,10 @@ func (w *world) checkFinal(ids map[string]*idState, order []string) {
 			w.violation("claim %s committed on %v: a name held twice", id, holders)
 		}
 		switch {
-		case st.acked == "claimed" && st.abandoned["release"], st.acked == "released" && st.abandoned["claim"]:
+		case st.acked == "claimed" && (st.abandoned["release"] || st.abandoned["resize"]),
+			st.acked == "released" && st.abandoned["claim"]:
+			// An abandoned resize cannot place a copy once the name is
+			// released: its move needs the name held.
 			w.lateSkipped++
 		case st.acked == "claimed":
 			w.checked++
