@@ -134,7 +134,9 @@ func (n *node) commit(id string, reply func(any)) {
 	}
 	if pending.State != ledger.StateReserved || !pending.Live(n.clock()) || n.w.cfg.BrokenCommitWithoutConfirm {
 		c, err := n.ledger.Commit(id, n.clock())
-		n.noteCommit(id, err)
+		if pending.State == ledger.StateReserved {
+			n.noteCommit(id, err) // not a retried commit of a committed claim
+		}
 		reply(answer{ledgerCode(err), c})
 		return
 	}
@@ -213,35 +215,30 @@ func (n *node) releaseName(id string, token uint64) {
 	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: token, Node: n.name}, func(names.Result, bool, bool) {})
 }
 
-// noteCommit checks, at every commit, that no other server holds the
-// claim ID committed.
+// noteCommit checks, at every commit, that the registry holds the name
+// on this server under the token the claim was committed with: a commit
+// the name does not back is a second copy in the making. Other servers
+// may still hold an older copy (a move commits before it releases, and a
+// move cut short leaves one): the anti-entropy pass resolves those, and
+// the final checks require that it did.
 func (n *node) noteCommit(id string, err error) {
 	if err != nil {
 		return
 	}
-	n.w.logf("%s committed %s", n.name, id)
+	c, _ := n.ledger.Get(id)
+	n.w.logf("%s committed %s under token %d", n.name, id, c.NameToken)
+	r, ok := n.w.reg.m.Lookup(names.Claim(id))
+	if !ok || r.State != names.StateHeld || r.Owner != n.name || r.Token != c.NameToken {
+		n.w.violation("claim %s committed on %s under token %d, but the registry has %s", id, n.name, c.NameToken, recText(&r))
+	}
 	for _, o := range n.w.nodes {
 		if o == n || !o.alive {
 			continue
 		}
-		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted && !n.w.moving(id, o.name, n.name) {
-			n.w.violation("claim %s committed on %s and on %s: a name held twice", id, o.name, n.name)
+		if oc, err := o.ledger.Get(id); err == nil && oc.State == ledger.StateCommitted {
+			n.w.copies++
 		}
 	}
-}
-
-// moving reports whether the registry shows claim id moving between a
-// and b: the new copy is committed before the old one is released.
-func (w *world) moving(id, a, b string) bool {
-	r, ok := w.reg.m.Lookup(names.Claim(id))
-	if !ok || r.State != names.StateHeld || (r.Owner != a && r.Owner != b) {
-		return false
-	}
-	other := r.MovedFrom
-	if r.Move != nil {
-		other = r.Move.To
-	}
-	return other != r.Owner && (other == a || other == b)
 }
 
 // antiEntropy is the pass of antientropy.go: names held here without a
@@ -312,26 +309,12 @@ func (n *node) antiEntropy() {
 
 // unnamed handles committed claim c, whose ID has no name. A claim
 // without a token was never named (a broken owner committed without a
-// confirm): a violation. The agent's pass adopts a named one too
-// (adoptName: acquire and confirm it here); with AdoptNamedCopies off the
-// simulation applies the rule docs/names.md proposes instead: a copy
-// confirmed under a token whose name is gone is a leftover of a move, and
-// is released.
+// confirm): a violation. Otherwise the agent's pass adopts it
+// (adoptName: acquire and confirm it here).
 func (n *node) unnamed(c ledger.Claim) {
 	w := n.w
 	if c.NameToken == 0 {
 		w.violation("claim %s committed on %s with no name in the registry", c.ID, n.name)
-		return
-	}
-	if !w.cfg.AdoptNamedCopies {
-		cur, err := n.ledger.Get(c.ID)
-		if err != nil || !cur.CommittedAt.Equal(c.CommittedAt) {
-			return
-		}
-		if _, err := n.ledger.Release(c.ID, n.clock()); err != nil {
-			panic(err)
-		}
-		w.logf("%s anti-entropy released %s: confirmed under token %d, its name is gone", n.name, c.ID, c.NameToken)
 		return
 	}
 	req := fmt.Sprintf("adopted:%d", len(c.GPUs))
@@ -347,6 +330,7 @@ func (n *node) unnamed(c ledger.Claim) {
 				return // released meanwhile
 			}
 			w.logf("%s anti-entropy adopted %s under token %d", n.name, c.ID, res.Record.Token)
+			w.adopted[c.ID] = true
 		})
 	})
 }

@@ -65,7 +65,13 @@ type world struct {
 	// checked and lateSkipped count the final checks of acknowledged
 	// answers made and left out.
 	checked, lateSkipped int
-	fail                 []string
+	// copies counts commits made while another server held the ID
+	// committed; adopted the IDs the anti-entropy pass adopted; known the
+	// violations of open defects (docs/names.md, "Simulation").
+	copies  int
+	adopted map[string]bool
+	known   []string
+	fail    []string
 }
 
 func (w *world) time() time.Time { return epoch0.Add(time.Duration(w.now) * time.Millisecond) }
