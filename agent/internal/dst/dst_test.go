@@ -62,7 +62,7 @@ func TestSimulation(t *testing.T) {
 			if n == 1 {
 				t.Log(out.Trace)
 			}
-			t.Fatalf("DST_SEED=%d: %d violations:\n%s\nreplay: DST_SEED=%d go test ./agent/internal/dst -run TestSimulation -v", seed, len(out.Violations), joinLines(out.Violations), seed)
+			t.Fatalf("DST_SEED=%d: %d violations:\n%s\nreplay: DST_SEED=%d go test ./agent/internal/dst -run '^TestSimulation$' -v", seed, len(out.Violations), joinLines(out.Violations), seed)
 		}
 	}
 	el := time.Since(start)
