@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test test-short test-integration test-kernel test-faults fuzz cover tidy-check bench bench-micro lint fmt clean
+.PHONY: all build run demo test test-short test-integration test-kernel test-dst test-faults fuzz cover tidy-check bench bench-micro lint fmt clean
 
 all: build
 
@@ -75,6 +75,14 @@ tidy-check:
 # IOMMU), the agent included. See tools/test/realkernel/run.sh.
 test-kernel:
 	GO=$(GO) tools/test/realkernel/run.sh
+
+# The deterministic simulation of the claim protocol with the name
+# registry: DST_SCHEDULES seeded fault schedules (10,000, about 2 minutes
+# on 2 cores); a failing one prints DST_SEED=n to replay it. See
+# docs/names.md, "Simulation".
+DST_SCHEDULES ?= 10000
+test-dst:
+	DST_SCHEDULES=$(DST_SCHEDULES) $(GO) test -count=1 -v -run '^TestSimulation$$' ./agent/internal/dst
 
 # Faults across servers (root, Linux): agents in network namespaces, kill -9,
 # SIGSTOP, partitions and packet loss from fixed seeds; see docs/testing.md.

@@ -1,0 +1,404 @@
+package dst
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// request is what a client asks for under a claim ID.
+type request struct {
+	count int
+}
+
+func (r request) items() []ledger.Item         { return []ledger.Item{{Model: "L40S", Count: r.count}} }
+func (r request) digest() string               { return fmt.Sprintf("v1:l40s-%d", r.count) }
+func sameItems(c ledger.Claim, r request) bool { return slices.Equal(c.Items, r.items()) }
+
+// claimLocked runs claim once no other claim of id runs on this agent:
+// coordinateOn takes the ID's lock (claimLocks), so a retry through the
+// same agent waits for the first try. The lock is in memory: a kill ends
+// it with the attempts it ordered.
+func (n *node) claimLocked(id string, rq request, reply func(answer)) {
+	n.locked(id, func(done func(answer)) { n.claim(id, rq, 0, done) }, reply)
+}
+
+// resizeLocked runs a resize under the claim ID's lock, as claims do.
+func (n *node) resizeLocked(id string, rq request, reply func(answer)) {
+	n.locked(id, func(done func(answer)) { n.resize(id, rq, done) }, reply)
+}
+
+func (n *node) locked(id string, op func(func(answer)), reply func(answer)) {
+	run := func() {
+		op(func(a answer) {
+			q := n.locks[id]
+			if len(q) == 0 {
+				delete(n.locks, id)
+			} else {
+				next := q[0]
+				n.locks[id] = q[1:]
+				n.w.at(n.idx, 0, next)
+			}
+			reply(a)
+		})
+	}
+	if q, busy := n.locks[id]; busy {
+		n.locks[id] = append(q, run)
+		return
+	}
+	n.locks[id] = nil
+	run()
+}
+
+// claim is placeNamed (namedclaim.go) on coordinator n: acquire the ID,
+// place under the grant's token, acquire once more when the owner's
+// confirm was fenced, and release a grant that committed nothing.
+func (n *node) claim(id string, rq request, round int, reply func(answer)) {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "acquire", Key: id, Caller: n.name, Request: rq.digest(), Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+		if !ok {
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		rec := res.Record
+		switch {
+		case res.Code == names.CodeOK, res.Code == names.CodeSame && rec.State == names.StatePending && rec.Caller == n.name:
+			n.place(id, rq, rec.Token, round, reply)
+		case res.Code == names.CodeSame && rec.State == names.StateHeld:
+			n.fromHolder(id, rq, rec.Owner, reply)
+		case res.Code == names.CodeSame:
+			// Pending under another coordinator: the real attempt polls
+			// for up to its pending TTL and then answers 503.
+			reply(answer{code: codeUnavailable})
+		case res.Code == names.CodeConflict && rec != nil && rec.State == names.StateHeld:
+			// Held under another digest: the claim may have been
+			// resized since, to what this request asks (heldOn).
+			o := w.index(rec.Owner)
+			w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].lookup(id)) }, func(ans any, ok bool) {
+				if ok && ans.(answer).code == codeOK && ans.(answer).claim.State == ledger.StateCommitted && sameItems(ans.(answer).claim, rq) {
+					reply(ans.(answer))
+					return
+				}
+				reply(answer{code: codeConflict})
+			})
+		case res.Code == names.CodeConflict, res.Code == names.CodeLost:
+			reply(answer{code: codeConflict})
+		default:
+			reply(answer{code: codeUnavailable})
+		}
+	})
+}
+
+// place asks the owners in random order (the coordinator's ranking) to
+// reserve and commit, as attempt.ask and attempt.commit do.
+func (n *node) place(id string, rq request, token uint64, round int, reply func(answer)) {
+	w := n.w
+	var order []int
+	for _, o := range w.nodes {
+		if o.alive { // the gossip view: dead members are not candidates
+			order = append(order, o.idx)
+		}
+	}
+	w.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	refused, failed := 0, 0
+	var try func(i int)
+	try = func(i int) {
+		if i == len(order) {
+			n.releaseGrant(id, token)
+			if refused > 0 || failed == 0 {
+				reply(answer{code: codeNotAvailable})
+			} else {
+				reply(answer{code: codeUnavailable})
+			}
+			return
+		}
+		o := order[i]
+		w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) {
+			r(w.nodes[o].reserve(id, rq.items(), token, n.name))
+		}, func(ans any, ok bool) {
+			if !ok {
+				failed++
+				w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].abort(id, true)) }, func(any, bool) {})
+				try(i + 1)
+				return
+			}
+			a := ans.(answer)
+			switch a.code {
+			case codeOK:
+				n.commitOn(id, o, w.cfg.CommitAttempts, func(a answer) {
+					switch {
+					case a.code == codeOK:
+						reply(a)
+					case a.code == codeUnavailable:
+						reply(a) // commit unknown: the name stays
+					case round == 0 && (a.code == codeLeaseExpired || a.code == codeConflict):
+						n.claim(id, rq, 1, reply)
+					default:
+						n.releaseGrant(id, token)
+						reply(a)
+					}
+				})
+			case codeNotAvailable:
+				refused++
+				try(i + 1)
+			default:
+				n.releaseGrant(id, token)
+				reply(a)
+			}
+		})
+	}
+	try(0)
+}
+
+// commitOn retries an unanswered commit, as attempt.commit does.
+func (n *node) commitOn(id string, o, attempts int, reply func(answer)) {
+	w := n.w
+	w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { w.nodes[o].commit(id, r) }, func(ans any, ok bool) {
+		if ok && ans.(answer).code != codeUnavailable {
+			reply(ans.(answer))
+			return
+		}
+		if attempts > 1 {
+			n.commitOn(id, o, attempts-1, reply)
+			return
+		}
+		reply(answer{code: codeUnavailable})
+	})
+}
+
+func (n *node) releaseGrant(id string, token uint64) {
+	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: token, Node: n.name}, func(names.Result, bool, bool) {})
+}
+
+// fromHolder answers a retried claim from the owner that holds its name.
+func (n *node) fromHolder(id string, rq request, owner string, reply func(answer)) {
+	w := n.w
+	o := w.index(owner)
+	w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].lookup(id)) }, func(ans any, ok bool) {
+		if !ok {
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		a := ans.(answer)
+		switch {
+		case a.code == codeNotFound:
+			reply(answer{code: codeUnavailable}) // lookupHolder's 503
+		case a.code != codeOK:
+			reply(a)
+		case !sameItems(a.claim, rq):
+			reply(answer{code: codeConflict})
+		case a.claim.State == ledger.StateCommitted:
+			reply(a)
+		default:
+			n.commitOn(id, o, w.cfg.CommitAttempts, reply)
+		}
+	})
+}
+
+// find is findNamed: the registry says where the ID is held, and op runs
+// there. An unavailable registry is a 503 here; the real agent then asks
+// every owner's ledger (not modelled).
+func (n *node) find(id string, op func(o int) func(func(any)), reply func(answer)) {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+		switch {
+		case !ok:
+			reply(answer{code: codeUnavailable})
+			return
+		case !found:
+			reply(answer{code: codeNotFound})
+			return
+		case res.Record.State != names.StateHeld:
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		o := w.index(res.Record.Owner)
+		w.call(n.idx, o, w.cfg.RPCTimeout, op(o), func(ans any, ok bool) {
+			if !ok || ans.(answer).code == codeNotFound {
+				reply(answer{code: codeUnavailable})
+				return
+			}
+			reply(ans.(answer))
+		})
+	})
+}
+
+func (n *node) get(id string, reply func(answer)) {
+	n.find(id, func(o int) func(func(any)) {
+		return func(r func(any)) { r(n.w.nodes[o].lookup(id)) }
+	}, reply)
+}
+
+func (n *node) release(id string, reply func(answer)) {
+	n.find(id, func(o int) func(func(any)) {
+		return func(r func(any)) { r(n.w.nodes[o].abort(id, false)) }
+	}, reply)
+}
+
+func (w *world) index(name string) int {
+	for _, n := range w.nodes {
+		if n.name == name {
+			return n.idx
+		}
+	}
+	panic("no node " + name)
+}
+
+// resize is a resize that moves the claim to another server
+// (resize_move.go; the in-place resize is not modelled): the name starts
+// moving to the new server, which reserves and commits under the move's
+// token (its commit confirms the move), and only then is the old copy
+// released; a release that fails moves the name back and drops the new
+// copy.
+func (n *node) resize(id string, rq request, reply func(answer)) {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+		switch {
+		case !ok:
+			reply(answer{code: codeUnavailable})
+			return
+		case !found:
+			reply(answer{code: codeNotFound})
+			return
+		case res.Record.State != names.StateHeld:
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		rec := *res.Record
+		from := w.index(rec.Owner)
+		w.call(n.idx, from, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[from].lookup(id)) }, func(ans any, ok bool) {
+			switch {
+			case !ok || ans.(answer).code == codeNotFound:
+				reply(answer{code: codeUnavailable})
+			case ans.(answer).code != codeOK:
+				reply(ans.(answer))
+			case sameItems(ans.(answer).claim, rq) && ans.(answer).claim.State == ledger.StateCommitted:
+				reply(ans.(answer))
+			default:
+				n.moveTo(id, rq, rec, from, reply)
+			}
+		})
+	})
+}
+
+func (n *node) moveTo(id string, rq request, rec names.Record, from int, reply func(answer)) {
+	w := n.w
+	var order []int
+	for _, o := range w.nodes {
+		if o.alive && o.idx != from {
+			order = append(order, o.idx)
+		}
+	}
+	w.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	refused, failed := 0, 0
+	var try func(i int)
+	try = func(i int) {
+		if i == len(order) {
+			if refused > 0 || failed == 0 {
+				reply(answer{code: codeNotAvailable})
+			} else {
+				reply(answer{code: codeUnavailable})
+			}
+			return
+		}
+		t := order[i]
+		w.reg.do(n.idx, regIn{Op: "move", Key: id, Token: rec.Token, Node: w.name(from), To: w.name(t), Caller: n.name, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+			switch {
+			case !ok:
+				reply(answer{code: codeUnavailable})
+				return
+			case res.Code == names.CodeConflict, res.Code == names.CodeStale, res.Code == names.CodeLost:
+				reply(answer{code: codeConflict})
+				return
+			case res.Code == names.CodeNotFound:
+				reply(answer{code: codeNotFound})
+				return
+			case res.Code != names.CodeOK && res.Code != names.CodeSame:
+				reply(answer{code: codeUnavailable})
+				return
+			}
+			mvToken := res.Record.Move.Token
+			w.call(n.idx, t, w.cfg.RPCTimeout, func(r func(any)) {
+				r(w.nodes[t].reserve(id, rq.items(), mvToken, n.name))
+			}, func(ans any, ok bool) {
+				if !ok || ans.(answer).code != codeOK {
+					if !ok {
+						failed++
+						w.call(n.idx, t, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[t].abort(id, true)) }, func(any, bool) {})
+					} else if ans.(answer).code == codeNotAvailable {
+						refused++
+					} else {
+						failed++
+					}
+					try(i + 1)
+					return
+				}
+				n.commitOn(id, t, w.cfg.CommitAttempts, func(a answer) {
+					switch a.code {
+					case codeOK:
+					case codeUnavailable:
+						reply(a) // the claim stays on from until the move is confirmed
+						return
+					default:
+						w.call(n.idx, t, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[t].abort(id, true)) }, func(any, bool) {})
+						reply(a)
+						return
+					}
+					moved := a
+					w.reg.do(n.idx, regIn{Op: "confirm", Key: id, Token: mvToken, Node: w.name(t)}, func(res names.Result, _, ok bool) {
+						switch {
+						case !ok:
+							reply(answer{code: codeUnavailable}) // both copies kept until settled
+							return
+						case res.Code != names.CodeOK && res.Code != names.CodeSame:
+							n.dropCopy(id, t)
+							reply(answer{code: codeConflict})
+							return
+						}
+						w.call(n.idx, from, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[from].abort(id, false)) }, func(ans any, ok bool) {
+							if ok && (ans.(answer).code == codeOK || ans.(answer).code == codeNotFound) {
+								w.logf("%s moved %s from %s to %s", n.name, id, w.name(from), w.name(t))
+								reply(moved)
+								return
+							}
+							n.undoMove(id, from, t, reply)
+						})
+					})
+				})
+			})
+		})
+	}
+	try(0)
+}
+
+func (n *node) dropCopy(id string, t int) {
+	n.w.call(n.idx, t, n.w.cfg.RPCTimeout, func(r func(any)) { r(n.w.nodes[t].abort(id, false)) }, func(any, bool) {})
+}
+
+// undoMove moves the name back to from and drops the new copy on t, as
+// resize_move.go's undoMove does when the old copy could not be released.
+func (n *node) undoMove(id string, from, t int, reply func(answer)) {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+		if !ok || !found {
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		w.reg.do(n.idx, regIn{Op: "move", Key: id, Token: res.Record.Token, Node: w.name(t), To: w.name(from), Caller: n.name, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+			if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
+				reply(answer{code: codeUnavailable})
+				return
+			}
+			w.reg.do(n.idx, regIn{Op: "confirm", Key: id, Token: res.Record.Move.Token, Node: w.name(from)}, func(res names.Result, _, ok bool) {
+				if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
+					reply(answer{code: codeUnavailable})
+					return
+				}
+				n.dropCopy(id, t)
+				reply(answer{code: codeConflict})
+			})
+		})
+	})
+}

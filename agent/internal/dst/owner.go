@@ -1,0 +1,344 @@
+package dst
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// API answer codes, as the agent's API uses them.
+const (
+	codeOK           = "ok"
+	codeNotAvailable = "not_available"
+	codeConflict     = "conflict"
+	codeLeaseExpired = "lease_expired"
+	codeNotFound     = "not_found"
+	codeUnavailable  = "unavailable"
+)
+
+// answer is what an owner or a coordinator answers.
+type answer struct {
+	code  string
+	claim ledger.Claim
+}
+
+// node is one agent: an owner with its real ledger, a coordinator, and
+// the anti-entropy pass. gen counts its process lives: a kill ends every
+// step it was running.
+type node struct {
+	w           *world
+	idx         int
+	name        string
+	alive       bool
+	gen         int
+	pausedUntil int64
+	path        string
+	ledger      *ledger.Ledger
+	// dups is the anti-entropy pass's previous sightings of duplicates.
+	dups map[string]uint64
+	// locks are the coordinator's claim IDs in progress, each with the
+	// claims through this agent waiting for it.
+	locks map[string][]func()
+}
+
+func (n *node) open() error {
+	l, err := ledger.Open(n.path, ledger.WithLockTimeout(time.Second))
+	if err != nil {
+		return fmt.Errorf("open the ledger of %s: %w", n.name, err)
+	}
+	var gpus []ledger.GPU
+	for i := range n.w.cfg.GPUs {
+		gpus = append(gpus, ledger.GPU{Address: fmt.Sprintf("0000:%02x:00.0", i+1), Model: "L40S", Healthy: true})
+	}
+	if err := l.SetInventory(gpus); err != nil {
+		return fmt.Errorf("inventory of %s: %w", n.name, err)
+	}
+	n.ledger = l
+	return nil
+}
+
+// kill ends the process: its steps in flight are dropped, its ledger
+// closed (reservations, which live in memory, are gone at the next open).
+func (n *node) kill() {
+	n.alive = false
+	n.gen++
+	n.pausedUntil = 0
+	if err := n.ledger.Close(); err != nil {
+		panic(err)
+	}
+}
+
+func (n *node) restart() {
+	n.alive = true
+	n.dups = map[string]uint64{}
+	n.locks = map[string][]func(){}
+	if err := n.open(); err != nil {
+		panic(err)
+	}
+	n.startLoops()
+}
+
+// startLoops starts the process's periodic anti-entropy pass.
+func (n *node) startLoops() {
+	var pass func()
+	pass = func() {
+		n.antiEntropy()
+		n.w.at(n.idx, n.w.cfg.AntiEntropy, pass)
+	}
+	n.w.at(n.idx, n.w.cfg.AntiEntropy+n.w.rng.Int64N(n.w.cfg.AntiEntropy), pass)
+}
+
+func (n *node) clock() time.Time { return n.w.time() }
+
+func ledgerCode(err error) string {
+	var (
+		na *ledger.NotAvailableError
+		ce *ledger.ConflictError
+	)
+	switch {
+	case err == nil:
+		return codeOK
+	case errors.As(err, &na):
+		return codeNotAvailable
+	case errors.As(err, &ce):
+		return codeConflict
+	case errors.Is(err, ledger.ErrLeaseExpired):
+		return codeLeaseExpired
+	case errors.Is(err, ledger.ErrNotFound):
+		return codeNotFound
+	case errors.Is(err, ledger.ErrCommitted):
+		return codeConflict
+	}
+	panic(fmt.Sprintf("ledger error the simulation does not expect: %v", err))
+}
+
+// reserve is the owner's Reserve (owner.go): the ledger's check-and-take
+// under the placement's name token.
+func (n *node) reserve(id string, items []ledger.Item, token uint64, coordinator string) answer {
+	c, err := n.ledger.Reserve(id, ledger.Request{Items: items, NameToken: token}, coordinator, n.clock(), ms(n.w.cfg.ReserveLease))
+	return answer{ledgerCode(err), c}
+}
+
+// commit is the owner's Commit (owner.go, ownernames.go): a live
+// reservation is committed only after the registry confirmed its claim
+// ID on this server under the reservation's token.
+func (n *node) commit(id string, reply func(any)) {
+	pending, err := n.ledger.Get(id)
+	if err != nil {
+		reply(answer{code: ledgerCode(err)})
+		return
+	}
+	if pending.State != ledger.StateReserved || !pending.Live(n.clock()) || n.w.cfg.BrokenCommitWithoutConfirm {
+		c, err := n.ledger.Commit(id, n.clock())
+		if pending.State == ledger.StateReserved {
+			n.noteCommit(id, err) // not a retried commit of a committed claim
+		}
+		reply(answer{ledgerCode(err), c})
+		return
+	}
+	n.w.reg.do(n.idx, regIn{Op: "confirm", Key: id, Token: pending.NameToken, Node: n.name}, func(res names.Result, _, ok bool) {
+		if !ok {
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		switch res.Code {
+		case names.CodeOK, names.CodeSame:
+		case names.CodeStale, names.CodeExpired, names.CodeNotFound:
+			n.dropUnconfirmed(id, pending)
+			reply(answer{code: codeLeaseExpired})
+			return
+		default:
+			n.dropUnconfirmed(id, pending)
+			reply(answer{code: codeConflict})
+			return
+		}
+		c, err := n.ledger.Commit(id, n.clock())
+		n.noteCommit(id, err)
+		if err != nil {
+			n.releaseName(id, pending.NameToken)
+		}
+		reply(answer{ledgerCode(err), c})
+	})
+}
+
+// dropUnconfirmed drops the reservation whose name the registry refused,
+// unless it was replaced meanwhile (the real owner holds the device locks
+// across the confirm; here another step may run in between).
+func (n *node) dropUnconfirmed(id string, pending ledger.Claim) {
+	if cur, err := n.ledger.Get(id); err != nil || !cur.CreatedAt.Equal(pending.CreatedAt) || cur.State != ledger.StateReserved {
+		return
+	}
+	if _, err := n.ledger.AbortReservation(id, n.clock()); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		panic(err)
+	}
+}
+
+// abort is the owner's Abort and AbortReservation; a released claim lets
+// its name go afterwards.
+func (n *node) abort(id string, reservationOnly bool) answer {
+	var (
+		c   ledger.Claim
+		err error
+	)
+	if reservationOnly {
+		c, err = n.ledger.AbortReservation(id, n.clock())
+	} else {
+		c, err = n.ledger.Release(id, n.clock())
+	}
+	if err != nil {
+		return answer{code: ledgerCode(err)}
+	}
+	if c.State == ledger.StateCommitted {
+		n.releaseName(id, c.NameToken)
+	}
+	return answer{codeOK, c}
+}
+
+func (n *node) lookup(id string) answer {
+	c, err := n.ledger.Get(id)
+	if err == nil && !c.Live(n.clock()) {
+		return answer{code: codeNotFound}
+	}
+	return answer{ledgerCode(err), c}
+}
+
+// releaseName lets a released claim's name go; what cannot be let go now
+// is left for the anti-entropy pass.
+func (n *node) releaseName(id string, token uint64) {
+	if token == 0 {
+		return
+	}
+	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: token, Node: n.name}, func(names.Result, bool, bool) {})
+}
+
+// noteCommit checks, at every commit, that the registry holds the name
+// on this server under the token the claim was committed with: a commit
+// the name does not back is a second copy in the making. Other servers
+// may still hold an older copy (a move commits before it releases, and a
+// move cut short leaves one): the anti-entropy pass resolves those, and
+// the final checks require that it did.
+func (n *node) noteCommit(id string, err error) {
+	if err != nil {
+		return
+	}
+	c, _ := n.ledger.Get(id)
+	n.w.logf("%s committed %s under token %d", n.name, id, c.NameToken)
+	r, ok := n.w.reg.m.Lookup(names.Claim(id))
+	if !ok || r.State != names.StateHeld || r.Owner != n.name || r.Token != c.NameToken {
+		n.w.violation("claim %s committed on %s under token %d, but the registry has %s", id, n.name, c.NameToken, recText(&r))
+	}
+	for _, o := range n.w.nodes {
+		if o == n || !o.alive {
+			continue
+		}
+		if oc, err := o.ledger.Get(id); err == nil && oc.State == ledger.StateCommitted {
+			n.w.copies++
+		}
+	}
+}
+
+// antiEntropy is the pass of antientropy.go: names held here without a
+// live claim are freed; a committed claim whose name is held elsewhere is
+// a duplicate, released by the pass after the one that first saw it (no
+// VM uses claims in the simulation).
+func (n *node) antiEntropy() {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "list", Node: n.name}, func(res names.Result, _, ok bool) {
+		if !ok {
+			return
+		}
+		held := map[string]names.Record{}
+		for _, r := range res.Records {
+			held[r.Name] = r
+		}
+		claims := map[string]ledger.Claim{}
+		for _, c := range n.ledger.List() {
+			if c.Live(n.clock()) {
+				claims[c.ID] = c
+			}
+		}
+		for _, r := range res.Records {
+			if _, ok := claims[r.Name]; !ok {
+				w.logf("%s anti-entropy frees name %s token %d", n.name, r.Name, r.Token)
+				w.reg.do(n.idx, regIn{Op: "release", Key: r.Name, Token: r.Token, Node: n.name}, func(names.Result, bool, bool) {})
+			}
+		}
+		for _, c := range n.ledger.List() {
+			if c.State != ledger.StateCommitted {
+				continue
+			}
+			if r, ok := held[c.ID]; ok {
+				// ownName: a claim moved back carries its old token.
+				if c.NameToken != r.Token {
+					if _, err := n.ledger.SetNameToken(c.ID, r.Token); err != nil {
+						panic(err)
+					}
+				}
+				continue
+			}
+			c := c
+			w.reg.do(n.idx, regIn{Op: "lookup", Key: c.ID}, func(res names.Result, found, ok bool) {
+				if ok && !found {
+					n.unnamed(c)
+					return
+				}
+				if !ok || res.Record.State != names.StateHeld || res.Record.Owner == n.name {
+					return
+				}
+				w.logf("%s anti-entropy: duplicate %s (kept on %s)", n.name, c.ID, res.Record.Owner)
+				if n.dups[c.ID] != res.Record.Token {
+					n.dups[c.ID] = res.Record.Token
+					return
+				}
+				cur, err := n.ledger.Get(c.ID)
+				if err != nil || !cur.CommittedAt.Equal(c.CommittedAt) {
+					return
+				}
+				if _, err := n.ledger.Release(c.ID, n.clock()); err != nil {
+					panic(err)
+				}
+				w.logf("%s anti-entropy released duplicate %s", n.name, c.ID)
+			})
+		}
+	})
+}
+
+// unnamed handles committed claim c, whose ID has no name. A claim
+// without a token was never named (a broken owner committed without a
+// confirm): a violation. Otherwise the agent's pass adopts it
+// (adoptName: acquire and confirm it here).
+func (n *node) unnamed(c ledger.Claim) {
+	w := n.w
+	if c.NameToken == 0 {
+		w.violation("claim %s committed on %s with no name in the registry", c.ID, n.name)
+		return
+	}
+	req := fmt.Sprintf("adopted:%d", len(c.GPUs))
+	w.reg.do(n.idx, regIn{Op: "acquire", Key: c.ID, Caller: n.name, Request: req, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+		if !ok || res.Code != names.CodeOK {
+			return
+		}
+		w.reg.do(n.idx, regIn{Op: "confirm", Key: c.ID, Token: res.Record.Token, Node: n.name}, func(res names.Result, _, ok bool) {
+			if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
+				return
+			}
+			if _, err := n.ledger.SetNameToken(c.ID, res.Record.Token); err != nil {
+				return // released meanwhile
+			}
+			w.logf("%s anti-entropy adopted %s under token %d", n.name, c.ID, res.Record.Token)
+			w.adopted[c.ID] = true
+		})
+	})
+}
+
+func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+
+func removeLedger(path string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		panic(err)
+	}
+}
