@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -185,6 +186,8 @@ func (a *Agent) createGroupFile(ctx context.Context, rec api.GroupRecord) (group
 // answers the group (placing the nodes it lacks); another request for the
 // name is a conflict.
 func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupRequest) (api.Group, error) {
+	ctx, cancel := groupContext(ctx)
+	defer cancel()
 	if err := validateGroupName(name); err != nil {
 		return api.Group{}, err
 	}
@@ -417,6 +420,8 @@ func (a *Agent) GetGroup(ctx context.Context, name string) (api.Group, error) {
 // RepairGroup places again the node claims of a group that no server
 // holds, with the GPUs of its other nodes, all or nothing.
 func (a *Agent) RepairGroup(ctx context.Context, name string) (api.Group, error) {
+	ctx, cancel := groupContext(ctx)
+	defer cancel()
 	if err := validateGroupName(name); err != nil {
 		return api.Group{}, err
 	}
@@ -451,6 +456,8 @@ func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error
 // name is free again. Nodes released before are skipped. When a node
 // cannot be released the group stays, so that a retry finds it.
 func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, error) {
+	ctx, cancel := groupContext(ctx)
+	defer cancel()
 	s, err := a.readGroupState(ctx, name)
 	if err != nil {
 		return api.Group{}, err
@@ -466,4 +473,17 @@ func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, 
 	}
 	a.log.Info("group deleted", "group", name)
 	return g, nil
+}
+
+// groupOpTimeout bounds a group operation once begun: every node's claim,
+// move or release, one after the other.
+const groupOpTimeout = 5 * time.Minute
+
+// groupContext detaches a group operation from its client: a client that
+// gives up (a timeout, a dropped connection) must not stop a create,
+// resize or delete half-way, which would leave some nodes changed and
+// others not. It runs to completion, or to its own rollback, under the
+// agent's deadline.
+func groupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), groupOpTimeout)
 }

@@ -19,6 +19,8 @@ import (
 // read again: the answer says that every node is as it was, or names,
 // loudly, each node that is not.
 func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
+	ctx, cancel := groupContext(ctx)
+	defer cancel()
 	s, err := a.readGroupState(ctx, name)
 	if err != nil {
 		return api.Group{}, err
