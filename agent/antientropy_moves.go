@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -38,8 +39,9 @@ const (
 )
 
 // nameWithoutClaim settles name r, held on this server with no claim in
-// its ledger: a name that came here by a move is handed back to the
-// server it came from, once per token; any other (or one handed back
+// its ledger: a name that came here by a move, and whose claim this
+// server does not remember releasing under its token, is handed back to
+// the server it came from, once per token; any other (or one handed back
 // before, still here) is released. A name with a move under way is left
 // to that move.
 func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcome {
@@ -65,6 +67,15 @@ func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 	}
 	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
 		return nameKept // committed or reserved since the pass read the ledger
+	}
+	if rel, ok, _ := a.ledger.Recall(r.Name, a.now(), time.Duration(a.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
+		// Its claim was committed here under this very token and released
+		// since: the name's release did not reach the registry. The old
+		// server's copy, if any, is a leftover of the same release.
+		if a.freeName(ctx, r) {
+			return nameFreed
+		}
+		return nameKept
 	}
 	mover, ok := a.names.(nameMover)
 	if !ok {

@@ -141,6 +141,35 @@ func TestAntiEntropyHandsMovedNameBack(t *testing.T) {
 	}
 }
 
+// A name moved to b whose claim b committed and released (the release of
+// the name did not reach the registry) is released, not handed back: the
+// claim was released, and a's old copy is a leftover of that release.
+func TestAntiEntropyFreesMovedNameOfAReleasedClaim(t *testing.T) {
+	tc, n, _ := namedCluster(t)
+	settled(t, tc.start("a", "l40s-4"))
+	b := settled(t, tc.start("b", "l40s-4"))
+	r := holdName(t, n, "vm-m", "a")
+	mv := moveName(t, n, "vm-m", r.Token, "a", "b")
+	if _, err := n.ConfirmMove(context.Background(), names.Claim("vm-m"), mv, "b", "b"); err != nil {
+		t.Fatal(err)
+	}
+	namedClaim(t, b, "vm-m", mv)
+	c, err := b.ledger.Release("vm-m", b.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ledger.Remember(c, b.now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rep := b.antiEntropyPass(context.Background())
+	if len(rep.Freed) != 1 || len(rep.HandedBack) != 0 {
+		t.Fatalf("b's pass: %+v, want vm-m freed, not handed back", rep)
+	}
+	if _, held := nameOf(t, n, "vm-m"); held {
+		t.Error("vm-m is still held")
+	}
+}
+
 // A name handed back that its old server does not take (it holds no
 // copy) comes back when the move lapses, and is released then: once per
 // token.
@@ -248,5 +277,4 @@ func TestAntiEntropyKeepsDuplicateWhenTheHolderIsGone(t *testing.T) {
 			t.Fatalf("b's pass %d with a gone: %+v, want b's copy kept", i+1, rep)
 		}
 	}
-	_ = a
 }
