@@ -79,10 +79,10 @@ test-kernel:
 # The deterministic simulation of the claim protocol with the name
 # registry: DST_SCHEDULES seeded fault schedules (10,000, about 2 minutes
 # on 2 cores); a failing one prints DST_SEED=n to replay it. See
-# docs/names.md, "Simulation".
+# docs/names.md, "Simulation". Strict: an open defect's schedules fail too.
 DST_SCHEDULES ?= 10000
 test-dst:
-	DST_SCHEDULES=$(DST_SCHEDULES) $(GO) test -count=1 -v -run '^TestSimulation$$' ./agent/internal/dst
+	DST_STRICT=1 DST_SCHEDULES=$(DST_SCHEDULES) $(GO) test -count=1 -v -run '^TestSimulation$$' ./agent/internal/dst
 
 # Faults across servers (root, Linux): agents in network namespaces, kill -9,
 # SIGSTOP, partitions and packet loss from fixed seeds; see docs/testing.md.

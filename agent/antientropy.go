@@ -28,14 +28,23 @@ import (
 // part at start and then every antiEntropyEvery, jittered:
 //
 //   - a name the registry holds on this server with no claim in its ledger
-//     is released (its token, this server as holder);
+//     is released (its token, this server as holder), unless it came here
+//     by a move from another server: then it is handed back there first
+//     (moved back, once per token; antientropy_moves.go), and released
+//     only if it is still here on a later pass;
 //   - a committed claim whose ID has no name is given one (acquired and
-//     confirmed for this server: adopted);
+//     confirmed for this server: adopted) when its ledger records no name
+//     token (a ledger from before the registry); one that was named once
+//     lost its name by a release: it is a leftover, released like a
+//     duplicate;
+//   - a committed claim whose name is moving to this server is confirmed
+//     here: the name comes back to the copy;
 //   - a committed claim whose name is held on another server is a
 //     duplicate. The registry's copy is kept. This copy is released unless
 //     a VM uses it (the ledger's use mark, or a process holding its VFIO
-//     groups open); then it stays, marked, until its VM stops. GPUs are
-//     never taken from a running VM.
+//     groups open), or the holder does not answer that it holds its copy
+//     committed; then it stays, marked, until its VM stops or the holder
+//     answers. GPUs are never taken from a running VM.
 //
 // A registry that does not answer skips the pass, logged once until a pass
 // gets through again.
@@ -58,6 +67,9 @@ type antiEntropy struct {
 	// lostHere are claims of this ledger whose names the registry lists as
 	// lost on this server (it was removed while it ran); warned once each.
 	lostHere map[string]bool
+	// handedBack are the names this server moved back to the server they
+	// came from, by claim ID: the token they were held under here.
+	handedBack map[string]uint64
 }
 
 // mark is the duplicate mark of claim id for claim views.
@@ -71,7 +83,9 @@ func (e *antiEntropy) mark(id string) (bool, string) {
 // sighting is the registry's record that made a copy a duplicate: a copy
 // is released only when two passes in a row saw the same one, so that a
 // claim between two steps of the claim path (a move from one server to
-// another, a commit racing a release) is never taken for a duplicate.
+// another, a commit racing a release) is never taken for a duplicate. A
+// leftover (a copy whose name was released) has no owner and the copy's
+// own token.
 type sighting struct {
 	owner string
 	token uint64
@@ -79,11 +93,13 @@ type sighting struct {
 
 // antiEntropyReport is what one pass did, for tests and the log.
 type antiEntropyReport struct {
-	Skipped  bool
-	Freed    []string // names released: no claim in the ledger
-	Adopted  []string // claims given their missing name
-	Released []string // duplicate copies released
-	Kept     []string // duplicate copies kept: a VM uses them, or first seen
+	Skipped    bool
+	Freed      []string // names released: no claim in the ledger
+	HandedBack []string // names with no claim here moved back where they came from
+	Adopted    []string // claims given their missing name
+	Confirmed  []string // claims whose name moving here was confirmed
+	Released   []string // duplicate and leftover copies released
+	Kept       []string // duplicate and leftover copies kept: a VM uses them, first seen, or the holder did not say
 }
 
 // antiEntropyLoop runs a pass at once, then one every antiEntropyEvery
@@ -138,14 +154,20 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 		}
 	}
 
+	nameless := map[string]bool{}
 	for _, id := range slices.Sorted(maps.Keys(held)) {
 		if _, ok := claims[id]; ok {
 			continue
 		}
-		if a.freeName(ctx, held[id]) {
+		nameless[id] = true
+		switch a.nameWithoutClaim(ctx, held[id]) {
+		case nameFreed:
 			rep.Freed = append(rep.Freed, id)
+		case nameHandedBack:
+			rep.HandedBack = append(rep.HandedBack, id)
 		}
 	}
+	a.forgetHandedBack(nameless)
 
 	a.ae.mu.Lock()
 	prev := a.ae.dups
@@ -163,6 +185,14 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 		}
 		r, err := a.names.Lookup(ctx, names.Claim(id), names.Linearizable)
 		switch {
+		case errors.Is(err, names.ErrNotFound) && c.NameToken != 0:
+			seen := sighting{token: c.NameToken}
+			if a.resolveLeftover(ctx, c, prev[id] == seen) {
+				rep.Released = append(rep.Released, id)
+			} else {
+				dups[id] = seen
+				rep.Kept = append(rep.Kept, id)
+			}
 		case errors.Is(err, names.ErrNotFound):
 			if a.adoptName(ctx, c) {
 				rep.Adopted = append(rep.Adopted, id)
@@ -177,6 +207,10 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			// confirm decides, and the next pass sees the outcome.
 		case r.Owner == self:
 			// Confirmed here since the list was read.
+		case r.Move != nil && r.Move.To == self:
+			if a.confirmMoveHere(ctx, c, r) {
+				rep.Confirmed = append(rep.Confirmed, id)
+			}
 		default:
 			seen := sighting{owner: r.Owner, token: r.Token}
 			if a.resolveDuplicate(ctx, c, r, prev[id] == seen) {
@@ -196,8 +230,9 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 	a.ae.lostHere = lostHere
 	a.ae.mu.Unlock()
 	a.metrics.SetClaimDuplicates(len(dups))
-	if len(rep.Freed)+len(rep.Adopted)+len(rep.Released)+len(rep.Kept) > 0 {
-		a.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_adopted", rep.Adopted,
+	if len(rep.Freed)+len(rep.HandedBack)+len(rep.Adopted)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept) > 0 {
+		a.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_handed_back", rep.HandedBack,
+			"names_adopted", rep.Adopted, "moves_confirmed", rep.Confirmed,
 			"duplicates_released", rep.Released, "duplicates_kept", rep.Kept)
 	}
 	return rep
@@ -275,16 +310,13 @@ func adoptedRequest(c ledger.Claim) string {
 	return "adopted:" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// adoptName gives committed claim c, which has no name, one held on this
+// adoptName gives committed claim c, which has no name and never had one
+// (no name token: a ledger from before the registry), one held on this
 // server. Another request that takes the name first wins; the next pass
 // then finds this copy a duplicate.
 func (a *Agent) adoptName(ctx context.Context, c ledger.Claim) bool {
 	self := a.cfg.NodeName
 	key := names.Claim(c.ID)
-	if c.NameToken != 0 {
-		a.log.Warn("anti-entropy: claim confirmed under a name token has no name in the registry (its name was released while this server was removed, or the registry lost it); adopting it again",
-			"claim", c.ID, "token", c.NameToken)
-	}
 	g, err := a.names.Acquire(ctx, key, self, self, adoptedRequest(c), nil)
 	if err != nil {
 		a.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
@@ -333,6 +365,10 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 	}
 	if !again {
 		a.log.Info("duplicate unused; released by the next pass if it is still one", "claim", c.ID, "kept_on", r.Owner)
+		return false
+	}
+	if why := a.holderLacks(ctx, r.Owner, c.ID); why != "" {
+		a.log.Warn("duplicate kept: the server the registry names does not confirm it holds the claim; the next pass asks again", "claim", c.ID, "kept_on", r.Owner, "why", why)
 		return false
 	}
 	rel, err := a.ledger.Release(c.ID, a.now())

@@ -217,6 +217,7 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	if c, err := b.Lookup(context.Background(), "vm-d"); err != nil || !c.Duplicate || c.KeptOn != "a" {
 		t.Errorf("b's copy after the first pass: %+v, %v; want marked duplicate, kept on a", c, err)
 	}
+	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 2 })
 	rep = b.antiEntropyPass(context.Background())
 	if len(rep.Released) != 1 || rep.Released[0] != "vm-d" || len(rep.Kept) != 0 {
 		t.Fatalf("b's second pass: %+v, want its copy of vm-d released", rep)

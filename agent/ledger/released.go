@@ -28,13 +28,17 @@ type Released struct {
 	Items      []Item            `json:"items"`
 	Labels     map[string]string `json:"labels,omitempty"`
 	ReleasedAt time.Time         `json:"released_at"`
+	// NameToken is the name token the claim was committed under (0: none),
+	// so that the anti-entropy pass can tell a name whose release did not
+	// reach the registry from one moved here whose commit never happened.
+	NameToken uint64 `json:"name_token,omitempty"`
 }
 
 // Remember records that claim c was released at now, durably, forgetting
 // records older than keep and the oldest beyond maxReleased. keep 0
 // remembers nothing (and forgets everything).
 func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
-	rec := Released{ID: c.ID, Items: slices.Clone(c.Items), Labels: maps.Clone(c.Labels), ReleasedAt: now.UTC()}
+	rec := Released{ID: c.ID, Items: slices.Clone(c.Items), Labels: maps.Clone(c.Labels), ReleasedAt: now.UTC(), NameToken: c.NameToken}
 	v, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode released claim %q: %w", c.ID, err)

@@ -116,7 +116,8 @@ func (f *FSM) List(flt Filter, limit int) ([]Record, bool, error) {
 	}
 	out := make([]Record, len(keys))
 	for i, k := range keys {
-		out[i] = f.st.records[k].clone()
+		// As a lookup reads it: a move past its deadline is gone.
+		out[i] = f.st.records[k].at(f.st.now)
 	}
 	return out, truncated, nil
 }

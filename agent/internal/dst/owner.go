@@ -38,8 +38,10 @@ type node struct {
 	pausedUntil int64
 	path        string
 	ledger      *ledger.Ledger
-	// dups is the anti-entropy pass's previous sightings of duplicates.
-	dups map[string]uint64
+	// dups is the anti-entropy pass's previous sightings of duplicates
+	// and leftovers; handedBack the names it moved back, by token.
+	dups       map[string]sighting
+	handedBack map[string]uint64
 	// locks are the coordinator's claim IDs in progress, each with the
 	// claims through this agent waiting for it.
 	locks map[string][]func()
@@ -74,7 +76,8 @@ func (n *node) kill() {
 
 func (n *node) restart() {
 	n.alive = true
-	n.dups = map[string]uint64{}
+	n.dups = map[string]sighting{}
+	n.handedBack = map[string]uint64{}
 	n.locks = map[string][]func(){}
 	if err := n.open(); err != nil {
 		panic(err)
@@ -193,6 +196,11 @@ func (n *node) abort(id string, reservationOnly bool) answer {
 		return answer{code: ledgerCode(err)}
 	}
 	if c.State == ledger.StateCommitted {
+		// The owner's remember (lifecycle.go): the ledger keeps the token
+		// the released claim was committed under.
+		if err := n.ledger.Remember(c, n.clock(), rememberReleased); err != nil {
+			panic(err)
+		}
 		n.releaseName(id, c.NameToken)
 	}
 	return answer{codeOK, c}
@@ -241,10 +249,21 @@ func (n *node) noteCommit(id string, err error) {
 	}
 }
 
-// antiEntropy is the pass of antientropy.go: names held here without a
-// live claim are freed; a committed claim whose name is held elsewhere is
-// a duplicate, released by the pass after the one that first saw it (no
-// VM uses claims in the simulation).
+// sighting is what made a copy a duplicate (the registry's holder and
+// token) or a leftover (no holder, the copy's own token).
+type sighting struct {
+	owner string
+	token uint64
+}
+
+// antiEntropy is the pass of antientropy.go and antientropy_moves.go:
+// names held here without a live claim are freed, or handed back to the
+// server they were moved from (once per token); a committed claim whose
+// name is moving here confirms it; one whose name is held elsewhere is a
+// duplicate, released by the pass after the one that first saw it once
+// the holder answers that it holds the claim committed; one whose name
+// was released is a leftover, released the same way (no VM uses claims
+// in the simulation).
 func (n *node) antiEntropy() {
 	w := n.w
 	w.reg.do(n.idx, regIn{Op: "list", Node: n.name}, func(res names.Result, _, ok bool) {
@@ -263,8 +282,12 @@ func (n *node) antiEntropy() {
 		}
 		for _, r := range res.Records {
 			if _, ok := claims[r.Name]; !ok {
-				w.logf("%s anti-entropy frees name %s token %d", n.name, r.Name, r.Token)
-				w.reg.do(n.idx, regIn{Op: "release", Key: r.Name, Token: r.Token, Node: n.name}, func(names.Result, bool, bool) {})
+				n.nameWithoutClaim(r)
+			}
+		}
+		for id := range n.handedBack {
+			if r, ok := held[id]; !ok || claims[id].ID != "" || r.Token != n.handedBack[id] {
+				delete(n.handedBack, id)
 			}
 		}
 		for _, c := range n.ledger.List() {
@@ -282,57 +305,120 @@ func (n *node) antiEntropy() {
 			}
 			c := c
 			w.reg.do(n.idx, regIn{Op: "lookup", Key: c.ID}, func(res names.Result, found, ok bool) {
-				if ok && !found {
+				switch {
+				case !ok:
+				case !found:
 					n.unnamed(c)
-					return
+				case res.Record.State != names.StateHeld || res.Record.Owner == n.name:
+				case res.Record.Move != nil && res.Record.Move.To == n.name && w.time().Before(res.Record.Move.Deadline):
+					n.confirmMoveHere(c, *res.Record)
+				default:
+					w.logf("%s anti-entropy: duplicate %s (kept on %s)", n.name, c.ID, res.Record.Owner)
+					if !n.sightedAgain(c.ID, sighting{res.Record.Owner, res.Record.Token}) {
+						return
+					}
+					holder := w.index(res.Record.Owner)
+					w.call(n.idx, holder, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[holder].lookup(c.ID)) }, func(ans any, ok bool) {
+						if !ok || ans.(answer).code != codeOK || ans.(answer).claim.State != ledger.StateCommitted {
+							w.logf("%s anti-entropy keeps duplicate %s: %s does not confirm it holds it", n.name, c.ID, res.Record.Owner)
+							return
+						}
+						n.releaseCopy(c, "duplicate")
+					})
 				}
-				if !ok || res.Record.State != names.StateHeld || res.Record.Owner == n.name {
-					return
-				}
-				w.logf("%s anti-entropy: duplicate %s (kept on %s)", n.name, c.ID, res.Record.Owner)
-				if n.dups[c.ID] != res.Record.Token {
-					n.dups[c.ID] = res.Record.Token
-					return
-				}
-				cur, err := n.ledger.Get(c.ID)
-				if err != nil || !cur.CommittedAt.Equal(c.CommittedAt) {
-					return
-				}
-				if _, err := n.ledger.Release(c.ID, n.clock()); err != nil {
-					panic(err)
-				}
-				w.logf("%s anti-entropy released duplicate %s", n.name, c.ID)
 			})
 		}
 	})
 }
 
+// sightedAgain records sighting s of claim id and reports whether the
+// previous pass saw the same.
+func (n *node) sightedAgain(id string, s sighting) bool {
+	if n.dups[id] == s {
+		return true
+	}
+	n.dups[id] = s
+	return false
+}
+
+// nameWithoutClaim is the agent's nameWithoutClaim: a name with a move
+// under way is left to it; one moved here from another server is handed
+// back there once per token; any other is released.
+func (n *node) nameWithoutClaim(r names.Record) {
+	w := n.w
+	switch {
+	case r.Move != nil && w.time().Before(r.Move.Deadline):
+		return
+	case r.MovedFrom != "" && r.MovedFrom != n.name && n.handedBack[r.Name] != r.Token && !n.releasedUnder(r.Name, r.Token):
+		w.reg.do(n.idx, regIn{Op: "move", Key: r.Name, Token: r.Token, Node: n.name, To: r.MovedFrom, Caller: n.name, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+			if ok && (res.Code == names.CodeOK || res.Code == names.CodeSame) {
+				n.handedBack[r.Name] = r.Token
+				w.logf("%s anti-entropy handed name %s token %d back to %s", n.name, r.Name, r.Token, r.MovedFrom)
+			}
+		})
+	default:
+		w.logf("%s anti-entropy frees name %s token %d", n.name, r.Name, r.Token)
+		w.reg.do(n.idx, regIn{Op: "release", Key: r.Name, Token: r.Token, Node: n.name}, func(names.Result, bool, bool) {})
+	}
+}
+
+// rememberReleased is how long the owners remember released claims (the
+// agent's remember_released default).
+const rememberReleased = 24 * time.Hour
+
+// releasedUnder reports whether this server's ledger remembers releasing
+// claim id committed under name token token.
+func (n *node) releasedUnder(id string, token uint64) bool {
+	rel, ok, err := n.ledger.Recall(id, n.clock(), rememberReleased)
+	if err != nil {
+		panic(err)
+	}
+	return ok && rel.NameToken == token
+}
+
+// confirmMoveHere is the agent's: committed claim c takes its name, which
+// r says is moving here.
+func (n *node) confirmMoveHere(c ledger.Claim, r names.Record) {
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "confirm", Key: c.ID, Token: r.Move.Token, Node: n.name}, func(res names.Result, _, ok bool) {
+		if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
+			return
+		}
+		if _, err := n.ledger.SetNameToken(c.ID, res.Record.Token); err != nil {
+			return // released meanwhile
+		}
+		w.logf("%s anti-entropy confirmed %s's move here under token %d", n.name, c.ID, res.Record.Token)
+	})
+}
+
+// releaseCopy releases committed claim c, a duplicate or leftover, unless
+// it changed since the pass read it.
+func (n *node) releaseCopy(c ledger.Claim, what string) {
+	cur, err := n.ledger.Get(c.ID)
+	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) || cur.NameToken != c.NameToken {
+		return
+	}
+	if _, err := n.ledger.Release(c.ID, n.clock()); err != nil {
+		panic(err)
+	}
+	n.w.logf("%s anti-entropy released %s %s", n.name, what, c.ID)
+}
+
 // unnamed handles committed claim c, whose ID has no name. A claim
 // without a token was never named (a broken owner committed without a
-// confirm): a violation. Otherwise the agent's pass adopts it
-// (adoptName: acquire and confirm it here).
+// confirm): a violation; the agent adopts those, which only a ledger from
+// before the registry has. A claim with a token lost its name by a
+// release: a leftover, released on its second sighting.
 func (n *node) unnamed(c ledger.Claim) {
 	w := n.w
 	if c.NameToken == 0 {
 		w.violation("claim %s committed on %s with no name in the registry", c.ID, n.name)
 		return
 	}
-	req := fmt.Sprintf("adopted:%d", len(c.GPUs))
-	w.reg.do(n.idx, regIn{Op: "acquire", Key: c.ID, Caller: n.name, Request: req, Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
-		if !ok || res.Code != names.CodeOK {
-			return
-		}
-		w.reg.do(n.idx, regIn{Op: "confirm", Key: c.ID, Token: res.Record.Token, Node: n.name}, func(res names.Result, _, ok bool) {
-			if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) {
-				return
-			}
-			if _, err := n.ledger.SetNameToken(c.ID, res.Record.Token); err != nil {
-				return // released meanwhile
-			}
-			w.logf("%s anti-entropy adopted %s under token %d", n.name, c.ID, res.Record.Token)
-			w.adopted[c.ID] = true
-		})
-	})
+	w.logf("%s anti-entropy: leftover %s (token %d)", n.name, c.ID, c.NameToken)
+	if n.sightedAgain(c.ID, sighting{token: c.NameToken}) {
+		n.releaseCopy(c, "leftover")
+	}
 }
 
 func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }

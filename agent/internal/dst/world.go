@@ -66,12 +66,11 @@ type world struct {
 	// answers made and left out.
 	checked, lateSkipped int
 	// copies counts commits made while another server held the ID
-	// committed; adopted the IDs the anti-entropy pass adopted; known the
-	// violations of open defects (docs/names.md, "Simulation").
-	copies  int
-	adopted map[string]bool
-	known   []string
-	fail    []string
+	// committed; known the violations of open defects (docs/names.md,
+	// "Simulation").
+	copies int
+	known  []string
+	fail   []string
 }
 
 func (w *world) time() time.Time { return epoch0.Add(time.Duration(w.now) * time.Millisecond) }

@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// The anti-entropy rules for what a move cut short leaves behind
+// (docs/protocol.md, "Anti-entropy"). A resize move commits the new copy
+// before it releases the old one; when the old copy cannot be released
+// and the undo fails, both copies stay, and the name is on one of them.
+// The rules below settle such a pair without ever freeing the copy a
+// client was told about:
+//
+//   - a name held here with no claim, which came here by a move, is
+//     handed back to the server it came from (whose copy may be the only
+//     one), and released only if that server did not take it;
+//   - a committed copy here whose name is moving here takes it (confirms
+//     the move as this server);
+//   - a committed copy whose name was released (its ledger has a name
+//     token, the registry no name) is a leftover of a released claim, and
+//     is released like a duplicate: never adopted;
+//   - a duplicate is released only once the server holding the name says
+//     it holds its copy committed.
+
+// nameOutcome is what the pass did with a name held here without a claim.
+type nameOutcome int
+
+const (
+	nameKept nameOutcome = iota
+	nameFreed
+	nameHandedBack
+)
+
+// nameWithoutClaim settles name r, held on this server with no claim in
+// its ledger: a name that came here by a move, and whose claim this
+// server does not remember releasing under its token, is handed back to
+// the server it came from, once per token; any other (or one handed back
+// before, still here) is released. A name with a move under way is left
+// to that move.
+func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcome {
+	self := a.cfg.NodeName
+	if r.Move != nil {
+		return nameKept // the move confirms or lapses; the next pass sees which
+	}
+	if r.State != names.StateHeld || r.MovedFrom == "" || r.MovedFrom == self {
+		if a.freeName(ctx, r) {
+			return nameFreed
+		}
+		return nameKept
+	}
+	a.ae.mu.Lock()
+	tried := a.ae.handedBack[r.Name] == r.Token
+	a.ae.mu.Unlock()
+	if tried {
+		// Its server did not take it back: it holds no copy either.
+		if a.freeName(ctx, r) {
+			return nameFreed
+		}
+		return nameKept
+	}
+	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
+		return nameKept // committed or reserved since the pass read the ledger
+	}
+	if rel, ok, _ := a.ledger.Recall(r.Name, a.now(), time.Duration(a.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
+		// Its claim was committed here under this very token and released
+		// since: the name's release did not reach the registry. The old
+		// server's copy, if any, is a leftover of the same release.
+		if a.freeName(ctx, r) {
+			return nameFreed
+		}
+		return nameKept
+	}
+	mover, ok := a.names.(nameMover)
+	if !ok {
+		a.log.Warn("anti-entropy: the name authority cannot move names; releasing a moved name with no claim instead of handing it back", "claim", r.Name, "moved_from", r.MovedFrom)
+		if a.freeName(ctx, r) {
+			return nameFreed
+		}
+		return nameKept
+	}
+	_, err := mover.Move(ctx, names.Claim(r.Name), r.Token, self, r.MovedFrom, self)
+	switch {
+	case err == nil:
+	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale), errors.Is(err, names.ErrConflict):
+		return nameKept // released, moved or granted again since the list was read
+	default:
+		a.log.Warn("anti-entropy: handing a moved name with no claim back failed; the next pass retries", "claim", r.Name, "to", r.MovedFrom, "err", err)
+		return nameKept
+	}
+	a.ae.mu.Lock()
+	if a.ae.handedBack == nil {
+		a.ae.handedBack = map[string]uint64{}
+	}
+	a.ae.handedBack[r.Name] = r.Token
+	a.ae.mu.Unlock()
+	a.log.Warn("anti-entropy: name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
+		"claim", r.Name, "to", r.MovedFrom, "token", r.Token)
+	return nameHandedBack
+}
+
+// forgetHandedBack drops the hand-backs of names no longer held here
+// without a claim (the IDs in still).
+func (a *Agent) forgetHandedBack(still map[string]bool) {
+	a.ae.mu.Lock()
+	defer a.ae.mu.Unlock()
+	for id := range a.ae.handedBack {
+		if !still[id] {
+			delete(a.ae.handedBack, id)
+		}
+	}
+}
+
+// confirmMoveHere confirms, as this server, the move of committed claim
+// c's name r to this server: the copy here takes the name (a move's
+// coordinator that stopped before its confirm, or a name handed back),
+// and the ledger records its token.
+func (a *Agent) confirmMoveHere(ctx context.Context, c ledger.Claim, r names.Record) bool {
+	self := a.cfg.NodeName
+	got, err := a.names.Confirm(ctx, names.Claim(c.ID), r.Move.Token, self, nil)
+	if err != nil {
+		a.log.Info("anti-entropy: the move of a claim's name to this server was not confirmed this pass", "claim", c.ID, "from", r.Owner, "err", err)
+		return false
+	}
+	if _, err := a.ledger.SetNameToken(c.ID, got.Token); err != nil {
+		a.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", got.Token, "err", err)
+	}
+	a.log.Warn("anti-entropy: name moving to this server's committed copy confirmed here", "claim", c.ID, "from", r.Owner, "token", got.Token, "gpus", c.GPUs)
+	return true
+}
+
+// resolveLeftover applies the leftover rule to committed claim c, whose
+// name was released (its ledger has a name token; the registry no name):
+// released on the second sighting in a row (again), never while a VM uses
+// it. It reports whether c was released.
+func (a *Agent) resolveLeftover(ctx context.Context, c ledger.Claim, again bool) bool {
+	if !again {
+		a.log.Warn("claim committed here under a name token has no name in the registry: its name was released, so this copy is a leftover",
+			"claim", c.ID, "token", c.NameToken, "gpus", c.GPUs)
+	}
+	unlock := a.claimLocks.lock(c.ID)
+	defer unlock()
+	cur, err := a.ledger.Get(c.ID)
+	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) || cur.NameToken != c.NameToken {
+		return false // released or replaced meanwhile: the next pass looks again
+	}
+	if why := a.inUseWhy(cur); why != "" {
+		if !again {
+			a.log.Warn("leftover kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "in_use", why)
+		}
+		return false
+	}
+	if !again {
+		a.log.Info("leftover unused; released by the next pass if it is still one", "claim", c.ID)
+		return false
+	}
+	rel, err := a.ledger.Release(c.ID, a.now())
+	if err != nil {
+		a.log.Error("releasing a leftover claim failed; the next pass retries", "claim", c.ID, "err", err)
+		return false
+	}
+	a.rec.Reservation(ReservationReleased)
+	a.metrics.ClaimDuplicateReleased()
+	a.log.Warn("leftover claim released: its name was released", "claim", c.ID, "token", c.NameToken, "gpus", rel.GPUs)
+	devs := a.locks.lock(rel.GPUs...)
+	a.toIdleLocked(context.WithoutCancel(ctx), "leftover "+c.ID+" released", rel.GPUs, "")
+	devs()
+	a.changed()
+	return true
+}
+
+// holderLacks asks server holder, which the registry names as holding
+// claim id, whether it holds the claim committed: "" when it does, else
+// why this copy must stay (it answers that it does not, or does not
+// answer).
+func (a *Agent) holderLacks(ctx context.Context, holder, id string) string {
+	t, ok := targetNamed(a.targets(), holder)
+	if !ok {
+		return fmt.Sprintf("%s is not among the servers this one sees", holder)
+	}
+	lctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	defer cancel()
+	c, err := t.owner.Lookup(lctx, id)
+	switch {
+	case isCode(err, api.CodeNotFound):
+		return fmt.Sprintf("%s does not hold it", holder)
+	case err != nil:
+		return fmt.Sprintf("%s did not answer: %v", holder, err)
+	case c.State != api.StateClaimed:
+		return fmt.Sprintf("%s holds it %s, not committed", holder, c.State)
+	}
+	return ""
+}
