@@ -93,6 +93,7 @@ func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items
 		}
 	}
 	key := names.Group(rec.Name)
+	a.awaitFounding(ctx)
 	g, err := a.names.Acquire(ctx, key, a.cfg.NodeName, a.cfg.NodeName, spec, members)
 	if err != nil {
 		var re *names.RefusedError

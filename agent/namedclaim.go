@@ -150,6 +150,7 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 // second time.
 func (at *attempt) acquireName(ctx context.Context, digest string) (token uint64, c api.Claim, done bool, err error) {
 	key := names.Claim(at.id)
+	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
 	deadline := time.Now().Add(at.pendingTTL())
 	for {
 		actx, cancel := context.WithTimeout(ctx, nameTimeout)

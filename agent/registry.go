@@ -354,3 +354,46 @@ func (rs *registryState) status() *api.NamesStatus {
 	return &api.NamesStatus{Role: st.Role, Leader: st.Leader, Registry: st.Registry, Voters: st.Voters,
 		LastContactSeconds: st.LastContact.Seconds(), Halted: st.Halted}
 }
+
+// formingWait bounds how long a new name waits for a registry that is
+// still being founded (no member knows one yet), so that a new cluster's
+// first claims wait for the founding instead of answering 503; a
+// registry that exists but has no leader answers within names' own hold.
+const formingWait = 20 * time.Second
+
+// awaitFounding returns once this agent's cluster has a registry, when
+// formingWait has passed, or when ctx ends; at once when this agent runs
+// no registry of its own (alone, or with an injected authority).
+func (a *Agent) awaitFounding(ctx context.Context) {
+	rs := a.registry
+	if rs == nil || !rs.forming() {
+		return
+	}
+	wait := time.NewTimer(formingWait)
+	defer wait.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for rs.forming() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait.C:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// forming reports whether no registry exists yet, as far as this agent
+// and its gossip view know.
+func (rs *registryState) forming() bool {
+	if reg := rs.reg.Load(); reg != nil && (reg.ID() != "" || reg.HasState() || reg.Leader() != "") {
+		return false
+	}
+	for _, m := range rs.members() {
+		if !m.Self && knowsRegistry(m.Summary.Names) {
+			return false
+		}
+	}
+	return true
+}
