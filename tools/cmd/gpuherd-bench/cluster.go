@@ -29,7 +29,8 @@ type counters struct {
 	reserved      atomic.Int64
 	committed     atomic.Int64
 	claimsDone    atomic.Int64
-	// how coordinators looked claim IDs up
+	// how coordinators looked claim IDs up (the name registry counts as
+	// the directory: one answer, no every-server search)
 	viaDirectory, viaEveryServer atomic.Int64
 }
 
@@ -38,7 +39,7 @@ type recorder struct{ c *counters }
 
 func (r recorder) ClaimDone(string, time.Duration) { r.c.claimsDone.Add(1) }
 func (r recorder) ClaimLookup(path string) {
-	if path == "directory" || path == "local" {
+	if path == "directory" || path == "local" || path == "registry" {
 		r.c.viaDirectory.Add(1)
 	} else {
 		r.c.viaEveryServer.Add(1)

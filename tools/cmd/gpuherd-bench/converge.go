@@ -84,14 +84,11 @@ func convergeReal(c *cluster, trials int, limit time.Duration) ([]spread, error)
 		for step, want := range []int{before - 1, before} {
 			t0 := time.Now()
 			if step == 0 {
-				rr := api.ReserveRequest{Items: []api.Item{{Model: model, Count: 1}}, Coordinator: owner.name}
-				if _, err := owner.a.Reserve(ctx, id, rr); err != nil {
+				req := api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: 1}}, PreferNode: owner.name, SameNode: true}
+				if _, err := owner.a.Claim(ctx, id, req); err != nil {
 					return out, err
 				}
-				if _, err := owner.a.Commit(ctx, id); err != nil {
-					return out, err
-				}
-			} else if _, err := owner.a.Abort(ctx, id); err != nil {
+			} else if _, err := owner.a.Release(ctx, id); err != nil {
 				return out, err
 			}
 			pending := map[string]*node{}

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
@@ -119,7 +121,21 @@ func (v *viewAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string,
 	if len(ranked) > 8 {
 		ranked = ranked[:8]
 	}
-	rr := api.ReserveRequest{Items: []api.Item{{Model: model, Count: count}}, Coordinator: "bench"}
+	rr := api.ReserveRequest{Items: []api.Item{{Model: model, Count: count}}, Coordinator: benchCoordinator}
+	// The owners commit only a reservation that carries the claim ID's
+	// name token: the bench's coordinator acquires it as an agent does.
+	token, err := v.registry(ctx, coord.name, names.Request{Op: names.OpAcquire, Key: names.Claim(id),
+		Request: fmt.Sprintf("bench %s %d", model, count)})
+	if err != nil {
+		return "", err
+	}
+	rr.Token = token
+	placed := false
+	defer func() {
+		if !placed {
+			_, _ = v.registry(context.WithoutCancel(ctx), coord.name, names.Request{Op: names.OpRelease, Key: names.Claim(id), Token: token})
+		}
+	}()
 	for _, s := range ranked {
 		pc, err := v.client(s)
 		if err != nil {
@@ -137,9 +153,55 @@ func (v *viewAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string,
 		if _, err := pc.Commit(ctx, id); err != nil {
 			return "", err
 		}
+		placed = true
 		return s, nil
 	}
 	return "", errRefused
+}
+
+// registry sends a name registry request through node's peer API as the
+// bench's own coordinator and returns the record's token.
+func (v *viewAlloc) registry(ctx context.Context, node string, req names.Request) (uint64, error) {
+	pc, err := v.client(node)
+	if err != nil {
+		return 0, err
+	}
+	var resp names.Response
+	if err := pc.Names(ctx, req, &resp); err != nil {
+		return 0, err
+	}
+	if e := resp.Error; e != nil && e.Code == names.WireNotLeader {
+		// Ask the leader it names, or else every agent in turn, as an
+		// agent's forwarder does.
+		if e.Leader != "" && e.Leader != node {
+			return v.registry(ctx, e.Leader, req)
+		}
+		for _, nd := range v.c.nodes {
+			if nd.name == node {
+				continue
+			}
+			pc, err := v.client(nd.name)
+			if err != nil {
+				return 0, err
+			}
+			resp = names.Response{}
+			if err := pc.Names(ctx, req, &resp); err != nil {
+				return 0, err
+			}
+			if resp.Error == nil || resp.Error.Code != names.WireNotLeader {
+				break
+			}
+		}
+	}
+	switch {
+	case resp.Error != nil:
+		return 0, fmt.Errorf("name registry: %s", resp.Error.Message)
+	case resp.Result == nil || resp.Result.Record == nil:
+		return 0, fmt.Errorf("name registry answered %s of %s without a record", req.Op, req.Key)
+	case resp.Result.Code != names.CodeOK && resp.Result.Code != names.CodeSame:
+		return 0, fmt.Errorf("name registry refused %s of %s: %s %s", req.Op, req.Key, resp.Result.Code, resp.Result.Detail)
+	}
+	return resp.Result.Record.Token, nil
 }
 
 func (v *viewAlloc) release(ctx context.Context, id, server string) error {
@@ -309,3 +371,8 @@ func itoa(i int) string {
 	}
 	return string(b[p:])
 }
+
+// benchCoordinator is the node name of the bench's own coordinator: its
+// certificate's, which the owners check every reservation's coordinator
+// against.
+const benchCoordinator = "bench-coordinator"

@@ -222,7 +222,7 @@ func run(o options) error {
 		return err
 	}
 	defer c.stop()
-	benchFiles, err := c.issue("bench-coordinator")
+	benchFiles, err := c.issue(benchCoordinator)
 	if err != nil {
 		return err
 	}
