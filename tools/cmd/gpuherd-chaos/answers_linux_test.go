@@ -227,6 +227,14 @@ func TestFinalCheckNames(t *testing.T) {
 			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1}, created: true, deleted: true}
 			addClaim(fs, withModel(claimOn("n1", "g1.node-1", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
 		}, "group-claims-left"},
+		{"a group whose only create was never answered, half placed", func(fs *finalState, h *history) {
+			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1}, created: true, createAmbiguous: true}
+			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
+		}, ""},
+		{"a group answered created, then half placed after an ambiguous retry", func(fs *finalState, h *history) {
+			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1}, created: true, createAmbiguous: true, createAcked: true}
+			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
+		}, "group-not-all-or-nothing"},
 		{"a whole group, resized", func(fs *finalState, h *history) {
 			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x2, h100x1}, created: true}
 			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0", "0000:4c:00.0"), "H100 80GB"))
