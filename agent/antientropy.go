@@ -371,18 +371,25 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 		a.log.Warn("duplicate kept: the server the registry names does not confirm it holds the claim; the next pass asks again", "claim", c.ID, "kept_on", r.Owner, "why", why)
 		return false
 	}
+	return a.releaseCopy(ctx, c, "duplicate", "the name registry names the copy on another server", "kept_on", r.Owner)
+}
+
+// releaseCopy releases claim c, a copy the registry does not name (what
+// says which kind, why says why, with attrs for the log), and returns its
+// GPUs to the idle driver. It reports whether c was released.
+func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
 	rel, err := a.ledger.Release(c.ID, a.now())
 	if err != nil {
-		a.log.Error("releasing a duplicate claim failed; the next pass retries", "claim", c.ID, "err", err)
+		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false
 	}
 	a.rec.Reservation(ReservationReleased)
 	a.metrics.ClaimDuplicateReleased()
-	a.log.Warn("duplicate claim released: the name registry names the copy on another server", "claim", c.ID, "kept_on", r.Owner, "gpus", rel.GPUs)
+	a.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
 	devs := a.locks.lock(rel.GPUs...)
 	// The pass's context ends with the agent; a driver move, once begun,
 	// runs to its own deadline.
-	a.toIdleLocked(context.WithoutCancel(ctx), "duplicate "+c.ID+" released", rel.GPUs, "")
+	a.toIdleLocked(context.WithoutCancel(ctx), what+" "+c.ID+" released", rel.GPUs, "")
 	devs()
 	a.changed()
 	return true

@@ -160,19 +160,7 @@ func (a *Agent) resolveLeftover(ctx context.Context, c ledger.Claim, again bool)
 		a.log.Info("leftover unused; released by the next pass if it is still one", "claim", c.ID)
 		return false
 	}
-	rel, err := a.ledger.Release(c.ID, a.now())
-	if err != nil {
-		a.log.Error("releasing a leftover claim failed; the next pass retries", "claim", c.ID, "err", err)
-		return false
-	}
-	a.rec.Reservation(ReservationReleased)
-	a.metrics.ClaimDuplicateReleased()
-	a.log.Warn("leftover claim released: its name was released", "claim", c.ID, "token", c.NameToken, "gpus", rel.GPUs)
-	devs := a.locks.lock(rel.GPUs...)
-	a.toIdleLocked(context.WithoutCancel(ctx), "leftover "+c.ID+" released", rel.GPUs, "")
-	devs()
-	a.changed()
-	return true
+	return a.releaseCopy(ctx, c, "leftover", "its name was released", "token", c.NameToken)
 }
 
 // holderLacks asks server holder, which the registry names as holding

@@ -52,42 +52,32 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
 		if old, ok := st.claims[id]; ok && old.Live(now) {
-			switch supersedes(req.NameToken, old.Claim) {
-			case tokenNewer:
-				if sameRequest(old.Claim, req) {
-					// The same request granted anew (its pending name
-					// lapsed and a retry took it again): the
-					// reservation and its GPUs carry on under the new
-					// token.
-					old.NameToken = req.NameToken
-					if err := st.putClaim(tx, old); err != nil {
-						return false, err
-					}
-					out = old.Claim
-					return true, nil
-				}
+			order, same := supersedes(req.NameToken, old.Claim), sameRequest(old.Claim, req)
+			switch {
+			case order == tokenOlder:
+				return false, &ConflictError{ID: id, Existing: old.Claim, Stale: req.NameToken}
+			case order == tokenNewer && !same:
 				// The placement that made it lost the name (tokens.go):
 				// the reservation is an orphan, and its GPUs are free
 				// for this one.
 				if err := st.deleteClaim(tx, id); err != nil {
 					return false, err
 				}
-			case tokenOlder:
-				return false, &ConflictError{ID: id, Existing: old.Claim, Stale: req.NameToken}
+			case !same:
+				return false, &ConflictError{ID: id, Existing: old.Claim}
+			case old.State == StateReserved && req.NameToken != 0 && req.NameToken != old.NameToken:
+				// The same request under a newer grant (its pending name
+				// lapsed and a retry took it again), or bringing the token
+				// a reservation made before its placement held the name
+				// lacks (a resize's move): the reservation and its GPUs
+				// carry on under it.
+				old.NameToken = req.NameToken
+				if err := st.putClaim(tx, old); err != nil {
+					return false, err
+				}
+				out = old.Claim
+				return true, nil
 			default:
-				if !sameRequest(old.Claim, req) {
-					return false, &ConflictError{ID: id, Existing: old.Claim}
-				}
-				if old.State == StateReserved && old.NameToken == 0 && req.NameToken != 0 {
-					// Reserved before its placement held the name (a
-					// resize's move): the same request now brings it.
-					old.NameToken = req.NameToken
-					if err := st.putClaim(tx, old); err != nil {
-						return false, err
-					}
-					out = old.Claim
-					return true, nil
-				}
 				out = old.Claim
 				return false, nil
 			}
