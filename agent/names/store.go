@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,23 +14,31 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
-// Store is raft's log and stable store in one bbolt file. Every write is
-// one bbolt transaction, fsynced before it returns, so what raft was told
-// is on disk survives kill -9.
+// Store is raft's log and stable store. The log is a write-ahead log of
+// its own (wal.go: one write and one fdatasync per append); the stable
+// values (term, vote) and the log's first index after a compaction are in
+// one bbolt file, each write one fsynced transaction. What raft was told
+// is stored survives kill -9.
 //
-// hashicorp/raft-boltdb/v2 is the usual choice. Its v2.3.1 imports
-// go-metrics/compat, which go-metrics v0.7.0 (required by memberlist
-// v0.7.0 and raft v1.8.0) no longer has, so it cannot be built in this
-// module; this store does the same job on the bbolt already in use.
+// hashicorp/raft-boltdb/v2 is the usual choice for both. Its v2.3.1
+// imports go-metrics/compat, which go-metrics v0.7.0 (required by
+// memberlist v0.7.0 and raft v1.8.0) no longer has, so it cannot be built
+// in this module; and every append there is a bbolt transaction, two
+// fsyncs, where the write-ahead log costs one.
 type Store struct {
 	db      *bolt.DB
 	path    string
+	log     *wal
 	commits atomic.Uint64
 }
 
 var (
+	// bucketLogs held the log before it moved to the write-ahead log;
+	// OpenStore moves what it still holds.
 	bucketLogs   = []byte("logs")
 	bucketStable = []byte("stable")
+	// keyLogFirst is the log's first index after the last compaction.
+	keyLogFirst = []byte("gpuherd_log_first")
 	// errKeyNotFound's text is what raft compares against for a missing
 	// stable key.
 	errKeyNotFound = errors.New("not found")
@@ -49,28 +58,96 @@ func OpenStore(path string) (*Store, error) {
 	}
 	s := &Store{db: db, path: path}
 	if err := s.update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketLogs, bucketStable} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := tx.CreateBucketIfNotExists(bucketStable)
+		return err
 	}); err != nil {
 		db.Close()
+		return nil, err
+	}
+	keep, err := s.GetUint64(keyLogFirst)
+	if err != nil && !errors.Is(err, errKeyNotFound) {
+		db.Close()
+		return nil, err
+	}
+	if s.log, err = openWAL(LogDir(path), keep, func() { s.commits.Add(1) }); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := s.moveBoltLog(); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
+// LogDir is the directory of the write-ahead log beside the store file
+// path.
+func LogDir(path string) string {
+	return filepath.Join(filepath.Dir(path), strings.TrimSuffix(filepath.Base(path), ".db")+"-log")
+}
+
+// moveBoltLog moves a log kept in the bbolt file (by an agent of an older
+// version) into the write-ahead log: the entries are appended and synced
+// before the bucket is deleted, and a move interrupted before that starts
+// over from the bucket.
+func (s *Store) moveBoltLog() error {
+	var logs []*raft.Log
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLogs)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			var l raft.Log
+			if err := decodeLog(v, &l); err != nil {
+				return fmt.Errorf("log entry %d: %w", binary.BigEndian.Uint64(k), err)
+			}
+			l.Index = binary.BigEndian.Uint64(k)
+			logs = append(logs, &l)
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("name registry store %s: moving its log: %w", s.path, err)
+	}
+	if len(logs) == 0 && !s.hasBoltLog() {
+		return nil
+	}
+	if len(logs) > 0 {
+		if first, last := s.log.bounds(); last != 0 {
+			if err := s.log.deleteRange(first, last); err != nil {
+				return err
+			}
+		}
+		if err := s.log.append(logs); err != nil {
+			return err
+		}
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketLogs) == nil {
+			return nil
+		}
+		return tx.DeleteBucket(bucketLogs)
+	})
+}
+
 // Path is the store's file.
 func (s *Store) Path() string { return s.path }
 
-// Commits counts the write transactions since the store was opened; each
-// is fsynced (bbolt syncs the data pages, then the meta page).
+// Commits counts the durable writes since the store was opened: bbolt
+// transactions (each syncs its data pages, then its meta page), log
+// appends (one fdatasync each) and the directory syncs of log segments
+// made or removed.
 func (s *Store) Commits() uint64 { return s.commits.Load() }
 
-// Close closes the file.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the files.
+func (s *Store) Close() error {
+	var err error
+	if s.log != nil {
+		err = s.log.close()
+	}
+	return errors.Join(err, s.db.Close())
+}
 
 func (s *Store) update(fn func(*bolt.Tx) error) error {
 	if err := s.db.Update(fn); err != nil {
@@ -91,72 +168,55 @@ func indexKey(i uint64) []byte {
 	return b[:]
 }
 
-// FirstIndex is the lowest index in the log, 0 when it is empty.
-func (s *Store) FirstIndex() (uint64, error) {
-	var i uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		if k, _ := tx.Bucket(bucketLogs).Cursor().First(); k != nil {
-			i = binary.BigEndian.Uint64(k)
-		}
+func (s *Store) hasBoltLog() bool {
+	found := false
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketLogs) != nil
 		return nil
 	})
-	return i, err
+	return found
+}
+
+// FirstIndex is the lowest index in the log, 0 when it is empty.
+func (s *Store) FirstIndex() (uint64, error) {
+	first, _ := s.log.bounds()
+	return first, nil
 }
 
 // LastIndex is the highest index in the log, 0 when it is empty.
 func (s *Store) LastIndex() (uint64, error) {
-	var i uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		if k, _ := tx.Bucket(bucketLogs).Cursor().Last(); k != nil {
-			i = binary.BigEndian.Uint64(k)
-		}
-		return nil
-	})
-	return i, err
+	_, last := s.log.bounds()
+	return last, nil
 }
 
 // GetLog reads the entry at index into l.
-func (s *Store) GetLog(index uint64, l *raft.Log) error {
-	return s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketLogs).Get(indexKey(index))
-		if v == nil {
-			return raft.ErrLogNotFound
-		}
-		if err := decodeLog(v, l); err != nil {
-			return fmt.Errorf("name registry store %s: log entry %d: %w", s.path, index, err)
-		}
-		l.Index = index
-		return nil
-	})
-}
+func (s *Store) GetLog(index uint64, l *raft.Log) error { return s.log.get(index, l) }
 
 // StoreLog writes one entry.
 func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
-// StoreLogs writes entries in one fsynced transaction.
-func (s *Store) StoreLogs(logs []*raft.Log) error {
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketLogs)
-		for _, l := range logs {
-			if err := b.Put(indexKey(l.Index), encodeLog(l)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
+// StoreLogs appends entries, synced before it returns.
+func (s *Store) StoreLogs(logs []*raft.Log) error { return s.log.append(logs) }
 
-// DeleteRange removes the entries from min to max, both included.
+// DeleteRange removes the entries from min to max, both included. A
+// compaction (from the front) records the new first index before any
+// segment changes, so entries it deleted from a segment that stays on disk
+// are not read back after a restart.
 func (s *Store) DeleteRange(lo, hi uint64) error {
-	return s.update(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketLogs).Cursor()
-		for k, _ := c.Seek(indexKey(lo)); k != nil && binary.BigEndian.Uint64(k) <= hi; k, _ = c.Next() {
-			if err := c.Delete(); err != nil {
-				return err
-			}
-		}
+	first, last := s.log.bounds()
+	if last == 0 || hi < first || lo > last {
 		return nil
-	})
+	}
+	if lo <= first {
+		keep := hi + 1
+		if hi >= last {
+			keep = 0 // everything: the next append may start anywhere
+		}
+		if err := s.SetUint64(keyLogFirst, keep); err != nil {
+			return err
+		}
+	}
+	return s.log.deleteRange(lo, hi)
 }
 
 // Set stores a stable value.

@@ -1,0 +1,434 @@
+package names
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// wal is the registry's raft log: append-only segment files in one
+// directory, every append written with one write and made durable with one
+// fdatasync before it returns. A bbolt transaction costs two fsyncs (its
+// data pages, then its meta page) and rewrites pages; an append costs one,
+// of the bytes appended. The log is short (raft keeps TrailingLogs entries
+// after each snapshot, a few thousand small commands), so every entry is
+// also kept in memory: reads, which raft's replication does for every
+// entry it sends, never touch the disk.
+//
+// A segment is named after the index of its first entry (20 digits, so
+// names sort as numbers) and holds records:
+//
+//	length  uint32, little endian: of index and entry
+//	crc     uint32, little endian: CRC-32C of index and entry
+//	index   uint64, little endian
+//	entry   encodeLog's bytes
+//
+// A record cut short or failing its checksum at the end of the last
+// segment is an append that a crash interrupted before its fdatasync
+// returned, so raft was never told it was stored: it is cut off when the
+// log is opened. Anywhere else it is damage, and opening refuses it.
+type wal struct {
+	dir     string
+	segSize int64 // walSegmentSize; smaller in tests
+
+	wmu sync.Mutex // one writer at a time: appends, deletions, rotation
+	mu  sync.RWMutex
+	// first is the index of entries[0]; entries holds first..last.
+	first   uint64
+	entries []walEntry
+	// segs are the segment files in order; the last one takes appends.
+	segs []*walSegment
+	// syncs counts fdatasyncs and directory syncs.
+	syncs func()
+}
+
+type walEntry struct {
+	seg  *walSegment
+	off  int64 // where its record starts in seg
+	data []byte
+}
+
+type walSegment struct {
+	first uint64
+	path  string
+	f     *os.File
+	size  int64
+}
+
+// walSegmentSize is where a segment stops taking appends and the next one
+// starts: about 50,000 registry commands.
+const walSegmentSize = 16 << 20
+
+// walHeader is the length, checksum and index in front of each entry.
+const walHeader = 16
+
+var walCRC = crc32.MakeTable(crc32.Castagnoli)
+
+func segmentName(first uint64) string { return fmt.Sprintf("%020d.seg", first) }
+
+// openWAL opens the log in dir, creating dir when it is missing, and reads
+// every segment back. Entries below keepFrom (what a compaction deleted
+// from the front of a segment still on disk) are dropped.
+func openWAL(dir string, keepFrom uint64, synced func()) (*wal, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("name registry log %s: %w", dir, err)
+	}
+	w := &wal{dir: dir, segSize: walSegmentSize, syncs: synced}
+	names, err := segmentFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	for i, name := range names {
+		last := i == len(names)-1
+		if err := w.readSegment(name, last); err != nil {
+			w.close()
+			return nil, err
+		}
+	}
+	if keepFrom > w.first && len(w.entries) > 0 {
+		w.dropFront(min(keepFrom, w.first+uint64(len(w.entries))) - 1)
+	}
+	return w, nil
+}
+
+// segmentFiles lists dir's segments in index order; any other file is
+// left alone.
+func segmentFiles(dir string) ([]string, error) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("name registry log %s: %w", dir, err)
+	}
+	var out []string
+	for _, de := range des {
+		n := de.Name()
+		if de.Type().IsRegular() && strings.HasSuffix(n, ".seg") && len(n) == 24 {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// readSegment reads one segment into memory. In the last segment, a torn
+// record ends the log and is cut off; anywhere else it is an error.
+func (w *wal) readSegment(name string, last bool) error {
+	path := filepath.Join(w.dir, name)
+	first, err := strconv.ParseUint(strings.TrimSuffix(name, ".seg"), 10, 64)
+	if err != nil {
+		return fmt.Errorf("name registry log: segment %s: not named after an index", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("name registry log: %w", err)
+	}
+	seg := &walSegment{first: first, path: path, f: f}
+	w.segs = append(w.segs, seg)
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Errorf("name registry log: reading %s: %w", path, err)
+	}
+	off := int64(0)
+	want := first
+	if len(w.entries) > 0 {
+		if next := w.first + uint64(len(w.entries)); next != first {
+			return fmt.Errorf("name registry log: segment %s starts at entry %d, but the log before it ends at %d", path, first, next-1)
+		}
+	} else {
+		w.first = first
+	}
+	for off < int64(len(data)) {
+		idx, entry, n, why := parseRecord(data[off:])
+		if why == "" && idx != want {
+			why = fmt.Sprintf("holds entry %d where %d belongs", idx, want)
+		}
+		if why != "" {
+			if !last {
+				return fmt.Errorf("name registry log: segment %s is damaged at byte %d: %s; the log cannot be read past it (restore the registry from a voter that has it: remove this agent's names directory, and it joins again)", path, off, why)
+			}
+			// The tail of an append a crash interrupted: never
+			// acknowledged to raft.
+			if err := f.Truncate(off); err != nil {
+				return fmt.Errorf("name registry log: cutting the interrupted append off %s: %w", path, err)
+			}
+			if err := f.Sync(); err != nil {
+				return fmt.Errorf("name registry log: %s: %w", path, err)
+			}
+			break
+		}
+		w.entries = append(w.entries, walEntry{seg: seg, off: off, data: entry})
+		off += n
+		want++
+	}
+	seg.size = off
+	if off == 0 && last {
+		// Created, and the process ended before the append it was made
+		// for: named after an index the log may not hold next.
+		w.segs = w.segs[:len(w.segs)-1]
+		f.Close()
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("name registry log: %w", err)
+		}
+		return nil
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return fmt.Errorf("name registry log: %s: %w", path, err)
+	}
+	return nil
+}
+
+// parseRecord reads one record from b: the entry's index, its bytes, the
+// record's length, or why b does not start with a whole, intact record.
+func parseRecord(b []byte) (index uint64, entry []byte, n int64, why string) {
+	if len(b) < walHeader {
+		return 0, nil, 0, "record header cut short"
+	}
+	length := binary.LittleEndian.Uint32(b[0:4])
+	sum := binary.LittleEndian.Uint32(b[4:8])
+	if length < 8 || int64(length) > int64(len(b)-8) {
+		return 0, nil, 0, fmt.Sprintf("record length %d does not fit", length)
+	}
+	body := b[8 : 8+int(length)]
+	if crc32.Checksum(body, walCRC) != sum {
+		return 0, nil, 0, "checksum mismatch"
+	}
+	return binary.LittleEndian.Uint64(body[:8]), slices.Clone(body[8:]), 8 + int64(length), ""
+}
+
+func appendRecord(b []byte, index uint64, entry []byte) []byte {
+	start := len(b)
+	b = binary.LittleEndian.AppendUint32(b, uint32(8+len(entry)))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, index)
+	b = append(b, entry...)
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(b[start+8:], walCRC))
+	return b
+}
+
+func (w *wal) close() error {
+	var errs []error
+	for _, s := range w.segs {
+		errs = append(errs, s.f.Close())
+	}
+	w.segs = nil
+	return errors.Join(errs...)
+}
+
+// bounds are the first and last index held, 0 and 0 when empty.
+func (w *wal) bounds() (first, last uint64) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if len(w.entries) == 0 {
+		return 0, 0
+	}
+	return w.first, w.first + uint64(len(w.entries)) - 1
+}
+
+func (w *wal) get(index uint64, l *raft.Log) error {
+	w.mu.RLock()
+	if len(w.entries) == 0 || index < w.first || index >= w.first+uint64(len(w.entries)) {
+		w.mu.RUnlock()
+		return raft.ErrLogNotFound
+	}
+	data := w.entries[index-w.first].data
+	w.mu.RUnlock()
+	if err := decodeLog(data, l); err != nil {
+		return fmt.Errorf("name registry log %s: entry %d: %w", w.dir, index, err)
+	}
+	l.Index = index
+	return nil
+}
+
+// append writes logs, which must follow the last entry held (or start
+// anywhere when the log is empty), in one write and one fdatasync.
+func (w *wal) append(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	_, last := w.bounds()
+	if last != 0 && logs[0].Index != last+1 {
+		return fmt.Errorf("name registry log %s: append of entry %d after entry %d", w.dir, logs[0].Index, last)
+	}
+	var buf []byte
+	entries := make([]walEntry, 0, len(logs))
+	offs := make([]int64, 0, len(logs))
+	for i, l := range logs {
+		if i > 0 && l.Index != logs[i-1].Index+1 {
+			return fmt.Errorf("name registry log %s: entries %d and %d appended together are not consecutive", w.dir, logs[i-1].Index, l.Index)
+		}
+		enc := encodeLog(l)
+		offs = append(offs, int64(len(buf)))
+		buf = appendRecord(buf, l.Index, enc)
+		entries = append(entries, walEntry{data: enc})
+	}
+	seg := w.tail()
+	if seg == nil || (seg.size > 0 && seg.size+int64(len(buf)) > w.segSize) {
+		var err error
+		if seg, err = w.newSegment(logs[0].Index); err != nil {
+			return err
+		}
+	}
+	if _, err := seg.f.Write(buf); err != nil {
+		// A short write leaves a torn tail; cut it so the next append
+		// does not land behind it.
+		_ = seg.f.Truncate(seg.size)
+		_, _ = seg.f.Seek(seg.size, io.SeekStart)
+		return fmt.Errorf("name registry log %s: %w", seg.path, err)
+	}
+	if err := fdatasync(seg.f); err != nil {
+		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+	}
+	w.syncs()
+	for i := range entries {
+		entries[i].seg, entries[i].off = seg, seg.size+offs[i]
+	}
+	seg.size += int64(len(buf))
+	w.mu.Lock()
+	if len(w.entries) == 0 {
+		w.first = logs[0].Index
+	}
+	w.entries = append(w.entries, entries...)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *wal) tail() *walSegment {
+	if len(w.segs) == 0 {
+		return nil
+	}
+	return w.segs[len(w.segs)-1]
+}
+
+// newSegment starts a segment whose first entry is first, durable in the
+// directory before anything is appended to it.
+func (w *wal) newSegment(first uint64) (*walSegment, error) {
+	path := filepath.Join(w.dir, segmentName(first))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("name registry log: %w", err)
+	}
+	if err := w.syncDir(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	seg := &walSegment{first: first, path: path, f: f}
+	w.segs = append(w.segs, seg)
+	return seg, nil
+}
+
+func (w *wal) syncDir() error {
+	d, err := os.Open(w.dir)
+	if err != nil {
+		return fmt.Errorf("name registry log: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("name registry log %s: sync: %w", w.dir, err)
+	}
+	w.syncs()
+	return nil
+}
+
+// deleteRange removes entries lo..hi. Raft removes only from the front
+// (compaction after a snapshot), from the back (a follower's entries the
+// leader overrode), or everything (a snapshot installed): a range in the
+// middle is refused.
+func (w *wal) deleteRange(lo, hi uint64) error {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	first, last := w.bounds()
+	if len(w.entries) == 0 || hi < first || lo > last {
+		return nil
+	}
+	switch {
+	case lo <= first:
+		return w.deleteFront(min(hi, last))
+	case hi >= last:
+		return w.deleteBack(lo)
+	}
+	return fmt.Errorf("name registry log %s: deleting entries %d..%d from the middle of %d..%d is not supported", w.dir, lo, hi, first, last)
+}
+
+// deleteFront drops entries up to upTo from memory and removes the
+// segments that hold nothing else. The caller records the new first index
+// durably first (Store.DeleteRange), so entries left in a partly deleted
+// segment stay deleted across a restart.
+func (w *wal) deleteFront(upTo uint64) error {
+	w.dropFront(upTo)
+	removed := false
+	for len(w.segs) > 0 {
+		s := w.segs[0]
+		// With everything deleted, the last segment goes too: the next
+		// append may start at any index.
+		if len(w.entries) > 0 && w.entries[0].seg == s {
+			break
+		}
+		w.segs = w.segs[1:]
+		s.f.Close()
+		if err := os.Remove(s.path); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("name registry log: %w", err)
+		}
+		removed = true
+	}
+	if removed {
+		return w.syncDir()
+	}
+	return nil
+}
+
+func (w *wal) dropFront(upTo uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := int(upTo - w.first + 1)
+	w.entries = slices.Clone(w.entries[n:])
+	w.first = upTo + 1
+}
+
+// deleteBack cuts the log from lo on, durably, before anything is appended
+// in its place.
+func (w *wal) deleteBack(lo uint64) error {
+	w.mu.Lock()
+	cut := w.entries[lo-w.first]
+	w.entries = w.entries[:lo-w.first]
+	w.mu.Unlock()
+	for len(w.segs) > 0 && w.tail() != cut.seg {
+		s := w.tail()
+		w.segs = w.segs[:len(w.segs)-1]
+		s.f.Close()
+		if err := os.Remove(s.path); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("name registry log: %w", err)
+		}
+	}
+	if err := cut.seg.f.Truncate(cut.off); err != nil {
+		return fmt.Errorf("name registry log %s: %w", cut.seg.path, err)
+	}
+	if _, err := cut.seg.f.Seek(cut.off, io.SeekStart); err != nil {
+		return fmt.Errorf("name registry log %s: %w", cut.seg.path, err)
+	}
+	cut.seg.size = cut.off
+	if err := cut.seg.f.Sync(); err != nil {
+		return fmt.Errorf("name registry log %s: sync: %w", cut.seg.path, err)
+	}
+	w.syncs()
+	if cut.off == 0 {
+		// An empty segment named after an index the log may not hold
+		// next: the next append starts a fresh one.
+		w.segs = w.segs[:len(w.segs)-1]
+		cut.seg.f.Close()
+		if err := os.Remove(cut.seg.path); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("name registry log: %w", err)
+		}
+	}
+	return w.syncDir()
+}

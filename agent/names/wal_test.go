@@ -1,0 +1,288 @@
+package names
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
+)
+
+func walLog(i, term uint64) *raft.Log {
+	return &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("cmd %d/%d", i, term))}
+}
+
+// checkLog compares the store's log with want (index → term), read
+// through raft's interface.
+func checkLog(t *testing.T, s *Store, want map[uint64]uint64, first, last uint64) {
+	t.Helper()
+	f, _ := s.FirstIndex()
+	l, _ := s.LastIndex()
+	if f != first || l != last {
+		t.Fatalf("log holds %d..%d, want %d..%d", f, l, first, last)
+	}
+	for i := first; i <= last && last != 0; i++ {
+		var got raft.Log
+		if err := s.GetLog(i, &got); err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+		if w := walLog(i, want[i]); got.Index != i || got.Term != w.Term || !bytes.Equal(got.Data, w.Data) {
+			t.Fatalf("entry %d: %+v, want %+v", i, got, *w)
+		}
+	}
+	var l0 raft.Log
+	if first > 0 {
+		if err := s.GetLog(first-1, &l0); err != raft.ErrLogNotFound {
+			t.Fatalf("entry %d below the first: %v", first-1, err)
+		}
+	}
+	if err := s.GetLog(last+1, &l0); err != raft.ErrLogNotFound {
+		t.Fatalf("entry %d above the last: %v", last+1, err)
+	}
+}
+
+// TestWALAgainstModel runs random appends, compactions, truncations of
+// the tail, full deletions and reopenings (each a restart of the agent)
+// with small segments, and checks the log after each against a model.
+func TestWALAgainstModel(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(seed, 7))
+			path := filepath.Join(t.TempDir(), "names.db")
+			open := func() *Store {
+				s, err := OpenStore(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.log.segSize = 300 // a few entries a segment
+				return s
+			}
+			s := open()
+			defer func() { s.Close() }()
+			want := map[uint64]uint64{}
+			var first, last, term uint64 = 0, 0, 1
+			for step := 0; step < 200; step++ {
+				switch r := rnd.IntN(20); {
+				case r < 12: // append a batch
+					n := 1 + rnd.IntN(4)
+					start := last + 1
+					if last == 0 {
+						start = first
+						if start == 0 {
+							start = 1
+						}
+					}
+					var logs []*raft.Log
+					for i := start; i < start+uint64(n); i++ {
+						logs = append(logs, walLog(i, term))
+						want[i] = term
+					}
+					if err := s.StoreLogs(logs); err != nil {
+						t.Fatal(err)
+					}
+					if last == 0 {
+						first = start
+					}
+					last = start + uint64(n) - 1
+				case r < 15 && last > 0: // compaction
+					hi := first + uint64(rnd.IntN(int(last-first+1)))
+					if hi == last {
+						hi-- // keep one: everything is its own case
+					}
+					if hi < first {
+						continue
+					}
+					if err := s.DeleteRange(first, hi); err != nil {
+						t.Fatal(err)
+					}
+					first = hi + 1
+				case r < 17 && last > first: // the leader overrode the tail
+					lo := first + 1 + uint64(rnd.IntN(int(last-first)))
+					if err := s.DeleteRange(lo, last); err != nil {
+						t.Fatal(err)
+					}
+					last = lo - 1
+					term++
+				case r == 17 && last > 0: // a snapshot installed: everything
+					if err := s.DeleteRange(first, last); err != nil {
+						t.Fatal(err)
+					}
+					first, last = last+5+uint64(rnd.IntN(10)), 0
+					term++
+				default: // restart
+					s.Close()
+					s = open()
+				}
+				f := first
+				if last == 0 {
+					f = 0
+				}
+				checkLog(t, s, want, f, last)
+			}
+		})
+	}
+}
+
+// TestWALCutsAnInterruptedAppend: a crash during an append leaves a torn
+// record at the end of the last segment; the log opens without it, and
+// the next append lands where it was and survives a restart.
+func TestWALCutsAnInterruptedAppend(t *testing.T) {
+	for _, tail := range [][]byte{
+		{1, 2, 3}, // header cut short
+		appendRecord(nil, 4, []byte("entry"))[:20],                                                 // body cut short
+		func() []byte { b := appendRecord(nil, 4, []byte("entry")); b[len(b)-1] ^= 1; return b }(), // bits of the body not written
+	} {
+		path := filepath.Join(t.TempDir(), "names.db")
+		s, err := OpenStore(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.StoreLogs([]*raft.Log{walLog(1, 1), walLog(2, 1), walLog(3, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		segPath := s.log.tail().path
+		s.Close()
+		f, err := os.OpenFile(segPath, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(tail)
+		f.Close()
+
+		s, err = OpenStore(path)
+		if err != nil {
+			t.Fatalf("torn tail %x: %v", tail, err)
+		}
+		want := map[uint64]uint64{1: 1, 2: 1, 3: 1, 4: 2}
+		checkLog(t, s, want, 1, 3)
+		if err := s.StoreLogs([]*raft.Log{walLog(4, 2)}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		s, err = OpenStore(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkLog(t, s, want, 1, 4)
+		s.Close()
+	}
+}
+
+// TestWALRefusesDamage: a bad record anywhere but the end of the last
+// segment is damage, not an interrupted append: the store does not open,
+// and says which file and where.
+func TestWALRefusesDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.db")
+	s, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.log.segSize = 40 // one entry a segment
+	for i := uint64(1); i <= 6; i++ {
+		if err := s.StoreLogs([]*raft.Log{walLog(i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.log.segs) < 3 {
+		t.Fatalf("%d segments, want several", len(s.log.segs))
+	}
+	damaged := s.log.segs[0].path
+	s.Close()
+	b, _ := os.ReadFile(damaged)
+	b[walHeader+2] ^= 0xff
+	if err := os.WriteFile(damaged, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenStore(path)
+	if err == nil || !strings.Contains(err.Error(), filepath.Base(damaged)) || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("opening a damaged log: %v", err)
+	}
+}
+
+// TestStoreMovesTheBoltLog: a store written by an older version keeps its
+// log in the bbolt file; opening it moves the entries into the
+// write-ahead log, also when a first move was interrupted half-way.
+func TestStoreMovesTheBoltLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]uint64{}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketLogs)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bucketStable); err != nil {
+			return err
+		}
+		for i := uint64(7); i <= 12; i++ {
+			want[i] = 3
+			if err := b.Put(indexKey(i), encodeLog(walLog(i, 3))); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketStable).Put([]byte("CurrentTerm"), indexKey(3))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	// A move interrupted after part of the log was appended.
+	w, err := openWAL(LogDir(path), 0, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.append([]*raft.Log{walLog(7, 3), walLog(8, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	w.close()
+
+	for range 2 { // the move, then a plain restart
+		s, err := OpenStore(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkLog(t, s, want, 7, 12)
+		if term, err := s.GetUint64([]byte("CurrentTerm")); err != nil || term != 3 {
+			t.Fatalf("stable term %d, %v", term, err)
+		}
+		if err := s.db.View(func(tx *bolt.Tx) error {
+			if tx.Bucket(bucketLogs) != nil {
+				return fmt.Errorf("the old log bucket is still there")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+}
+
+// TestWALRefusesAGap: raft appends after the last entry; anything else is
+// a bug to refuse, not to store.
+func TestWALRefusesAGap(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "names.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.StoreLogs([]*raft.Log{walLog(5, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(7, 1)}); err == nil {
+		t.Fatal("a gap was stored")
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(6, 1), walLog(8, 1)}); err == nil {
+		t.Fatal("a batch with a gap was stored")
+	}
+	if err := s.DeleteRange(5, 5); err != nil {
+		t.Fatal(err)
+	}
+	checkLog(t, s, nil, 0, 0)
+}
