@@ -124,7 +124,12 @@ func (l *listeners) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = l.apiSrv.Shutdown(ctx)
 		cancel()
-	} else if l.api != nil {
+	}
+	if l.api != nil {
+		// Also when Serve's goroutine has not started yet: Shutdown
+		// closes only the listeners Serve tracks, and the socket would
+		// answer after Close returned (a restart in the same process
+		// then finds "another agent already serving").
 		l.api.Close()
 	}
 	if l.metStop != nil {
