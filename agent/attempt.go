@@ -35,6 +35,10 @@ type attempt struct {
 	// It is asked with the server reserved on; "" asks for the home's
 	// word alone.
 	vouch func(server string) bool
+	// named: the claim ID is free in the name registry, and the owner
+	// that commits holds it there first (namedclaim.go): no other copy
+	// can be committed, so none is settled.
+	named bool
 }
 
 // lookUp places a claim through its ID's home (see directory.go). It
@@ -208,14 +212,14 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				if len(tried) > 0 {
 					at.log.Info("claim placed after stale answers", "claim", at.id, "node", name, "attempt", len(tried)+1)
 				}
-				if at.vouch != nil || at.rr.Token != 0 {
+				if at.vouch != nil || at.named || at.rr.Token != 0 {
 					return c, nil // vouched for, or named by the registry: no other copy
 				}
 				return at.settle(ctx, c, byName[name], tried)
 			}
 			tried = append(tried, name)
 			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
-				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended: acquire it again
+				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended
 
 				return api.Claim{}, err
 			}

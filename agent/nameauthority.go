@@ -7,14 +7,18 @@ import (
 )
 
 // NameAuthority is the cluster's one authority over claim IDs and
-// node-group names (agent/names, docs/names.md): a name is acquired before
-// anything is reserved under it, confirmed by the owner that commits it,
-// and released once the owner's ledger has let it go. *names.Registry is
+// node-group names (agent/names, docs/names.md): a claim ID is held by the
+// owner that commits it, in one write, and released once the owner's
+// ledger has let it go; a group name is acquired before its nodes are
+// placed and confirmed once they are. *names.Registry is
 // the real one; nil when this server runs alone (its ledger is then the
 // only authority it needs).
 type NameAuthority interface {
 	Acquire(ctx context.Context, key names.Key, caller, owner, request string, members []string) (names.Grant, error)
 	Confirm(ctx context.Context, key names.Key, token uint64, owner string, members []string) (names.Record, error)
+	// Hold is a claim's one registry write: the owner holds the claim ID
+	// for a request at commit, unless another server or request has it.
+	Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error)
 	Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error)
 	SetMembers(ctx context.Context, key names.Key, token uint64, members []string) (names.Record, error)
 	Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -27,15 +26,18 @@ import (
 // up to its Timing.Hold for a leader before it answers unavailable.
 const nameTimeout = 8 * time.Second
 
-// requestDigest is the registry's digest of a request: its canonical items
-// (by model) and labels, so every agent computes the same one for the same
-// request, whatever order the caller listed them in.
+// requestDigest is the registry's digest of a request: its items (counts
+// by model, in model order) and labels, so every agent computes the same
+// one for the same request, whatever order the caller listed them in, and
+// the owner computes it again from its reservation (digestOf).
 func requestDigest(rr api.ReserveRequest) string {
-	items := slices.Clone(rr.Items)
-	slices.SortFunc(items, func(a, b api.Item) int { return cmp.Compare(a.Model, b.Model) })
+	counts := map[string]int{}
+	for _, it := range rr.Items {
+		counts[it.Model] += it.Count
+	}
 	h := sha256.New()
-	for _, it := range items {
-		fmt.Fprintf(h, "item %q %d\n", it.Model, it.Count)
+	for _, m := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Fprintf(h, "item %q %d\n", m, counts[m])
 	}
 	for _, k := range slices.Sorted(maps.Keys(rr.Labels)) {
 		fmt.Fprintf(h, "label %q %q\n", k, rr.Labels[k])
@@ -43,24 +45,26 @@ func requestDigest(rr api.ReserveRequest) string {
 	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// placeNamed places a claim on the registry path: acquire the claim ID,
-// place it under the grant's token (the owner confirms the token before it
-// commits), and release the name when the placement ends without a
-// commit. A placement the registry's fencing stopped (the grant ended, or
-// the ID was confirmed on another owner meanwhile) acquires once more,
-// which then finds the claim or places it under a fresh grant.
+// placeNamed places a claim on the registry path. The claim ID is looked
+// up first: held, it is answered from its holder (a retry of a placed
+// claim, through whichever agent); being placed, it is waited for. Free,
+// the claim is placed, and the owner that commits it holds the ID in the
+// registry first, in one write (owner.holdName): when the ID was held or
+// placed elsewhere meanwhile, that owner refuses, drops its reservation,
+// and the lookup runs once more, which then finds the claim.
 func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	digest := requestDigest(at.rr)
 	// The server the ID last ran on is a hint kept by its home (memory
-	// only); asked while the name is acquired.
+	// only); asked while the name is looked up.
 	lastCh := make(chan string, 1)
 	go func() { lastCh <- at.lastOwner(ctx) }()
 	var (
 		last    string
 		gotLast bool
 	)
+	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
 	for round := 0; ; round++ {
-		token, c, done, err := at.acquireName(ctx, digest)
+		c, done, err := at.lookUpName(ctx, digest)
 		if done {
 			return c, err
 		}
@@ -71,18 +75,13 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 			}
 			gotLast = true
 		}
-		at.rr.Token = token
+		at.rr.Token = 0 // the owner holds the ID at commit
+		at.named = true
 		c, err = at.placeRemembered(ctx, last)
-		switch {
-		case err == nil, errors.Is(err, errCommitUnknown):
-			// Committed, or perhaps: the name stays for the owner's
-			// confirmation (or lapses with its lease).
-			return c, err
-		case round == 0 && (isCode(err, api.CodeLeaseExpired) || isCode(err, api.CodeConflict)):
-			at.log.Debug("claim placement fenced by the name registry; acquiring the name again", "claim", at.id, "token", token, "err", err)
+		if round == 0 && isCode(err, api.CodeConflict) {
+			at.log.Debug("claim ID held or placed elsewhere meanwhile; looking it up again", "claim", at.id, "err", err)
 			continue
 		}
-		at.releaseName(ctx, token)
 		return c, err
 	}
 }
@@ -141,52 +140,58 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 	return ans.LastOwner
 }
 
-// acquireName acquires the claim ID for this attempt's request. It returns
-// the grant's token when this attempt is to place the claim (a new grant,
-// or this agent's own earlier one); done when the answer is already known:
-// the claim as its owner holds it (a retry of a placed claim), or an error.
-// A grant pending under another coordinator (a client that retried through
-// another agent) is waited for, as long as its lease, rather than placed a
-// second time.
-func (at *attempt) acquireName(ctx context.Context, digest string) (token uint64, c api.Claim, done bool, err error) {
+// lookUpName reads the claim ID in the registry. done is false when it
+// is free: this attempt places it. Otherwise the answer is known: the claim
+// as its holder has it (a retry of a placed claim, through any agent), or
+// an error: held under another request (conflict), lost, or no answer
+// (503, naming the registry servers or the holder). A name being placed by
+// another coordinator (a group's, or an older agent's two-step grant) is
+// waited for, as long as its lease, rather than placed a second time.
+//
+// A stale read, from this server's copy or the leader's, comes first: most
+// claims are of free IDs, and for those a read that lags is harmless (the
+// owner's hold decides). A name found there is read again linearizably
+// before it is acted on.
+func (at *attempt) lookUpName(ctx context.Context, digest string) (c api.Claim, done bool, err error) {
 	key := names.Claim(at.id)
-	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
 	deadline := time.Now().Add(at.pendingTTL())
+	mode := names.Stale
 	for {
-		actx, cancel := context.WithTimeout(ctx, nameTimeout)
-		g, err := at.names.Acquire(actx, key, at.cfg.NodeName, "", digest, nil)
+		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
+		rec, err := at.names.Lookup(lctx, key, mode)
 		cancel()
 		if !names.IsUnavailable(err) {
 			at.rec.ClaimLookup(LookupRegistry)
 		}
-		if err != nil {
-			var r *names.RefusedError
-			if errors.As(err, &r) && r.Code == names.CodeConflict && r.Record != nil && r.Record.State == names.StateHeld {
-				// Held under another digest: the claim may have been
-				// resized in place since, to what this request asks.
-				if c, herr := at.heldOn(ctx, r.Record.Owner); herr == nil {
-					return 0, c, true, nil
-				}
-			}
-			return 0, api.Claim{}, true, claimNameError(at.id, err)
-		}
-		rec := g.Record
 		switch {
-		case !g.Retry, rec.State == names.StatePending && rec.Caller == at.cfg.NodeName:
-			return rec.Token, api.Claim{}, false, nil
+		case errors.Is(err, names.ErrNotFound):
+			return api.Claim{}, false, nil
+		case err != nil:
+			return api.Claim{}, true, claimNameError(at.id, err)
+		case mode == names.Stale:
+			mode = names.Linearizable
+			continue
+		}
+		switch {
+		case rec.State == names.StateHeld && rec.Request != digest:
+			// Held under another digest: the claim may have been
+			// resized in place since, to what this request asks.
+			if c, herr := at.heldOn(ctx, rec.Owner); herr == nil {
+				return c, true, nil
+			}
+			return api.Claim{}, true, claimNameError(at.id, &names.RefusedError{Op: names.OpHold, Key: key, Code: names.CodeConflict, Record: &rec})
 		case rec.State == names.StateHeld:
 			c, err := at.fromHolder(ctx, rec)
-			return 0, c, true, err
+			return c, true, err
+		case rec.State == names.StateLost:
+			return api.Claim{}, true, claimNameError(at.id, &names.RefusedError{Op: names.OpHold, Key: key, Code: names.CodeLost, Record: &rec})
+		case rec.Request != digest:
+			return api.Claim{}, true, claimNameError(at.id, &names.RefusedError{Op: names.OpHold, Key: key, Code: names.CodeConflict, Record: &rec})
 		}
-		// Pending under another coordinator: wait for it to be held, or
-		// to go (released, or lapsed), then ask again.
-		rec, err = at.awaitPlacement(ctx, rec, deadline)
-		if err != nil {
-			return 0, api.Claim{}, true, err
-		}
-		if rec.State == names.StateHeld {
-			c, err := at.fromHolder(ctx, rec)
-			return 0, c, true, err
+		// Being placed by another coordinator: wait for it to be held,
+		// or to go (released, or lapsed), then look again.
+		if _, err := at.awaitPlacement(ctx, rec, deadline); err != nil {
+			return api.Claim{}, true, err
 		}
 	}
 }
@@ -273,17 +278,6 @@ func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, ow
 			Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, owner, owner, err)}
 	}
 	return t, api.Claim{}, err
-}
-
-// releaseName lets go of a grant this coordinator holds pending and will
-// not commit, so the ID is free at once instead of after the lease.
-func (at *attempt) releaseName(ctx context.Context, token uint64) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	defer cancel()
-	_, err := at.names.Release(rctx, names.Claim(at.id), token, at.cfg.NodeName)
-	if err != nil && !errors.Is(err, names.ErrNotFound) && !errors.Is(err, names.ErrStale) {
-		at.log.Warn("claim name not released after a placement without commit; it lapses with its lease", "claim", at.id, "token", token, "err", err)
-	}
 }
 
 // findNamed runs op on the server the registry says holds claim id, for

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -308,93 +310,151 @@ func TestClusterNamedNotAvailableReleasesTheName(t *testing.T) {
 	}
 }
 
-// watchedNames tells, on pending, of every Acquire that found the name
-// pending under another caller: a coordinator about to wait.
-type watchedNames struct {
+// gatedNames holds the first Hold back until gate is closed, telling on
+// held which owner made it: a placement stopped between its reservation
+// and its commit.
+type gatedNames struct {
 	*testNames
-	pending chan string
+	held chan string
+	gate chan struct{}
+	once sync.Once
 }
 
-func (w *watchedNames) Acquire(ctx context.Context, key names.Key, caller, owner, request string, members []string) (names.Grant, error) {
-	g, err := w.testNames.Acquire(ctx, key, caller, owner, request, members)
-	if err == nil && g.Retry && g.Record.State == names.StatePending && g.Record.Caller != caller {
-		select {
-		case w.pending <- caller:
-		default:
-		}
+func (g *gatedNames) Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error) {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		g.held <- owner
+		<-g.gate
 	}
-	return g, err
+	return g.testNames.Hold(ctx, key, caller, owner, request)
 }
 
-// A retry through another agent while the first placement is still
-// pending waits for it and answers its claim: the ID is placed once.
-func TestClusterNamedRetryWaitsForThePendingPlacement(t *testing.T) {
+// Two placements of one claim ID at once (a client that retried through
+// another agent before the first answered): both reserve, each on its own
+// server; the owner that holds the ID first commits, the other's hold is
+// refused and it drops its reservation, and both placements answer the
+// one claim.
+func TestClusterNamedConcurrentPlacementsKeepOneCopy(t *testing.T) {
 	tc := newTestCluster(t)
-	w := &watchedNames{testNames: tc.names, pending: make(chan string, 1)}
-	tc.opts = append(tc.opts, WithNames(w))
+	g := &gatedNames{testNames: tc.names, held: make(chan string, 1), gate: make(chan struct{})}
+	tc.opts = append(tc.opts, WithNames(g))
 	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
 	ctx := context.Background()
-	tc.peers.Pause("a") // a's reservation waits, its grant pending
-	first := make(chan error, 1)
-	go func() {
-		_, err := a.Claim(ctx, "vm-x", l40sReq(2))
-		first <- err
-	}()
-	waitFor(t, "a's grant", 5*time.Second, func() bool {
-		r, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
-		return err == nil && r.State == names.StatePending
-	})
 	type answer struct {
 		c   api.Claim
 		err error
 	}
+	first := make(chan answer, 1)
+	go func() {
+		cl, err := a.Claim(ctx, "vm-x", l40sReq(4))
+		first <- answer{cl, err}
+	}()
+	stalled := <-g.held // all its 4 reserved, its hold held back
+	// The retry goes to the other server (one that reached the stalled
+	// one would take that reservation up and wait for its commit).
+	retry := l40sReq(4)
+	retry.PreferNode = map[string]string{"b": "c", "c": "b"}[stalled]
+	second, err := c.Claim(ctx, "vm-x", retry)
+	if err != nil {
+		t.Fatalf("second placement: %v", err)
+	}
+	if second.Node == stalled {
+		t.Fatalf("second placement landed on %s, whose GPUs the first holds reserved", stalled)
+	}
+	close(g.gate)
+	got := <-first
+	if got.err != nil || got.c.Node != second.Node {
+		t.Fatalf("first placement: %+v, %v; want the claim on %s", got.c, got.err, second.Node)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != second.Node {
+		t.Fatalf("vm-x on %v; want only %s", on, second.Node)
+	}
+	loser := map[string]*Agent{"b": b, "c": c}[stalled]
+	if n := len(loser.ledger.List()); n != 0 {
+		t.Fatalf("%s keeps %d claims or reservations after its hold was refused", stalled, n)
+	}
+	rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+	if err != nil || rec.Owner != second.Node {
+		t.Fatalf("registry: %+v, %v; want vm-x held on %s", rec, err, second.Node)
+	}
+	checkInvariants(t, a, b, c)
+}
+
+// watchedNames tells, on pending, of every linearizable lookup that found
+// a name being placed: a coordinator about to wait.
+type watchedNames struct {
+	*testNames
+	pending chan struct{}
+}
+
+func (w *watchedNames) Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error) {
+	r, err := w.testNames.Lookup(ctx, key, mode)
+	if err == nil && mode == names.Linearizable && r.State == names.StatePending {
+		select {
+		case w.pending <- struct{}{}:
+		default:
+		}
+	}
+	return r, err
+}
+
+// A claim ID being placed the two-step way (an agent of an older version
+// acquired it and has not confirmed yet) is waited for, not placed a
+// second time; once that grant is let go, the claim is placed.
+func TestClusterNamedClaimWaitsForAPendingGrant(t *testing.T) {
+	tc := newTestCluster(t)
+	w := &watchedNames{testNames: tc.names, pending: make(chan struct{}, 1)}
+	tc.opts = append(tc.opts, WithNames(w))
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}}
+	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-x"), "a", "", requestDigest(rr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Get(ctx, "vm-x"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "being placed by a") {
 		t.Fatalf("get while vm-x is being placed: %v; want a 503 naming a", err)
+	}
+	type answer struct {
+		c   api.Claim
+		err error
 	}
 	second := make(chan answer, 1)
 	go func() {
 		cl, err := b.Claim(ctx, "vm-x", l40sReq(2))
 		second <- answer{cl, err}
 	}()
-	if who := <-w.pending; who != "b" {
-		t.Fatalf("%s found the grant pending, want b", who)
+	<-w.pending
+	if on := copiesOf("vm-x", a, b, c); len(on) != 0 {
+		t.Fatalf("vm-x reserved on %v while its grant is pending", on)
 	}
-	tc.peers.Resume("a")
-	if err := <-first; err != nil {
-		t.Fatalf("first claim: %v", err)
+	if _, err := tc.names.as("a").Release(ctx, names.Claim("vm-x"), g.Record.Token, "a"); err != nil {
+		t.Fatal(err)
 	}
 	got := <-second
 	if got.err != nil {
-		t.Fatalf("retry through b: %v", got.err)
+		t.Fatalf("claim once the grant was let go: %v", got.err)
 	}
 	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != got.c.Node {
-		t.Fatalf("vm-x held on %v; the retry answered %s", on, got.c.Node)
+		t.Fatalf("vm-x held on %v; the claim answered %s", on, got.c.Node)
 	}
 }
 
-// The owner commits only what the registry confirmed: a reservation
-// without a token (a coordinator of an older version) is refused; with the
-// registry unavailable the commit is a 503 and the reservation stays for
-// the retried commit; once confirmed, the claim is held on the owner in
-// the registry, and its release lets the name go.
-func TestClusterNamedOwnerCommitConfirms(t *testing.T) {
-	tc, _, b, _ := namedThree(t)
+// The owner commits only what the registry holds on it: a reservation
+// made without a token is held in one write at commit, and the ledger
+// keeps the token; with the registry unavailable the commit is a 503 and
+// the reservation stays for the retried commit; an ID held on another
+// server is refused, naming it, and the reservation is dropped; a
+// reservation made under a token (a coordinator of an older version, a
+// resize's move) is confirmed under it. A release lets the name go.
+func TestClusterNamedOwnerCommitHolds(t *testing.T) {
+	tc, _, b, c := namedThree(t)
 	ctx := context.Background()
 	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a"}
 
-	if _, err := b.owner.Reserve(ctx, "vm-old", rr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.owner.Commit(ctx, "vm-old"); !isCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "no name token") {
-		t.Fatalf("commit of a reservation without a token: %v; want invalid_request naming the token", err)
-	}
-
-	g, err := tc.names.Acquire(ctx, names.Claim("vm-1"), "a", "", requestDigest(rr), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rr.Token = g.Record.Token
 	if _, err := b.owner.Reserve(ctx, "vm-1", rr); err != nil {
 		t.Fatal(err)
 	}
@@ -410,13 +470,50 @@ func TestClusterNamedOwnerCommitConfirms(t *testing.T) {
 		t.Fatalf("commit once the registry answers: %v", err)
 	}
 	rec, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable)
-	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" {
-		t.Fatalf("registry record after the commit: %+v, %v; want held on b", rec, err)
+	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" || rec.Caller != "a" || rec.Request != requestDigest(rr) {
+		t.Fatalf("registry record after the commit: %+v, %v; want held on b for a's request", rec, err)
 	}
-	if _, err := b.owner.Abort(ctx, "vm-1"); err != nil {
+	if cl, _ := b.ledger.Get("vm-1"); cl.NameToken != rec.Token {
+		t.Fatalf("ledger token %d, registry token %d", cl.NameToken, rec.Token)
+	}
+
+	// Held on b: c's commit of the same ID is refused, and c lets its
+	// GPU go.
+	if _, err := c.owner.Reserve(ctx, "vm-1", rr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); !isNamesNotFound(err) {
-		t.Fatalf("the registry still holds vm-1 after its release: %v", err)
+	if _, err := c.owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "held on b") {
+		t.Fatalf("commit on c of an ID held on b: %v; want a conflict naming b", err)
+	}
+	if _, err := c.ledger.Get("vm-1"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("c's reservation after the refused hold: %v; want it dropped", err)
+	}
+
+	// The two-step way, under a token.
+	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-2"), "a", "", requestDigest(rr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Token = g.Record.Token
+	if _, err := c.owner.Reserve(ctx, "vm-2", rr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.owner.Commit(ctx, "vm-2"); err != nil {
+		t.Fatalf("commit under a token: %v", err)
+	}
+	if rec, err := tc.names.Lookup(ctx, names.Claim("vm-2"), names.Linearizable); err != nil || rec.Owner != "c" || rec.Token != g.Record.Token {
+		t.Fatalf("vm-2 after its commit: %+v, %v; want held on c under %d", rec, err, g.Record.Token)
+	}
+
+	for _, x := range []struct {
+		a  *Agent
+		id string
+	}{{b, "vm-1"}, {c, "vm-2"}} {
+		if _, err := x.a.owner.Abort(ctx, x.id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tc.names.Lookup(ctx, names.Claim(x.id), names.Linearizable); !isNamesNotFound(err) {
+			t.Fatalf("the registry still holds %s after its release: %v", x.id, err)
+		}
 	}
 }

@@ -76,6 +76,13 @@ func (n *testNames) Confirm(ctx context.Context, key names.Key, token uint64, ow
 	return n.reg.Confirm(ctx, key, token, owner, members)
 }
 
+func (n *testNames) Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error) {
+	if err := n.unavailable(names.OpHold, key); err != nil {
+		return names.Record{}, err
+	}
+	return n.reg.Hold(ctx, key, caller, owner, request)
+}
+
 func (n *testNames) Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error) {
 	if err := n.unavailable(names.OpRelease, key); err != nil {
 		return names.Record{}, err
@@ -143,6 +150,10 @@ func (n nodeNames) Confirm(ctx context.Context, key names.Key, token uint64, own
 		return n.testNames.ConfirmMove(ctx, key, token, owner, n.node)
 	}
 	return n.testNames.Confirm(ctx, key, token, n.node, members)
+}
+
+func (n nodeNames) Hold(ctx context.Context, key names.Key, caller, _, request string) (names.Record, error) {
+	return n.testNames.Hold(ctx, key, caller, n.node, request)
 }
 
 func (n nodeNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, _ string) (names.Record, error) {

@@ -183,15 +183,24 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 			}
 		}
 	}
-	// With a name registry, the claim ID must be this server's under the
-	// reservation's grant before the ledger commits it (ownernames.go).
+	// With a name registry, the claim ID must be held on this server
+	// before the ledger commits it (ownernames.go): held in one write, or
+	// confirmed under the token the reservation was made with.
 	named := o.names != nil && pending.State == ledger.StateReserved && pending.Live(o.now())
 	if named {
-		if err := o.confirmName(ctx, pending); err != nil {
-			return api.Claim{}, err
+		if pending.NameToken != 0 {
+			if err := o.confirmName(ctx, pending); err != nil {
+				return api.Claim{}, err
+			}
+		} else {
+			token, err := o.holdName(ctx, pending)
+			if err != nil {
+				return api.Claim{}, err
+			}
+			pending.NameToken = token
 		}
 	}
-	c, err := o.ledger.Commit(id, o.now())
+	c, err := o.ledger.CommitUnder(id, pending.NameToken, o.now())
 	if err != nil {
 		if named {
 			o.releaseName(ctx, pending)

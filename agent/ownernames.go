@@ -11,21 +11,71 @@ import (
 )
 
 // The owner's side of the name registry (docs/names.md, "Fencing"): a
-// reservation is committed only after the registry confirmed its claim ID
-// on this server under the token the coordinator's grant carried, and a
-// released claim lets its name go once the ledger has let its GPUs go.
+// reservation is committed only once the registry holds its claim ID on
+// this server (holdName: the claim path's one registry write), or, for a
+// reservation made under a token (a resize's move), confirmed the token;
+// and a released claim lets its name go once the ledger has let its GPUs
+// go.
+
+// holdName asks the registry to hold the claim ID of the reservation
+// pending on this server for its request, and returns the token it is
+// held under. The caller holds the reservation's device locks. A refusal
+// (the ID held on another server or under another request, being placed
+// the two-step way, or lost) drops the reservation and names who has the
+// ID; an unavailable registry keeps it, for the coordinator's retried
+// commit.
+func (o *owner) holdName(ctx context.Context, pending ledger.Claim) (uint64, error) {
+	id := pending.ID
+	// Not cancelled with the request: a hold that took effect must be
+	// followed by the ledger commit it allows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	rec, err := o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digestOf(pending))
+	cancel()
+	if err == nil {
+		return rec.Token, nil
+	}
+	if names.IsUnavailable(err) {
+		return 0, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: not committed on %s, the name registry could not hold its ID: %v", id, o.cfg.NodeName, err)}
+	}
+	var r *names.RefusedError
+	if !errors.As(err, &r) {
+		return 0, fmt.Errorf("claim %s: holding its name: %w", id, err)
+	}
+	o.dropUnconfirmed(ctx, pending, err)
+	if r.Code == names.CodeLimit {
+		return 0, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: not committed on %s: %v; retry later", id, o.cfg.NodeName, err)}
+	}
+	holder, state := o.cfg.NodeName, "held"
+	if r.Record != nil {
+		holder = r.Record.Owner
+		if r.Record.State == names.StatePending {
+			holder, state = r.Record.Caller, "being placed"
+		}
+	}
+	return 0, &api.Error{Code: api.CodeConflict,
+		Message: fmt.Sprintf("claim %s is %s on %s; not committed on %s", id, state, holder, o.cfg.NodeName)}
+}
+
+// digestOf is requestDigest of what a reservation holds.
+func digestOf(c ledger.Claim) string {
+	rr := api.ReserveRequest{Labels: c.Labels}
+	for _, it := range c.Items {
+		rr.Items = append(rr.Items, api.Item{Model: it.Model, Count: it.Count})
+	}
+	return requestDigest(rr)
+}
 
 // confirmName asks the registry to make this server the holder of the
-// reservation pending's claim ID, under its token. The caller holds the
+// reservation pending's claim ID, under its token (a reservation made
+// under a token: a resize's move, or a coordinator of an older version). The caller holds the
 // reservation's device locks. A refusal (the grant ended: stale, expired;
 // the ID held on another server) drops the reservation, so nothing is
 // committed under a grant that no longer holds; an unavailable registry
 // keeps it, for the coordinator's retried commit.
 func (o *owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 	id := pending.ID
-	if pending.NameToken == 0 {
-		return api.Invalid("token", "claim %s: the reservation carries no name token, so its coordinator %s did not acquire the claim ID from the name registry (an agent of an older version?); nothing was committed: upgrade %s, or claim through another agent", id, pending.Coordinator, pending.Coordinator)
-	}
 	// Not cancelled with the request: a confirmation that took effect
 	// must be followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)

@@ -27,7 +27,7 @@ type NameServer interface {
 // A confirm acts as its caller: its owner, when the body names another
 // node, is refused by the registry unless the caller started that name's
 // move (a coordinator putting a name back).
-var actingField = map[string]string{"acquire": "caller", "confirm": "caller", "release": "node"}
+var actingField = map[string]string{"acquire": "caller", "confirm": "caller", "hold": "owner", "release": "node"}
 
 // operatorOps are the registry operations no agent needs for its own
 // claims: an operator's `members remove` or voter changes, relayed by the

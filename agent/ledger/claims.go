@@ -137,6 +137,14 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 // it must never be committed. Unknown id: ErrNotFound; after a restart that
 // includes every reservation the previous run held.
 func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
+	return l.CommitUnder(id, 0, now)
+}
+
+// CommitUnder is Commit recording token, when not zero, as the name token
+// the claim is committed under: the token the name registry held its ID
+// on this server with at commit (the owner's one-step hold). A claim
+// committed already keeps the token it has.
+func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, error) {
 	now = now.UTC()
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
@@ -156,6 +164,9 @@ func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 		rec.State = StateCommitted
 		rec.ExpiresAt = time.Time{}
 		rec.CommittedAt = now
+		if token != 0 {
+			rec.NameToken = token
+		}
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -460,5 +461,29 @@ func TestConcurrentReserve(t *testing.T) {
 	wg.Wait()
 	if len(holders) != 8 || refused != n-8 {
 		t.Fatalf("%d GPUs handed out, %d refused; want 8 and %d", len(holders), refused, n-8)
+	}
+}
+
+// TestCommitUnder: the token the registry held the claim ID under at
+// commit is kept with the claim, through a restart; a retried commit
+// keeps the first one.
+func TestCommitUnder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l := openAt(t, path)
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	c, err := l.CommitUnder("vm-1", 42, t0)
+	if err != nil || c.NameToken != 42 || c.State != StateCommitted {
+		t.Fatalf("CommitUnder = %+v, %v", c, err)
+	}
+	if c, _ := l.CommitUnder("vm-1", 43, t0); c.NameToken != 42 {
+		t.Fatalf("a retried commit moved the token to %d", c.NameToken)
+	}
+	l.Close()
+	l = openAt(t, path)
+	if c, err := l.Get("vm-1"); err != nil || c.NameToken != 42 {
+		t.Fatalf("after a restart: %+v, %v", c, err)
 	}
 }

@@ -38,6 +38,11 @@ func (m *Machine) Acquire(key Key, caller, request string, now time.Time, lease 
 	return m.apply(messageAcquire, &acquireMessage{Key: key, Caller: caller, Request: request, Now: now, Lease: lease, Limits: m.limits})
 }
 
+// Hold makes owner the holder of claim key for request in one step.
+func (m *Machine) Hold(key Key, caller, owner, request string, now time.Time) Result {
+	return m.apply(messageHold, &holdMessage{Key: key, Owner: owner, Caller: caller, Request: request, Now: now, Limits: m.limits})
+}
+
 // Confirm makes owner the holder of key under token.
 func (m *Machine) Confirm(key Key, token uint64, owner string, now time.Time) Result {
 	return m.apply(messageConfirm, &confirmMessage{Key: key, Token: token, Owner: owner, Now: now, Limits: m.limits})

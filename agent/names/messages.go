@@ -23,6 +23,7 @@ const (
 	messageSetMembers   messageType = 6
 	messageMove         messageType = 7
 	messageSetRequest   messageType = 8
+	messageHold         messageType = 9
 )
 
 func (t messageType) String() string {
@@ -43,6 +44,8 @@ func (t messageType) String() string {
 		return "move"
 	case messageSetRequest:
 		return "set-request"
+	case messageHold:
+		return "hold"
 	}
 	return fmt.Sprintf("message type %d", uint8(t))
 }
@@ -82,6 +85,19 @@ type acquireMessage struct {
 	Now     time.Time     `json:"now"`
 	Lease   time.Duration `json:"lease"`
 	Limits  Limits        `json:"limits"`
+}
+
+// holdMessage is a claim's one registry write, sent by the server that
+// commits the claim: the name becomes held on Owner in one step, unless
+// it is held or being placed already. Caller is the coordinator that
+// placed it there, kept for the operator's view.
+type holdMessage struct {
+	Key     Key       `json:"key"`
+	Owner   string    `json:"owner"`
+	Caller  string    `json:"caller,omitempty"`
+	Request string    `json:"request"`
+	Now     time.Time `json:"now"`
+	Limits  Limits    `json:"limits"`
 }
 
 // confirmMessage is sent by the server that commits the name, under the
@@ -188,6 +204,8 @@ func decodeMessage(b []byte) (messageType, any, error) {
 		body = new(moveMessage)
 	case messageSetRequest:
 		body = new(setRequestMessage)
+	case messageHold:
+		body = new(holdMessage)
 	default:
 		return t, nil, fmt.Errorf("unknown %s", t)
 	}
@@ -243,6 +261,30 @@ func (m *acquireMessage) check() error {
 		return fmt.Errorf("%s: acquire carries no time or lease", m.Key)
 	}
 	return checkMembers(m.Key, m.Members)
+}
+
+func (m *holdMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Key.Kind != KindClaim {
+		return fmt.Errorf("%s: only a claim ID is held in one step; a group is acquired and confirmed", m.Key)
+	}
+	if err := checkNode("owner", m.Owner); err != nil {
+		return err
+	}
+	if m.Caller != "" {
+		if err := checkNode("caller", m.Caller); err != nil {
+			return err
+		}
+	}
+	if m.Request == "" || len(m.Request) > maxName {
+		return fmt.Errorf("%s: request digest must be 1 to %d bytes", m.Key, maxName)
+	}
+	if m.Now.IsZero() {
+		return fmt.Errorf("%s: hold carries no time", m.Key)
+	}
+	return nil
 }
 
 func (m *confirmMessage) check() error {

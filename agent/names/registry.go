@@ -273,6 +273,17 @@ func (r *Registry) Acquire(ctx context.Context, key Key, caller, owner, request 
 	return Grant{Record: *res.Record, Retry: res.Code == CodeSame}, nil
 }
 
+// Hold makes owner the holder of claim key for request (its digest), in
+// one write: the step an owner takes at commit, before its ledger commits,
+// on the claim path (docs/protocol.md, "Placing a claim"). caller is the
+// coordinator that placed it there. A name held already on owner under
+// the same request is answered as it is (a retried commit); held
+// elsewhere, being placed, or held under another request, it is refused
+// (ErrConflict, with the record).
+func (r *Registry) Hold(ctx context.Context, key Key, caller, owner, request string) (Record, error) {
+	return r.record(ctx, Request{Op: OpHold, Key: key, Caller: caller, Owner: owner, Request: request})
+}
+
 // Confirm makes owner the holder of key under token: the step an owner
 // takes at commit, before its ledger commits. An older token is refused
 // (ErrStale), so a caller paused past its lease cannot commit.
@@ -629,6 +640,9 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 	case OpAcquire:
 		return messageAcquire, &acquireMessage{Key: req.Key, Caller: req.Caller, Owner: req.Owner, Request: req.Request,
 			Members: req.Members, Now: now, Lease: r.cfg.Lease, Limits: r.cfg.Limits}, nil
+	case OpHold:
+		return messageHold, &holdMessage{Key: req.Key, Owner: req.Owner, Caller: req.Caller, Request: req.Request,
+			Now: now, Limits: r.cfg.Limits}, nil
 	case OpConfirm:
 		return messageConfirm, &confirmMessage{Key: req.Key, Token: req.Token, Owner: req.Owner, Caller: req.Caller, Members: req.Members,
 			Now: now, Limits: r.cfg.Limits}, nil

@@ -94,6 +94,8 @@ func (s *state) apply(idx uint64, t messageType, body any) Result {
 		return s.move(idx, m)
 	case *setRequestMessage:
 		return s.setRequest(idx, m)
+	case *holdMessage:
+		return s.hold(idx, m)
 	}
 	return Result{Code: CodeInvalid, Detail: fmt.Sprintf("no rule for %s", t)}
 }
@@ -122,6 +124,42 @@ func (s *state) acquire(idx uint64, m *acquireMessage) Result {
 		Owner: m.Owner, Caller: m.Caller, Request: m.Request,
 		State: StatePending, Token: idx, Deadline: now.Add(m.Lease),
 		Members: slices.Clone(m.Members), Index: idx,
+	}
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// hold makes a claim ID held on the server that commits it, in one write:
+// the claim path's acquire and confirm together. A name already held on
+// that server under the same request is the same hold (a retried
+// commit); held elsewhere, being placed, held under another request, or
+// lost, it is refused, and the owner drops its reservation.
+func (s *state) hold(idx uint64, m *holdMessage) Result {
+	s.advance(m.Now)
+	if r, ok := s.get(m.Key); ok {
+		switch {
+		case r.Request != m.Request:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is %s by another request on %s", m.Key, r.State, r.holder())}
+		case r.State == StateLost:
+			return Result{Code: CodeLost, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", m.Key, r.Owner)}
+		case r.State == StatePending:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is being placed by %s", m.Key, r.Caller)}
+		case r.Owner != m.Owner:
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is held on %s", m.Key, r.Owner)}
+		}
+		return withRecord(CodeSame, r)
+	}
+	if n := m.Limits.HeldPerOwner; n > 0 && s.heldBy[m.Owner] >= n {
+		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s holds %d names already, the most one server may", m.Owner, s.heldBy[m.Owner])}
+	}
+	r := Record{
+		Kind: m.Key.Kind, Name: m.Key.Name,
+		Owner: m.Owner, Caller: m.Caller, Request: m.Request,
+		State: StateHeld, Token: idx, Index: idx,
 	}
 	s.put(r)
 	return withRecord(CodeOK, r)

@@ -12,6 +12,7 @@ type Op string
 const (
 	OpAcquire      Op = "acquire"
 	OpConfirm      Op = "confirm"
+	OpHold         Op = "hold"
 	OpRelease      Op = "release"
 	OpLookup       Op = "lookup"
 	OpSetMembers   Op = "set_members"
@@ -30,8 +31,8 @@ const (
 )
 
 // Request is one operation as it travels to the leader. The peer API that
-// carries it must set Caller (acquire) and Owner (confirm) to the calling
-// agent's certificate name, never take them from the body.
+// carries it must set Caller (acquire) and Owner (confirm, hold) to the
+// calling agent's certificate name, never take them from the body.
 type Request struct {
 	Op      Op       `json:"op"`
 	Key     Key      `json:"key,omitzero"`

@@ -17,6 +17,15 @@ func (r request) items() []ledger.Item         { return []ledger.Item{{Model: "L
 func (r request) digest() string               { return fmt.Sprintf("v1:l40s-%d", r.count) }
 func sameItems(c ledger.Claim, r request) bool { return slices.Equal(c.Items, r.items()) }
 
+// digestOf is the digest an owner computes from its reservation.
+func digestOf(c ledger.Claim) string {
+	n := 0
+	for _, it := range c.Items {
+		n += it.Count
+	}
+	return request{count: n}.digest()
+}
+
 // claimLocked runs claim once no other claim of id runs on this agent:
 // coordinateOn takes the ID's lock (claimLocks), so a retry through the
 // same agent waits for the first try. The lock is in memory: a kill ends
@@ -52,27 +61,26 @@ func (n *node) locked(id string, op func(func(answer)), reply func(answer)) {
 	run()
 }
 
-// claim is placeNamed (namedclaim.go) on coordinator n: acquire the ID,
-// place under the grant's token, acquire once more when the owner's
-// confirm was fenced, and release a grant that committed nothing.
+// claim is placeNamed (namedclaim.go) on coordinator n: look the ID up;
+// held, answer it from its holder; free, place it (the owner that commits
+// holds it in the registry first), and look it up once more when that
+// owner found it held or placed elsewhere meanwhile.
 func (n *node) claim(id string, rq request, round int, reply func(answer)) {
 	w := n.w
-	w.reg.do(n.idx, regIn{Op: "acquire", Key: id, Caller: n.name, Request: rq.digest(), Lease: w.cfg.NameLease}, func(res names.Result, _, ok bool) {
+	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
 		if !ok {
 			reply(answer{code: codeUnavailable})
 			return
 		}
+		if !found {
+			n.place(id, rq, 0, round, reply)
+			return
+		}
 		rec := res.Record
 		switch {
-		case res.Code == names.CodeOK, res.Code == names.CodeSame && rec.State == names.StatePending && rec.Caller == n.name:
-			n.place(id, rq, rec.Token, round, reply)
-		case res.Code == names.CodeSame && rec.State == names.StateHeld:
+		case rec.State == names.StateHeld && rec.Request == rq.digest():
 			n.fromHolder(id, rq, rec.Owner, reply)
-		case res.Code == names.CodeSame:
-			// Pending under another coordinator: the real attempt polls
-			// for up to its pending TTL and then answers 503.
-			reply(answer{code: codeUnavailable})
-		case res.Code == names.CodeConflict && rec != nil && rec.State == names.StateHeld:
+		case rec.State == names.StateHeld:
 			// Held under another digest: the claim may have been
 			// resized since, to what this request asks (heldOn).
 			o := w.index(rec.Owner)
@@ -83,10 +91,12 @@ func (n *node) claim(id string, rq request, round int, reply func(answer)) {
 				}
 				reply(answer{code: codeConflict})
 			})
-		case res.Code == names.CodeConflict, res.Code == names.CodeLost:
-			reply(answer{code: codeConflict})
-		default:
+		case rec.State == names.StatePending && rec.Request == rq.digest():
+			// Being placed the two-step way: the real attempt polls for
+			// up to its pending TTL and then answers 503.
 			reply(answer{code: codeUnavailable})
+		default: // another request's, or lost
+			reply(answer{code: codeConflict})
 		}
 	})
 }
@@ -143,6 +153,13 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 			case codeNotAvailable:
 				refused++
 				try(i + 1)
+			case codeConflict:
+				if token == 0 && round == 0 {
+					n.claim(id, rq, 1, reply) // placed meanwhile: look again
+					return
+				}
+				n.releaseGrant(id, token)
+				reply(a)
 			default:
 				n.releaseGrant(id, token)
 				reply(a)
@@ -169,6 +186,9 @@ func (n *node) commitOn(id string, o, attempts int, reply func(answer)) {
 }
 
 func (n *node) releaseGrant(id string, token uint64) {
+	if token == 0 {
+		return // placed without a grant: the owner holds the ID at commit
+	}
 	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: token, Node: n.name}, func(names.Result, bool, bool) {})
 }
 

@@ -14,6 +14,7 @@ import (
 // registry calls of a schedule (answered or not). It is written from
 // docs/names.md's rules, not from state.go: a grant's token is above every
 // token seen before it, a live name is answered to its own request only,
+// a hold makes a free name held on its owner in one step,
 // a pending name lapses at its deadline by the registry's time (which
 // is within slack of the command's), a confirm needs the current token, a release the
 // current token and holder. A grant whose answer was lost has an unknown
@@ -139,6 +140,29 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 		}
 		n2, ok := n.shows(out.Rec)
 		return ok, n2
+	case "hold":
+		if s.Exists {
+			if s.Req != in.Request || !s.Held || s.Owner != in.Node {
+				return code(names.CodeConflict), s
+			}
+			if out.Unknown {
+				return true, s
+			}
+			if out.Code != names.CodeSame {
+				return false, s
+			}
+			s2, ok := s.shows(out.Rec)
+			return ok, s2
+		}
+		n := nameReg{Exists: true, Held: true, Req: in.Request, Caller: in.Caller, Owner: in.Node, Last: s.Last}
+		if out.Unknown {
+			return true, n
+		}
+		if out.Code != names.CodeOK {
+			return false, s
+		}
+		n2, ok := n.shows(out.Rec)
+		return ok, n2
 	case "confirm":
 		switch {
 		case !s.Exists:
@@ -180,7 +204,7 @@ func lapseShown(in regIn, out modelOut) bool {
 	switch in.Op {
 	case "lookup":
 		return !out.Found
-	case "acquire":
+	case "acquire", "hold":
 		return out.Code == names.CodeOK
 	case "confirm":
 		return out.Code == names.CodeExpired || out.Code == names.CodeNotFound

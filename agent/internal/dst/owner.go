@@ -127,8 +127,9 @@ func (n *node) reserve(id string, items []ledger.Item, token uint64, coordinator
 }
 
 // commit is the owner's Commit (owner.go, ownernames.go): a live
-// reservation is committed only after the registry confirmed its claim
-// ID on this server under the reservation's token.
+// reservation is committed only once the registry holds its claim ID on
+// this server: in one write (hold) for a reservation made without a
+// token, confirmed under its token for one made with it (a move).
 func (n *node) commit(id string, reply func(any)) {
 	pending, err := n.ledger.Get(id)
 	if err != nil {
@@ -143,7 +144,11 @@ func (n *node) commit(id string, reply func(any)) {
 		reply(answer{ledgerCode(err), c})
 		return
 	}
-	n.w.reg.do(n.idx, regIn{Op: "confirm", Key: id, Token: pending.NameToken, Node: n.name}, func(res names.Result, _, ok bool) {
+	in := regIn{Op: "confirm", Key: id, Token: pending.NameToken, Node: n.name}
+	if pending.NameToken == 0 {
+		in = regIn{Op: "hold", Key: id, Caller: pending.Coordinator, Request: digestOf(pending), Node: n.name}
+	}
+	n.w.reg.do(n.idx, in, func(res names.Result, _, ok bool) {
 		if !ok {
 			reply(answer{code: codeUnavailable})
 			return
@@ -159,10 +164,10 @@ func (n *node) commit(id string, reply func(any)) {
 			reply(answer{code: codeConflict})
 			return
 		}
-		c, err := n.ledger.Commit(id, n.clock())
+		c, err := n.ledger.CommitUnder(id, res.Record.Token, n.clock())
 		n.noteCommit(id, err)
 		if err != nil {
-			n.releaseName(id, pending.NameToken)
+			n.releaseName(id, res.Record.Token)
 		}
 		reply(answer{ledgerCode(err), c})
 	})

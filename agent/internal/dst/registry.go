@@ -23,7 +23,7 @@ type registry struct {
 
 // regIn is one registry operation as the porcupine model reads it.
 type regIn struct {
-	Op      string // acquire, confirm, release, lookup
+	Op      string // acquire, confirm, hold, release, lookup, move, list
 	Key     string
 	Caller  string
 	Request string
@@ -96,6 +96,9 @@ func (r *registry) apply(in regIn) (names.Result, bool) {
 	case "confirm":
 		r.ops++
 		return r.m.Confirm(key, in.Token, in.Node, now), true
+	case "hold":
+		r.ops++
+		return r.m.Hold(key, in.Caller, in.Node, in.Request, now), true
 	case "release":
 		r.ops++
 		return r.m.Release(key, in.Token, in.Node), true
