@@ -160,8 +160,8 @@ func (at *attempt) lookUpName(ctx context.Context, digest string) (c api.Claim, 
 		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
 		rec, err := at.names.Lookup(lctx, key, mode)
 		cancel()
-		if !names.IsUnavailable(err) {
-			at.rec.ClaimLookup(LookupRegistry)
+		if mode == names.Stale && !names.IsUnavailable(err) {
+			at.rec.ClaimLookup(LookupRegistry) // once per claim
 		}
 		switch {
 		case errors.Is(err, names.ErrNotFound):
