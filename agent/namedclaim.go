@@ -64,7 +64,8 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	)
 	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
 	for round := 0; ; round++ {
-		c, done, err := at.lookUpName(ctx, digest)
+		// After a conflict, the stale copy may be the one that lagged.
+		c, done, err := at.lookUpName(ctx, digest, round > 0)
 		if done {
 			return c, err
 		}
@@ -151,16 +152,20 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 // A stale read, from this server's copy or the leader's, comes first: most
 // claims are of free IDs, and for those a read that lags is harmless (the
 // owner's hold decides). A name found there is read again linearizably
-// before it is acted on.
-func (at *attempt) lookUpName(ctx context.Context, digest string) (c api.Claim, done bool, err error) {
+// before it is acted on, and so is every name when fresh (after an owner
+// found the ID held elsewhere: a stale "free" may be what lagged).
+func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c api.Claim, done bool, err error) {
 	key := names.Claim(at.id)
 	deadline := time.Now().Add(at.pendingTTL())
 	mode := names.Stale
+	if fresh {
+		mode = names.Linearizable
+	}
 	for {
 		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
 		rec, err := at.names.Lookup(lctx, key, mode)
 		cancel()
-		if mode == names.Stale && !names.IsUnavailable(err) {
+		if !fresh && mode == names.Stale && !names.IsUnavailable(err) {
 			at.rec.ClaimLookup(LookupRegistry) // once per claim
 		}
 		switch {
