@@ -517,3 +517,39 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 		}
 	}
 }
+
+// laggingNames answers every stale lookup "not found": a copy that has
+// not caught up yet.
+type laggingNames struct{ *testNames }
+
+func (l laggingNames) Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error) {
+	if mode == names.Stale {
+		return names.Record{}, names.ErrNotFound
+	}
+	return l.testNames.Lookup(ctx, key, mode)
+}
+
+// A retry read from a copy that lags finds the ID free and places it on
+// another server, whose hold is refused: the coordinator then reads the
+// registry linearizably and answers the claim where it is held, never a
+// conflict and never a second copy.
+func TestClusterNamedStaleReadThenHeldAnswersTheClaim(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.opts = append(tc.opts, WithNames(laggingNames{tc.names}))
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	first, err := a.Claim(ctx, "vm-x", l40sReq(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := l40sReq(2)
+	retry.PreferNode = map[string]string{"b": "c", "c": "b"}[first.Node]
+	again, err := a.Claim(ctx, "vm-x", retry)
+	if err != nil || again.Node != first.Node {
+		t.Fatalf("retry: %+v, %v; want the claim on %s", again, err, first.Node)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != first.Node {
+		t.Fatalf("vm-x on %v; want only %s", on, first.Node)
+	}
+}
