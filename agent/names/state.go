@@ -100,16 +100,25 @@ func (s *state) apply(idx uint64, t messageType, body any) Result {
 	return Result{Code: CodeInvalid, Detail: fmt.Sprintf("no rule for %s", t)}
 }
 
+// takenFrom refuses a request for key, whose live record is r, when r is
+// another request's, or lost.
+func takenFrom(k Key, r Record, request string) (Result, bool) {
+	switch {
+	case r.Request != request:
+		return Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is %s by another request on %s", k, r.State, r.holder())}, true
+	case r.State == StateLost:
+		return Result{Code: CodeLost, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", k, r.Owner)}, true
+	}
+	return Result{}, false
+}
+
 func (s *state) acquire(idx uint64, m *acquireMessage) Result {
 	now := s.advance(m.Now)
 	if r, ok := s.get(m.Key); ok {
-		switch {
-		case r.Request != m.Request:
-			return Result{Code: CodeConflict, Record: ptr(r.clone()),
-				Detail: fmt.Sprintf("%s is %s by another request on %s", m.Key, r.State, r.holder())}
-		case r.State == StateLost:
-			return Result{Code: CodeLost, Record: ptr(r.clone()),
-				Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", m.Key, r.Owner)}
+		if res, taken := takenFrom(m.Key, r, m.Request); taken {
+			return res
 		}
 		return withRecord(CodeSame, r)
 	}
@@ -137,13 +146,10 @@ func (s *state) acquire(idx uint64, m *acquireMessage) Result {
 func (s *state) hold(idx uint64, m *holdMessage) Result {
 	s.advance(m.Now)
 	if r, ok := s.get(m.Key); ok {
+		if res, taken := takenFrom(m.Key, r, m.Request); taken {
+			return res
+		}
 		switch {
-		case r.Request != m.Request:
-			return Result{Code: CodeConflict, Record: ptr(r.clone()),
-				Detail: fmt.Sprintf("%s is %s by another request on %s", m.Key, r.State, r.holder())}
-		case r.State == StateLost:
-			return Result{Code: CodeLost, Record: ptr(r.clone()),
-				Detail: fmt.Sprintf("%s was held on %s, which was removed from the cluster; release it first", m.Key, r.Owner)}
 		case r.State == StatePending:
 			return Result{Code: CodeConflict, Record: ptr(r.clone()),
 				Detail: fmt.Sprintf("%s is being placed by %s", m.Key, r.Caller)}

@@ -82,6 +82,19 @@ func (s nameReg) shows(rec names.Record) (nameReg, bool) {
 
 func (s nameReg) gone() nameReg { return nameReg{Last: s.Last} }
 
+// grant checks the answer to an acquire or a hold that makes s the state
+// (from was the state before): want, showing s, or never seen.
+func (s nameReg) grant(from nameReg, out modelOut, want names.Code) (bool, nameReg) {
+	if out.Unknown {
+		return true, s
+	}
+	if out.Code != want {
+		return false, from
+	}
+	s2, ok := s.shows(out.Rec)
+	return ok, s2
+}
+
 func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 	code := func(c names.Code) bool { return out.Unknown || out.Code == c }
 	surely, maybe := s.lapsed(in)
@@ -122,47 +135,19 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 			if s.Req != in.Request {
 				return code(names.CodeConflict), s
 			}
-			if out.Unknown {
-				return true, s
-			}
-			if out.Code != names.CodeSame {
-				return false, s
-			}
-			s2, ok := s.shows(out.Rec)
-			return ok, s2
+			return s.grant(s, out, names.CodeSame)
 		}
 		n := nameReg{Exists: true, Req: in.Request, Caller: in.Caller, Deadline: in.Now + in.Lease, Last: s.Last}
-		if out.Unknown {
-			return true, n
-		}
-		if out.Code != names.CodeOK {
-			return false, s
-		}
-		n2, ok := n.shows(out.Rec)
-		return ok, n2
+		return n.grant(s, out, names.CodeOK)
 	case "hold":
 		if s.Exists {
 			if s.Req != in.Request || !s.Held || s.Owner != in.Node {
 				return code(names.CodeConflict), s
 			}
-			if out.Unknown {
-				return true, s
-			}
-			if out.Code != names.CodeSame {
-				return false, s
-			}
-			s2, ok := s.shows(out.Rec)
-			return ok, s2
+			return s.grant(s, out, names.CodeSame)
 		}
 		n := nameReg{Exists: true, Held: true, Req: in.Request, Caller: in.Caller, Owner: in.Node, Last: s.Last}
-		if out.Unknown {
-			return true, n
-		}
-		if out.Code != names.CodeOK {
-			return false, s
-		}
-		n2, ok := n.shows(out.Rec)
-		return ok, n2
+		return n.grant(s, out, names.CodeOK)
 	case "confirm":
 		switch {
 		case !s.Exists:
