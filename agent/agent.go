@@ -48,8 +48,12 @@ type Agent struct {
 
 	locks      keyedLocks // by PCI address
 	claimLocks keyedLocks // by claim ID
-	rec        Recorder
-	cluster    *clusterState // nil when this server runs alone
+	// commitLocks run an owner's commits of one claim ID one at a time
+	// (owner.Commit): a commit that failed after its hold lets the name
+	// go before another reservation of the ID holds it.
+	commitLocks keyedLocks
+	rec         Recorder
+	cluster     *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune  func(*memberlist.Config)
 	onChange    func()

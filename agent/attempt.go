@@ -340,12 +340,16 @@ func (at *attempt) recheck(ctx context.Context, targets []target) []placement.Se
 // agrees. A reservation that cannot be confirmed is aborted best-effort; it
 // expires by itself anyway.
 func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
+	rr := at.rr
+	// Named: nothing to check between the reservation and the commit
+	// (the owner holds the ID at commit), so both go in one call.
+	rr.Commit = at.named
 	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-	r, err := t.owner.Reserve(rctx, at.id, at.rr)
+	r, err := t.owner.Reserve(rctx, at.id, rr)
 	cancel()
 	if isCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
 		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-		r, err = t.owner.Reserve(rctx, at.id, at.rr)
+		r, err = t.owner.Reserve(rctx, at.id, rr)
 		cancel()
 	}
 	if err == nil && at.vouch != nil && !at.vouch(t.name) {
@@ -353,11 +357,17 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	}
 	if err != nil {
 		var e *api.Error
-		if !errors.As(err, &e) || e.ServerFault() {
-			// Unanswered, or failed half-way: make sure nothing stays.
-			at.abortReservation(ctx, t)
+		if (!errors.As(err, &e) || e.ServerFault()) && !at.abortReservation(ctx, t) && rr.Commit {
+			// Unanswered, or failed half-way, and still there: a call that
+			// also commits may commit after its answer was lost. Never
+			// "try elsewhere", never "not available".
+			return api.Claim{}, fmt.Errorf("%w: %w", errCommitUnknown, &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s: reservation and commit on %s unconfirmed (%v); retry the claim with the same ID to learn its state", at.id, t.name, err)})
 		}
 		return api.Claim{}, err
+	}
+	if at.named && r.State == api.StateClaimed {
+		return r, nil
 	}
 	return at.commit(ctx, t)
 }
@@ -388,17 +398,21 @@ func (at *attempt) commit(ctx context.Context, t target) (api.Claim, error) {
 }
 
 // abortReservation drops, best-effort, a reservation this coordinator made
-// on t and will not commit. Only a reservation: under the same ID a
+// on t and will not commit, and reports whether t answered that none is
+// left. Only a reservation: under the same ID a
 // concurrent coordinator (a client that retried elsewhere) may have
 // committed the claim on t meanwhile, and that claim stays. What is not
 // dropped here expires with its lease.
-func (at *attempt) abortReservation(ctx context.Context, t target) {
+func (at *attempt) abortReservation(ctx context.Context, t target) (gone bool) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	if _, err := t.owner.AbortReservation(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		at.log.Warn("reservation not aborted; retrying until its lease would have expired it", "claim", at.id, "node", t.name, "err", err)
-		at.keepAborting(t, err) // orphans.go
+	_, err := t.owner.AbortReservation(actx, at.id)
+	if err == nil || isCode(err, api.CodeNotFound) {
+		return true
 	}
+	at.log.Warn("reservation not aborted; retrying until its lease would have expired it", "claim", at.id, "node", t.name, "err", err)
+	at.keepAborting(t, err) // orphans.go
+	return false
 }
 
 // settle runs after a commit on t: when the same claim ID was placed at the

@@ -173,9 +173,12 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 		return neverClaimed(t.name, c, err) // orphans.go
 	}
 	if co.names != nil {
-		c, _, rec, handled, err := co.findNamed(ctx, targets, id, abort)
+		c, t, rec, handled, err := co.findNamed(ctx, targets, id, abort)
 		if handled && rec.State == names.StateLost {
 			return co.releaseLost(ctx, id, rec)
+		}
+		if handled && err == nil {
+			return co.releaseMovedAway(ctx, targets, id, t.name, rec, c, abort)
 		}
 		if handled {
 			return c, err

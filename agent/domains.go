@@ -131,7 +131,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	}
 	o.rec.Reservation(ReservationReleased)
 	o.dirNote(id, api.DirOpGone)
-	o.releaseName(ctx, c)
+	o.releasedName(ctx, c)
 	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
 	unlock := o.locks.lock(c.GPUs...)
 	o.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -315,6 +316,45 @@ func (co *coordinator) findNamed(ctx context.Context, targets []target, id strin
 	}
 	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
 	return c, t, rec, true, err
+}
+
+// releaseMovedAway makes a release free every copy: after the copy on
+// from (whose name was rec) is released, the registry is read again, and
+// when the name was moved away from from meanwhile (a resize that could
+// not release its old copy put the name back there, before from's own
+// release of the name), the copy it moved to is released too. At most a
+// few rounds; a registry that does not answer the check is a 503 (retry
+// the release), since the claim may still be held.
+func (co *coordinator) releaseMovedAway(ctx context.Context, targets []target, id, from string, rec names.Record, released api.Claim, op func(context.Context, target) (api.Claim, error)) (api.Claim, error) {
+	key := names.Claim(id)
+	for range 3 {
+		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
+		cur, err := co.names.Lookup(lctx, key, names.Linearizable)
+		cancel()
+		switch {
+		case errors.Is(err, names.ErrNotFound):
+			return released, nil
+		case err != nil:
+			return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+				Message: fmt.Sprintf("claim %s was released on %s, but the name registry could not say whether a move took it elsewhere meanwhile (%v); retry the release", id, from, err)}
+		case cur.State != names.StateHeld || cur.Owner == from || cur.MovedFrom != from || cur.Token <= rec.Token || cur.Request != rec.Request:
+			// Gone, its release on from still to come, or a new claim.
+			return released, nil
+		}
+		co.log.Warn("claim moved away from the server it was released on; releasing it there too", "claim", id, "released_on", from, "node", cur.Owner)
+		_, c, err := lookupHolder(ctx, co, targets, id, cur.Owner, op)
+		if err != nil {
+			return api.Claim{}, err
+		}
+		addrs := make([]string, 0, len(c.GPUs))
+		for _, g := range c.GPUs {
+			addrs = append(addrs, g.PCIAddress)
+		}
+		released.Warnings = append(released.Warnings, fmt.Sprintf("claim %s had been moved to %s while it was released on %s; its copy there (%s) was released too", id, cur.Owner, from, strings.Join(addrs, ", ")))
+		from, rec = cur.Owner, cur
+	}
+	return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s keeps moving while it is released; retry the release", id)}
 }
 
 // releaseLost frees the name of a claim whose owner was removed from the

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -551,5 +552,104 @@ func TestClusterNamedStaleReadThenHeldAnswersTheClaim(t *testing.T) {
 	}
 	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != first.Node {
 		t.Fatalf("vm-x on %v; want only %s", on, first.Node)
+	}
+}
+
+// A claim on the registry path reserves and commits in one call to its
+// owner: the placement sends no separate commit.
+func TestClusterNamedReservesAndCommitsInOneCall(t *testing.T) {
+	tc, a, b, c := namedThree(t)
+	ctx := context.Background()
+	cl, err := a.Claim(ctx, "vm-x", l40sReq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var placing []string
+	for _, r := range tc.peers.Requests("a", cl.Node) {
+		if strings.Contains(r, "/reservations/") {
+			placing = append(placing, r)
+		}
+	}
+	if len(placing) != 1 || !strings.HasPrefix(placing[0], "PUT ") {
+		t.Fatalf("the coordinator sent %q to the owner; want one PUT (reserve and commit together)", placing)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != cl.Node {
+		t.Fatalf("vm-x on %v; want %s", on, cl.Node)
+	}
+	if got, _ := map[string]*Agent{"b": b, "c": c}[cl.Node].ledger.Get("vm-x"); got.State != ledger.StateCommitted {
+		t.Fatalf("vm-x on %s is %s; want committed", cl.Node, got.State)
+	}
+}
+
+// racingUndo moves a claim's name back to its old copy (as a failed
+// resize's undo does) just before the server holding it lets the name go
+// after a release: the release's own name release is then stale.
+type racingUndo struct {
+	*testNames
+	holder, back string
+	once         sync.Once
+}
+
+func (r *racingUndo) Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error) {
+	if node == r.holder && key == names.Claim("vm-x") {
+		r.once.Do(func() {
+			m, err := r.testNames.Move(ctx, key, token, r.holder, r.back, "a")
+			if err == nil {
+				_, err = r.testNames.ConfirmMove(ctx, key, m.Move.Token, r.back, "a")
+			}
+			if err != nil {
+				panic(fmt.Sprintf("moving the name back: %v", err))
+			}
+		})
+	}
+	return r.testNames.Release(ctx, key, token, node)
+}
+
+// A release that races a move of the name (a resize that could not free
+// the old copy moves the name back there) frees every copy: after the
+// copy it found is released, the registry is read again, and the copy the
+// name was moved to is released too.
+func TestClusterNamedReleaseFollowsANameMovedAway(t *testing.T) {
+	tc := newTestCluster(t)
+	r := &racingUndo{testNames: tc.names}
+	tc.opts = append(tc.opts, WithNames(r))
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	req := l40sReq(1)
+	req.PreferNode = "c"
+	if _, err := a.Claim(ctx, "vm-x", req); err != nil {
+		t.Fatal(err)
+	}
+	// A resize's move to b, committed there, its old copy on c kept.
+	rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+	if err != nil || rec.Owner != "c" {
+		t.Fatalf("vm-x: %+v, %v", rec, err)
+	}
+	m, err := tc.names.Move(ctx, names.Claim("vm-x"), rec.Token, "c", "b", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
+	if _, err := b.owner.Reserve(ctx, "vm-x", rr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.owner.Commit(ctx, "vm-x"); err != nil {
+		t.Fatal(err)
+	}
+	r.holder, r.back = "b", "c"
+
+	got, err := a.Release(ctx, "vm-x")
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if len(got.Warnings) == 0 || !strings.Contains(strings.Join(got.Warnings, " "), "moved to c") {
+		t.Fatalf("release answered %+v; want a warning that the copy on c was released too", got)
+	}
+	if on := copiesOf("vm-x", a, b, c); len(on) != 0 {
+		t.Fatalf("vm-x still on %v after its release", on)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry still holds vm-x: %v", err)
 	}
 }

@@ -61,8 +61,26 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 			return api.Claim{}, o.refusedError(err, refused)
 		}
 		o.rec.Reservation(ReservationReserved)
+		if rr.Commit {
+			return o.commitAtOnce(ctx, id, c)
+		}
 		return o.claimView(c), nil
 	}
+}
+
+// commitAtOnce commits reservation c in the call that made it
+// (ReserveRequest.Commit). A commit that could not be decided now (the
+// registry did not answer, a server fault) answers the reservation, which
+// the coordinator commits again; a refusal is the answer, its reservation
+// dropped.
+func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim) (api.Claim, error) {
+	committed, err := o.Commit(ctx, id)
+	var e *api.Error
+	if err != nil && (!errors.As(err, &e) || e.ServerFault()) {
+		o.log.Debug("reservation kept for the coordinator's commit", "claim", id, "err", err)
+		return o.claimView(c), nil
+	}
+	return committed, err
 }
 
 // reserveAndBind reserves in the ledger, then binds each GPU, keeping the
@@ -155,6 +173,8 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
+	unlockID := o.commitLocks.lock(id)
+	defer unlockID()
 	pending, err := o.ledger.Get(id)
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
@@ -202,7 +222,10 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 	}
 	c, err := o.ledger.CommitUnder(id, pending.NameToken, o.now())
 	if err != nil {
-		if named {
+		// The name goes with the failed commit, unless the ID was
+		// reserved again meanwhile (this reservation lapsed, a retry made
+		// another): that placement commits under the same hold.
+		if named && !o.reservedAgain(id, pending) {
 			o.releaseName(ctx, pending)
 		}
 		if errors.Is(err, ledger.ErrLeaseExpired) {
@@ -216,6 +239,13 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 	o.dirNote(id, api.DirOpHeld)
 	o.changed()
 	return o.claimView(c), nil
+}
+
+// reservedAgain reports whether the ledger holds id, reserved or
+// committed, other than as the reservation pending.
+func (o *owner) reservedAgain(id string, pending ledger.Claim) bool {
+	cur, err := o.ledger.Get(id)
+	return err == nil && !cur.CreatedAt.Equal(pending.CreatedAt)
 }
 
 // boundBy reports whether reserveAndBind finished binding the GPUs of the
@@ -261,7 +291,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		o.rec.Reservation(ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
 		o.remember(c)
-		o.releaseName(ctx, c)
+		o.releasedName(ctx, c)
 	}
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock := o.locks.lock(c.GPUs...)

@@ -126,11 +126,10 @@ func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why e
 	o.changed()
 }
 
-// releaseName lets claim c's name go after its ledger released it (or
-// after a commit that failed once its name was confirmed), with the token
-// it was confirmed under, as its holder. A registry that cannot be reached
-// does not undo the release: the GPUs are free. The name stays held on
-// this server until the owner's pass over names held without a claim
+// releaseName lets claim c's name go after a commit that failed once its
+// name was held, with the token it was held under, as its holder. A
+// registry that cannot be reached leaves the name held on this server
+// until the owner's pass over names held without a claim
 // (pendingNameRelease) lets it go.
 func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
 	if o.names == nil || c.NameToken == 0 {
@@ -139,10 +138,46 @@ func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
 	_, err := o.names.Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
 	cancel()
+	o.noteNameRelease(c, err) // not found or stale: free already, or granted again since
+}
+
+// releasedName lets the name of claim c go after its ledger released it
+// (a release; the GPUs are free whatever happens here). As releaseName,
+// and more: a name held on this server under a newer token than the claim
+// was committed under (a failed resize's undo moved it back here, and
+// this server's pass had not recorded the token yet) is this claim's too,
+// unless the ledger holds the ID again: it goes with the claim, instead of
+// staying here without one.
+func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
+	if o.names == nil || c.NameToken == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	defer cancel()
+	_, err := o.names.Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
+	var r *names.RefusedError
+	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
+		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
+		o.noteNameRelease(c, err)
+		return
+	}
+	unlock := o.commitLocks.lock(c.ID) // no commit of the ID here meanwhile
+	defer unlock()
+	if _, gerr := o.ledger.Get(c.ID); gerr == nil {
+		return // claimed here again: the name is that claim's
+	}
+	_, err = o.names.Release(rctx, names.Claim(c.ID), r.Record.Token, o.cfg.NodeName)
+	if err == nil {
+		o.log.Info("claim name let go under the newer token it was moved back here with", "claim", c.ID, "token", r.Record.Token, "committed_token", c.NameToken)
+	}
+	o.noteNameRelease(ledger.Claim{ID: c.ID, NameToken: r.Record.Token}, err)
+}
+
+// noteNameRelease logs what became of a name release.
+func (o *owner) noteNameRelease(c ledger.Claim, err error) {
 	switch {
 	case err == nil:
 	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale):
-		// Free already, or granted again since: nothing of ours to free.
 		o.log.Debug("claim name already let go", "claim", c.ID, "token", c.NameToken, "err", err)
 	default:
 		o.pendingNameRelease(c, err)

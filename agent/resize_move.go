@@ -152,6 +152,16 @@ func (at *attempt) dropCopy(ctx context.Context, t target) string {
 func (at *attempt) undoMove(ctx context.Context, key names.Key, from, t target, moved api.Claim, named bool, cause error) error {
 	var failed []string
 	if named {
+		// The new copy may have been released meanwhile (a release of
+		// the claim reached its holder): its name must not bring the old
+		// copy back to life, which the anti-entropy pass then releases.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+		cur, err := t.owner.Lookup(lctx, at.id)
+		cancel()
+		if err != nil || cur.State != api.StateClaimed || !cur.CreatedAt.Equal(moved.CreatedAt) {
+			at.log.Error("a failed move's new copy is gone (released meanwhile?); its name is not moved back, the old copy is left to the anti-entropy pass", "claim", at.id, "from", from.name, "to", t.name, "cause", cause, "lookup_err", err)
+			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("moving claim %s from %s to %s: the old GPUs could not be released (%v), and the new copy was released meanwhile; the old copy is released once its server answers", at.id, from.name, t.name, cause)}
+		}
 		if err := at.moveNameBack(ctx, key, t.name, from.name); err != nil {
 			failed = append(failed, fmt.Sprintf("its name stays on %s (%v)", t.name, err))
 		}

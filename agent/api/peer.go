@@ -15,9 +15,16 @@ type ReserveRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Coordinator string            `json:"coordinator"`
 	// Token is the name registry's grant of the claim ID to this
-	// placement; the owner confirms it before it commits (docs/names.md).
-	// 0 when the cluster has no registry.
+	// placement (a resize's move); the owner confirms it before it
+	// commits (docs/names.md). 0 otherwise.
 	Token uint64 `json:"token,omitempty"`
+	// Commit asks the owner to commit the reservation at once, in the
+	// same call: for a coordinator with nothing to check between the two
+	// (a claim whose ID the owner holds in the name registry at commit).
+	// The answer is the committed claim; or the reservation, still to be
+	// committed, when the commit could not be decided now (the registry
+	// did not answer); or the commit's refusal, its reservation dropped.
+	Commit bool `json:"commit,omitempty"`
 }
 
 // Owner is what a server offers coordinators for its own GPUs: the one

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,7 +39,8 @@ type Network struct {
 	lossRep float64                  // share of answers lost on the way back
 	delay   time.Duration            // added to every request
 	rnd     *rand.Rand
-	calls   map[[2]string]int // from → to: requests sent
+	calls   map[[2]string]int      // from → to: requests sent
+	paths   map[[2]string][]string // from → to: "METHOD path" of each request sent
 }
 
 type member struct {
@@ -184,6 +186,14 @@ func (n *Network) Calls(from, to string) int {
 	return n.calls[[2]string{from, to}]
 }
 
+// Requests lists, in order, the method and path ("PUT /v1/peer/...") of
+// every request from sent to node to, whatever became of it.
+func (n *Network) Requests(from, to string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.paths[[2]string{from, to}])
+}
+
 type roundTripper struct {
 	n    *Network
 	from string
@@ -201,17 +211,18 @@ type fate struct {
 	pausedTarget chan struct{}
 }
 
-func (n *Network) fate(from, addr string) fate {
+func (n *Network) fate(from string, req *http.Request) fate {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	m, ok := n.byAddr[addr]
+	m, ok := n.byAddr[req.URL.Host]
 	if !ok {
 		return fate{refused: true}
 	}
 	if n.calls == nil {
-		n.calls = map[[2]string]int{}
+		n.calls, n.paths = map[[2]string]int{}, map[[2]string][]string{}
 	}
 	n.calls[[2]string{from, m.node}]++
+	n.paths[[2]string{from, m.node}] = append(n.paths[[2]string{from, m.node}], req.Method+" "+req.URL.Path)
 	f := fate{to: m, silent: n.silent[m.node], delay: n.delay, pausedFrom: n.paused[from], pausedTarget: n.paused[m.node]}
 	f.vanish = n.blocked[[2]string{from, m.node}]
 	if n.rnd != nil {
@@ -233,7 +244,7 @@ func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		body = b
 	}
-	f := rt.n.fate(rt.from, req.URL.Host)
+	f := rt.n.fate(rt.from, req)
 	if f.refused {
 		return nil, fmt.Errorf("dial %s: %w", req.URL.Host, ErrRefused)
 	}

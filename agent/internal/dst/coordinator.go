@@ -40,24 +40,33 @@ func (n *node) resizeLocked(id string, rq request, reply func(answer)) {
 }
 
 func (n *node) locked(id string, op func(func(answer)), reply func(answer)) {
-	run := func() {
+	n.serialize(n.locks, id, func(done func()) {
 		op(func(a answer) {
-			q := n.locks[id]
-			if len(q) == 0 {
-				delete(n.locks, id)
-			} else {
-				next := q[0]
-				n.locks[id] = q[1:]
-				n.w.at(n.idx, 0, next)
-			}
+			done()
 			reply(a)
 		})
+	})
+}
+
+// serialize runs op once no other op under id in q runs; op calls done
+// when it ends, which starts the next one waiting.
+func (n *node) serialize(q map[string][]func(), id string, op func(done func())) {
+	run := func() {
+		op(func() {
+			waiting := q[id]
+			if len(waiting) == 0 {
+				delete(q, id)
+				return
+			}
+			q[id] = waiting[1:]
+			n.w.at(n.idx, 0, waiting[0])
+		})
 	}
-	if q, busy := n.locks[id]; busy {
-		n.locks[id] = append(q, run)
+	if waiting, busy := q[id]; busy {
+		q[id] = append(waiting, run)
 		return
 	}
-	n.locks[id] = nil
+	q[id] = nil
 	run()
 }
 
@@ -126,17 +135,48 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 		}
 		o := order[i]
 		w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) {
-			r(w.nodes[o].reserve(id, rq.items(), token, n.name))
+			a := w.nodes[o].reserve(id, rq.items(), token, n.name)
+			if token != 0 || a.code != codeOK {
+				r(a)
+				return
+			}
+			// Named: the owner commits in the same call
+			// (owner.commitAtOnce); a commit it cannot decide now
+			// answers the reservation.
+			w.nodes[o].commit(id, func(ans any) {
+				if c := ans.(answer); c.code == codeUnavailable {
+					r(a)
+					return
+				}
+				r(ans)
+			})
 		}, func(ans any, ok bool) {
 			if !ok {
 				failed++
-				w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].abort(id, true)) }, func(any, bool) {})
-				try(i + 1)
+				if token != 0 {
+					w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].abort(id, true)) }, func(any, bool) {})
+					try(i + 1)
+					return
+				}
+				// The call also commits: only an abort that answers that
+				// nothing is left lets the placement go on elsewhere
+				// (attempt.ask); otherwise the commit is unknown.
+				w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].abort(id, true)) }, func(ans any, ok bool) {
+					if ok && (ans.(answer).code == codeOK || ans.(answer).code == codeNotFound) {
+						try(i + 1)
+						return
+					}
+					reply(answer{code: codeUnavailable})
+				})
 				return
 			}
 			a := ans.(answer)
 			switch a.code {
 			case codeOK:
+				if token == 0 && a.claim.State == ledger.StateCommitted {
+					reply(a)
+					return
+				}
 				n.commitOn(id, o, w.cfg.CommitAttempts, func(a answer) {
 					switch {
 					case a.code == codeOK:
@@ -251,10 +291,65 @@ func (n *node) get(id string, reply func(answer)) {
 	}, reply)
 }
 
+// release is coordinator.Release with releaseMovedAway: after the copy
+// the registry named is released, a name moved away from it meanwhile
+// (a failed resize putting it back on its old copy) is followed and that
+// copy released too.
 func (n *node) release(id string, reply func(answer)) {
-	n.find(id, func(o int) func(func(any)) {
-		return func(r func(any)) { r(n.w.nodes[o].abort(id, false)) }
-	}, reply)
+	w := n.w
+	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+		switch {
+		case !ok:
+			reply(answer{code: codeUnavailable})
+		case !found:
+			reply(answer{code: codeNotFound})
+		case res.Record.State != names.StateHeld:
+			reply(answer{code: codeUnavailable})
+		default:
+			n.releaseOn(id, *res.Record, nil, 3, reply)
+		}
+	})
+}
+
+func (n *node) releaseOn(id string, rec names.Record, first *answer, rounds int, reply func(answer)) {
+	w := n.w
+	o := w.index(rec.Owner)
+	w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { w.nodes[o].releaseClaim(id, r) }, func(ans any, ok bool) {
+		if !ok || ans.(answer).code == codeNotFound {
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		a := ans.(answer)
+		if a.code == codeOK && a.claim.State == ledger.StateReserved {
+			// neverClaimed's not found, which lookupHolder answers as a
+			// 503: the registry holds the name there, the ledger no claim.
+			reply(answer{code: codeUnavailable})
+			return
+		}
+		if a.code != codeOK {
+			reply(a)
+			return
+		}
+		if first == nil {
+			first = &a
+		}
+		w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+			switch {
+			case !ok:
+				reply(answer{code: codeUnavailable})
+			case !found:
+				reply(*first)
+			case res.Record.State != names.StateHeld || res.Record.Owner == rec.Owner || res.Record.MovedFrom != rec.Owner ||
+				res.Record.Token <= rec.Token || res.Record.Request != rec.Request:
+				reply(*first)
+			case rounds <= 1:
+				reply(answer{code: codeUnavailable})
+			default:
+				w.logf("%s releases %s on %s too: moved there from %s", n.name, id, res.Record.Owner, rec.Owner)
+				n.releaseOn(id, *res.Record, first, rounds-1, reply)
+			}
+		})
+	})
 }
 
 func (w *world) index(name string) int {
@@ -377,13 +472,13 @@ func (n *node) moveTo(id string, rq request, rec names.Record, from int, reply f
 							reply(answer{code: codeConflict})
 							return
 						}
-						w.call(n.idx, from, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[from].abort(id, false)) }, func(ans any, ok bool) {
+						w.call(n.idx, from, w.cfg.RPCTimeout, func(r func(any)) { w.nodes[from].releaseClaim(id, r) }, func(ans any, ok bool) {
 							if ok && (ans.(answer).code == codeOK || ans.(answer).code == codeNotFound) {
 								w.logf("%s moved %s from %s to %s", n.name, id, w.name(from), w.name(t))
 								reply(moved)
 								return
 							}
-							n.undoMove(id, from, t, reply)
+							n.undoMove(id, from, t, moved.claim, reply)
 						})
 					})
 				})
@@ -394,12 +489,25 @@ func (n *node) moveTo(id string, rq request, rec names.Record, from int, reply f
 }
 
 func (n *node) dropCopy(id string, t int) {
-	n.w.call(n.idx, t, n.w.cfg.RPCTimeout, func(r func(any)) { r(n.w.nodes[t].abort(id, false)) }, func(any, bool) {})
+	n.w.call(n.idx, t, n.w.cfg.RPCTimeout, func(r func(any)) { n.w.nodes[t].releaseClaim(id, r) }, func(any, bool) {})
 }
 
 // undoMove moves the name back to from and drops the new copy on t, as
 // resize_move.go's undoMove does when the old copy could not be released.
-func (n *node) undoMove(id string, from, t int, reply func(answer)) {
+func (n *node) undoMove(id string, from, t int, moved ledger.Claim, reply func(answer)) {
+	w := n.w
+	// The new copy may have been released meanwhile: its name must not
+	// bring the old copy back to life.
+	w.call(n.idx, t, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[t].lookup(id)) }, func(ans any, ok bool) {
+		if !ok || ans.(answer).code != codeOK || ans.(answer).claim.State != ledger.StateCommitted || !ans.(answer).claim.CreatedAt.Equal(moved.CreatedAt) {
+			reply(answer{code: codeConflict})
+			return
+		}
+		n.undoMoveName(id, from, t, reply)
+	})
+}
+
+func (n *node) undoMoveName(id string, from, t int, reply func(answer)) {
 	w := n.w
 	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
 		if !ok || !found {

@@ -43,8 +43,9 @@ type node struct {
 	dups       map[string]sighting
 	handedBack map[string]uint64
 	// locks are the coordinator's claim IDs in progress, each with the
-	// claims through this agent waiting for it.
-	locks map[string][]func()
+	// claims through this agent waiting for it; commits the owner's
+	// commits in progress, by claim ID (owner.commitLocks).
+	locks, commits map[string][]func()
 }
 
 func (n *node) open() error {
@@ -78,7 +79,7 @@ func (n *node) restart() {
 	n.alive = true
 	n.dups = map[string]sighting{}
 	n.handedBack = map[string]uint64{}
-	n.locks = map[string][]func(){}
+	n.locks, n.commits = map[string][]func(){}, map[string][]func(){}
 	if err := n.open(); err != nil {
 		panic(err)
 	}
@@ -131,6 +132,15 @@ func (n *node) reserve(id string, items []ledger.Item, token uint64, coordinator
 // this server: in one write (hold) for a reservation made without a
 // token, confirmed under its token for one made with it (a move).
 func (n *node) commit(id string, reply func(any)) {
+	n.serialize(n.commits, id, func(done func()) {
+		n.commitNow(id, func(a any) {
+			done()
+			reply(a)
+		})
+	})
+}
+
+func (n *node) commitNow(id string, reply func(any)) {
 	pending, err := n.ledger.Get(id)
 	if err != nil {
 		reply(answer{code: ledgerCode(err)})
@@ -166,8 +176,13 @@ func (n *node) commit(id string, reply func(any)) {
 		}
 		c, err := n.ledger.CommitUnder(id, res.Record.Token, n.clock())
 		n.noteCommit(id, err)
-		if err != nil {
-			n.releaseName(id, res.Record.Token)
+		if cur, gerr := n.ledger.Get(id); err != nil && (gerr != nil || cur.CreatedAt.Equal(pending.CreatedAt)) {
+			// Unless reserved again (owner.reservedAgain); the owner
+			// answers once the registry did (owner.releaseName).
+			n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: res.Record.Token, Node: n.name}, func(names.Result, bool, bool) {
+				reply(answer{code: ledgerCode(err)})
+			})
+			return
 		}
 		reply(answer{ledgerCode(err), c})
 	})
@@ -185,9 +200,50 @@ func (n *node) dropUnconfirmed(id string, pending ledger.Claim) {
 	}
 }
 
+// releaseClaim is the owner's Abort of a claim: the ledger lets it go, then
+// its name, and only then is the answer given (owner.abort waits for the
+// registry, up to its timeout, and answers success even when the name
+// could not be let go).
+func (n *node) releaseClaim(id string, r func(any)) {
+	a := n.abortOnly(id, false)
+	if a.code != codeOK || a.claim.State != ledger.StateCommitted || a.claim.NameToken == 0 {
+		r(a)
+		return
+	}
+	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: a.claim.NameToken, Node: n.name}, func(res names.Result, _, ok bool) {
+		rec := res.Record
+		if !ok || res.Code != names.CodeStale || rec == nil || rec.State != names.StateHeld || rec.Owner != n.name || rec.Move != nil || rec.Token < a.claim.NameToken {
+			r(a)
+			return
+		}
+		// owner.releasedName: moved back here under a newer token; it
+		// goes with the claim unless the ledger holds the ID again.
+		n.serialize(n.commits, id, func(done func()) {
+			if _, err := n.ledger.Get(id); err == nil {
+				done()
+				r(a)
+				return
+			}
+			n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: rec.Token, Node: n.name}, func(names.Result, bool, bool) {
+				done()
+				r(a)
+			})
+		})
+	})
+}
+
 // abort is the owner's Abort and AbortReservation; a released claim lets
 // its name go afterwards.
 func (n *node) abort(id string, reservationOnly bool) answer {
+	a := n.abortOnly(id, reservationOnly)
+	if a.code == codeOK && a.claim.State == ledger.StateCommitted {
+		n.releaseName(id, a.claim.NameToken)
+	}
+	return a
+}
+
+// abortOnly is abort's ledger part; a released claim is remembered.
+func (n *node) abortOnly(id string, reservationOnly bool) answer {
 	var (
 		c   ledger.Claim
 		err error
@@ -206,7 +262,6 @@ func (n *node) abort(id string, reservationOnly bool) answer {
 		if err := n.ledger.Remember(c, n.clock(), rememberReleased); err != nil {
 			panic(err)
 		}
-		n.releaseName(id, c.NameToken)
 	}
 	return answer{codeOK, c}
 }

@@ -97,7 +97,7 @@ func Run(cfg Config) (out Outcome) {
 	}
 	w.loss = float64(w.rng.IntN(4)) * 0.03 // 0, 3, 6 or 9 % of messages
 	for i := range n {
-		nd := &node{w: w, idx: i, name: fmt.Sprintf("gpu-%c", 'a'+i), alive: true, dups: map[string]sighting{}, handedBack: map[string]uint64{}, locks: map[string][]func(){},
+		nd := &node{w: w, idx: i, name: fmt.Sprintf("gpu-%c", 'a'+i), alive: true, dups: map[string]sighting{}, handedBack: map[string]uint64{}, locks: map[string][]func(){}, commits: map[string][]func(){},
 			path: filepath.Join(cfg.Dir, fmt.Sprintf("ledger-%d.db", i))}
 		removeLedger(nd.path)
 		if err := nd.open(); err != nil {
