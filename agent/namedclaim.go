@@ -65,7 +65,6 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	)
 	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
 	for round := 0; ; round++ {
-		// After a conflict, the stale copy may be the one that lagged.
 		c, done, err := at.lookUpName(ctx, digest, round > 0)
 		if done {
 			return c, err
@@ -80,8 +79,20 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 		at.rr.Token = 0 // the owner holds the ID at commit
 		at.named = true
 		c, err = at.placeRemembered(ctx, last)
+		var gb *goBack
+		if err == nil || errors.Is(err, errCommitUnknown) || errors.As(err, &gb) || ctx.Err() != nil {
+			return c, err
+		}
+		// Before a refusal stands, the ID is read again, linearizably:
+		// held or placed meanwhile (a retry through another agent that
+		// took the GPUs this placement found taken), or held all along
+		// (the stale read lagged), the answer is that claim or its
+		// conflict, never "not available".
+		if c2, done, err2 := at.lookUpName(ctx, digest, true); done {
+			return c2, err2
+		}
 		if round == 0 && isCode(err, api.CodeConflict) {
-			at.log.Debug("claim ID held or placed elsewhere meanwhile; looking it up again", "claim", at.id, "err", err)
+			at.log.Debug("claim ID reserved elsewhere under another placement; placing it again", "claim", at.id, "err", err)
 			continue
 		}
 		return c, err

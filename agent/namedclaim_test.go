@@ -653,3 +653,33 @@ func TestClusterNamedReleaseFollowsANameMovedAway(t *testing.T) {
 		t.Fatalf("the registry still holds vm-x: %v", err)
 	}
 }
+
+// A claim whose placement finds no room answers "not available" only when
+// its ID is still free: read from a copy that lags, an ID held under
+// another request is a conflict, and one held under this request (its
+// GPUs are what the placement found taken) is that claim.
+func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.opts = append(tc.opts, WithNames(laggingNames{tc.names}))
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-fill", l40sReq(4)); err != nil {
+		t.Fatal(err)
+	}
+	held, err := a.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every L40S is taken now.
+	if _, err := b.Claim(ctx, "vm-x", l40sReq(3)); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), held.Node) {
+		t.Fatalf("claim of vm-x with another request: %v; want a conflict naming %s", err, held.Node)
+	}
+	again, err := c.Claim(ctx, "vm-x", l40sReq(4))
+	if err != nil || again.Node != held.Node {
+		t.Fatalf("retry of vm-x: %+v, %v; want the claim on %s", again, err, held.Node)
+	}
+	if _, err := c.Claim(ctx, "vm-y", l40sReq(1)); !isCode(err, api.CodeNotAvailable) {
+		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
+	}
+}

@@ -85,29 +85,35 @@ func (n *node) claim(id string, rq request, round int, reply func(answer)) {
 			n.place(id, rq, 0, round, reply)
 			return
 		}
-		rec := res.Record
-		switch {
-		case rec.State == names.StateHeld && rec.Request == rq.digest():
-			n.fromHolder(id, rq, rec.Owner, reply)
-		case rec.State == names.StateHeld:
-			// Held under another digest: the claim may have been
-			// resized since, to what this request asks (heldOn).
-			o := w.index(rec.Owner)
-			w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].lookup(id)) }, func(ans any, ok bool) {
-				if ok && ans.(answer).code == codeOK && ans.(answer).claim.State == ledger.StateCommitted && sameItems(ans.(answer).claim, rq) {
-					reply(ans.(answer))
-					return
-				}
-				reply(answer{code: codeConflict})
-			})
-		case rec.State == names.StatePending && rec.Request == rq.digest():
-			// Being placed the two-step way: the real attempt polls for
-			// up to its pending TTL and then answers 503.
-			reply(answer{code: codeUnavailable})
-		default: // another request's, or lost
-			reply(answer{code: codeConflict})
-		}
+		n.answerHeld(id, rq, *res.Record, reply)
 	})
+}
+
+// answerHeld answers a claim whose ID the registry has (rec), as
+// lookUpName does.
+func (n *node) answerHeld(id string, rq request, rec names.Record, reply func(answer)) {
+	w := n.w
+	switch {
+	case rec.State == names.StateHeld && rec.Request == rq.digest():
+		n.fromHolder(id, rq, rec.Owner, reply)
+	case rec.State == names.StateHeld:
+		// Held under another digest: the claim may have been
+		// resized since, to what this request asks (heldOn).
+		o := w.index(rec.Owner)
+		w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].lookup(id)) }, func(ans any, ok bool) {
+			if ok && ans.(answer).code == codeOK && ans.(answer).claim.State == ledger.StateCommitted && sameItems(ans.(answer).claim, rq) {
+				reply(ans.(answer))
+				return
+			}
+			reply(answer{code: codeConflict})
+		})
+	case rec.State == names.StatePending && rec.Request == rq.digest():
+		// Being placed the two-step way: the real attempt polls for
+		// up to its pending TTL and then answers 503.
+		reply(answer{code: codeUnavailable})
+	default: // another request's, or lost
+		reply(answer{code: codeConflict})
+	}
 }
 
 // place asks the owners in random order (the coordinator's ranking) to
@@ -126,11 +132,23 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 	try = func(i int) {
 		if i == len(order) {
 			n.releaseGrant(id, token)
+			refusal := answer{code: codeUnavailable}
 			if refused > 0 || failed == 0 {
-				reply(answer{code: codeNotAvailable})
-			} else {
-				reply(answer{code: codeUnavailable})
+				refusal = answer{code: codeNotAvailable}
 			}
+			if token != 0 {
+				reply(refusal)
+				return
+			}
+			// placeNamed reads the ID again before a refusal stands:
+			// held meanwhile, the answer is that claim or its conflict.
+			w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
+				if !ok || !found {
+					reply(refusal)
+					return
+				}
+				n.answerHeld(id, rq, *res.Record, reply)
+			})
 			return
 		}
 		o := order[i]
