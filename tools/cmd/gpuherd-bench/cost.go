@@ -60,11 +60,14 @@ type costConfig struct {
 
 // opSample is what one operation cost.
 type opSample struct {
-	peer    int // peer API requests naming the claim ID
-	appends int // registry AppendEntries RPCs carrying an entry that names it
-	ledger  int // ledger write transactions (fsynced), all agents
-	store   int // registry store write transactions (fsynced), all voters
-	took    time.Duration
+	peer int // peer API requests naming the claim ID
+	// redirects are those of them that asked a registry server that no
+	// longer leads (it named the leader, which was asked next).
+	redirects int
+	appends   int // registry AppendEntries RPCs carrying an entry that names it
+	ledger    int // ledger write transactions (fsynced), all agents
+	store     int // registry store write transactions (fsynced), all voters
+	took      time.Duration
 	// election: the registry's voters voted (or sent a snapshot or a
 	// leadership transfer) during the window, which writes their stores
 	// and sends RPCs of its own; such a sample is reported apart.
@@ -109,6 +112,7 @@ type costResult struct {
 	phase    time.Duration // the measuring phase, for the background rates
 	ops      [opKinds][]opSample
 	paths    [opKinds]map[string]int
+	bgPaths  map[string]int // background requests by request, over the measuring phase
 	// unsettled counts operations whose window closed at the deadline
 	// with something still moving; strayAppends counts entries-carrying
 	// raft RPCs inside windows that did not name the measured ID.
@@ -137,10 +141,11 @@ type costCluster struct {
 	dones   []chan error
 }
 
-// gossipScale stretches memberlist's timers for large in-process clusters:
-// two cores cannot run the probe and gossip loops of 1,000 members at LAN
-// timings (BENCHMARKS.md: at 500 gossip-only members the membership never
-// settled). Gossip is not counted here, only its pace changes.
+// gossipScale stretches memberlist's timers (and raft's timeouts) for
+// large in-process clusters: two cores cannot run the probe and gossip
+// loops of 1,000 members at LAN timings (BENCHMARKS.md: at 500 gossip-only
+// members the membership never settled). Gossip is not counted here, only
+// its pace changes.
 func gossipScale(n int) int { return max(1, n/100) }
 
 func runCost(cc costConfig) []*costResult {
@@ -178,6 +183,9 @@ func runCostSize(cfg costConfig, n int) *costResult {
 	if err := c.measureOps(r); err != nil {
 		r.err = err
 	}
+	t0 := time.Now()
+	c.stop()
+	cfg.progress("  measured in %v; stopped in %v", r.phase.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
 	return r
 }
 
@@ -236,16 +244,18 @@ func (c *costCluster) startAll(n int, r *costResult) error {
 		return err
 	}
 	r.converge = time.Since(t1)
+	t2 := time.Now()
 	if err := c.awaitLeader(); err != nil {
 		return err
 	}
+	c.cfg.progress("  converged in %v; every agent's registry handle answered in %v more", r.converge.Round(time.Millisecond), time.Since(t2).Round(time.Millisecond))
 	for _, m := range c.self() {
 		for _, x := range m.Models {
 			r.gpus += x.Total
 		}
 	}
 	r.rss = rssBytes(0)
-	c.cfg.progress("  converged in %v; registry voters %v; %d GPUs; RSS %.0f MiB", r.converge.Round(time.Millisecond), c.voters, r.gpus, float64(r.rss)/(1<<20))
+	c.cfg.progress("  registry voters %v; %d GPUs; RSS %.0f MiB; measuring", c.voters, r.gpus, float64(r.rss)/(1<<20))
 	return nil
 }
 
@@ -269,7 +279,7 @@ func (c *costCluster) openRegistry() error {
 			return err
 		}
 		ncfg := names.Config{Node: node, Role: names.RoleClient, Servers: servers, Discover: c.leaderFirst,
-			Forwarder: c.net.forwarder(node), Timing: names.LANTiming(), Logger: c.cfg.log}
+			Forwarder: c.net.forwarder(node), Timing: c.raftTiming(), Logger: c.cfg.log}
 		if ln, ok := lns[node]; ok {
 			srv, err := pki.ServerConfig(files)
 			if err != nil {
@@ -293,6 +303,21 @@ func (c *costCluster) openRegistry() error {
 		c.regs[node] = reg
 	}
 	return nil
+}
+
+// raftTiming is raft's LAN timing with its failure detection stretched as
+// gossip's is: at 1,000 agents on two cores a leader's heartbeat can be
+// late by a second, and the elections that follow are the machine's, not
+// the protocol's. Only timeouts change; what a write or a read sends does
+// not depend on them.
+func (c *costCluster) raftTiming() names.Timing {
+	t := names.LANTiming()
+	s := time.Duration(c.scale)
+	t.Heartbeat *= s
+	t.Election *= s
+	t.LeaderLease *= s
+	t.Hold *= s
+	return t
 }
 
 // leaderFirst names the voters, the leader first: what a client learns
@@ -470,7 +495,9 @@ func (c *costCluster) storeCommits() int {
 func (c *costCluster) measureOps(r *costResult) error {
 	m := c.m
 	peer0, op0, beats0, t0 := m.peerAll.Load(), m.peerOp.Load(), m.beats.Load(), time.Now()
+	m.takeBackground()
 	defer func() {
+		r.bgPaths = m.takeBackground()
 		r.phase = time.Since(t0)
 		sec := r.phase.Seconds()
 		r.bg = background{
@@ -536,8 +563,8 @@ func (c *costCluster) measure(id string, do func() error) (opSample, bool, error
 	m.takePaths()
 	m.measure(id)
 	defer m.measure("")
-	snap := func() [5]int {
-		return [5]int{int(m.peerOp.Load()), int(m.appendsOp.Load()), c.ledgerSyncs(), c.storeCommits(), int(m.votes.Load() + m.raftOther.Load())}
+	snap := func() [6]int {
+		return [6]int{int(m.peerOp.Load()), int(m.appendsOp.Load()), c.ledgerSyncs(), c.storeCommits(), int(m.votes.Load() + m.raftOther.Load()), int(m.redirects.Load())}
 	}
 	before := snap()
 	t0 := time.Now()
@@ -559,7 +586,7 @@ func (c *costCluster) measure(id string, do func() error) (opSample, bool, error
 		}
 	}
 	return opSample{peer: last[0] - before[0], appends: last[1] - before[1], ledger: last[2] - before[2], store: last[3] - before[3], took: took,
-		election: last[4] != before[4]}, settled, nil
+		election: last[4] != before[4], redirects: last[5] - before[5]}, settled, nil
 }
 
 // awaitRegistryQuiet waits (up to 5 s) until every voter has stored and
@@ -589,10 +616,11 @@ func (c *costCluster) capacity() capacity {
 	return out
 }
 
-// stop stops every agent (in parallel), then the registry handles.
+// stop stops every agent, then the registry handles. All at once: each
+// agent's graceful leave may wait seconds for gossip, which is idle time.
 func (c *costCluster) stop() {
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
+	sem := make(chan struct{}, 256)
 	for i, a := range c.agents {
 		if a == nil {
 			continue
@@ -613,4 +641,5 @@ func (c *costCluster) stop() {
 		go func() { defer wg.Done(); _ = reg.Close() }()
 	}
 	wg.Wait()
+	c.agents, c.regs = nil, map[string]*names.Registry{}
 }

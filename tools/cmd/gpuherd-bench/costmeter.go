@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,17 +31,19 @@ type costMeter struct {
 	op atomic.Pointer[string]
 
 	mu     sync.Mutex
-	byPath map[string]int // requests naming op, by path with the ID as {id}
+	byPath map[string]int // requests naming op, by request (pathLabel)
+	bgPath map[string]int // requests naming no measured ID, by request
 
 	peerOp, peerAll     atomic.Int64 // requests naming op; every request
 	appendsOp           atomic.Int64 // AppendEntries RPCs carrying an entry that names op
 	appendsAll, beats   atomic.Int64 // AppendEntries RPCs with entries; without (heartbeats)
 	votes, raftOther    atomic.Int64 // RequestVote and pre-vote; snapshots and TimeoutNow
 	appendsUnattributed atomic.Int64 // entries-carrying RPCs while op was set that did not name it
+	redirects           atomic.Int64 // registry forwards naming op answered "not the leader"
 }
 
 func newCostMeter() *costMeter {
-	m := &costMeter{byPath: map[string]int{}}
+	m := &costMeter{byPath: map[string]int{}, bgPath: map[string]int{}}
 	empty := ""
 	m.op.Store(&empty)
 	return m
@@ -60,7 +63,39 @@ func (m *costMeter) takePaths() map[string]int {
 	return out
 }
 
-// names reports whether a request (path and body) or a raft entry names
+// takeBackground returns the background requests by request since the
+// last call and clears them.
+func (m *costMeter) takeBackground() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.bgPath
+	m.bgPath = map[string]int{}
+	return out
+}
+
+// pathLabel names a request for the tables: method and path with every
+// claim ID (or other name) as {id}, and a registry request's operation.
+func pathLabel(method, path string, body []byte) string {
+	segs := strings.Split(path, "/")
+	for i := 1; i < len(segs); i++ {
+		switch segs[i-1] {
+		case "claims", "reservations", "directory", "groups", "members":
+			segs[i] = "{id}"
+		}
+	}
+	label := method + " " + strings.Join(segs, "/")
+	if strings.HasSuffix(path, "/peer/names") {
+		var req struct {
+			Op names.Op `json:"op"`
+		}
+		if json.Unmarshal(body, &req) == nil && req.Op != "" {
+			label += " " + string(req.Op)
+		}
+	}
+	return label
+}
+
+// namesID reports whether a request (path and body) or a raft entry names
 // claim id: in a path segment, or as a JSON string.
 func namesID(id, path string, body []byte) bool {
 	if id == "" {
@@ -117,13 +152,18 @@ func (rt countingRoundTripper) RoundTrip(req *http.Request) (*http.Response, err
 		req.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	rt.m.peerAll.Add(1)
-	if id := rt.m.current(); namesID(id, req.URL.Path, body) {
+	label := pathLabel(req.Method, req.URL.Path, body)
+	op := namesID(rt.m.current(), req.URL.Path, body)
+	if op {
 		rt.m.peerOp.Add(1)
-		path := req.Method + " " + strings.ReplaceAll(req.URL.Path, "/"+id, "/{id}")
-		rt.m.mu.Lock()
-		rt.m.byPath[path]++
-		rt.m.mu.Unlock()
 	}
+	rt.m.mu.Lock()
+	if op {
+		rt.m.byPath[label]++
+	} else {
+		rt.m.bgPath[label]++
+	}
+	rt.m.mu.Unlock()
 	return rt.next.RoundTrip(req)
 }
 
@@ -152,6 +192,9 @@ func (f peerForwarder) Forward(ctx context.Context, server string, req names.Req
 	var resp names.Response
 	err := pc.Names(ctx, req, &resp)
 	if err == nil {
+		if resp.Error != nil && resp.Error.Code == names.WireNotLeader && req.Key.Name != "" && req.Key.Name == f.n.m.current() {
+			f.n.m.redirects.Add(1)
+		}
 		return resp, nil
 	}
 	var ae *api.Error
