@@ -117,10 +117,11 @@ type costResult struct {
 	// with something still moving; strayAppends counts entries-carrying
 	// raft RPCs inside windows that did not name the measured ID.
 	unsettled, strayAppends int
-	// elections counts operations left out of the figures because the
-	// registry held an election (or sent a snapshot, or handed its
-	// leadership over) while they were measured.
-	elections int
+	// leftOut counts operations left out of the figures: the registry held
+	// an election (or sent a snapshot, or handed its leadership over) while
+	// they were measured, or they were answered a retryable 503 and tried
+	// again.
+	leftOut int
 }
 
 // costCluster is one size's agents, registry and meters.
@@ -141,8 +142,7 @@ type costCluster struct {
 	dones   []chan error
 }
 
-// gossipScale stretches memberlist's timers (and raft's timeouts) for
-// large in-process clusters: two cores cannot run the probe and gossip
+// gossipScale stretches memberlist's timers for large in-process clusters: two cores cannot run the probe and gossip
 // loops of 1,000 members at LAN timings (BENCHMARKS.md: at 500 gossip-only
 // members the membership never settled). Gossip is not counted here, only
 // its pace changes.
@@ -279,7 +279,7 @@ func (c *costCluster) openRegistry() error {
 			return err
 		}
 		ncfg := names.Config{Node: node, Role: names.RoleClient, Servers: servers, Discover: c.leaderFirst,
-			Forwarder: c.net.forwarder(node), Timing: c.raftTiming(), Logger: c.cfg.log}
+			Forwarder: c.net.forwarder(node), Timing: names.LANTiming(), Logger: c.cfg.log}
 		if ln, ok := lns[node]; ok {
 			srv, err := pki.ServerConfig(files)
 			if err != nil {
@@ -303,21 +303,6 @@ func (c *costCluster) openRegistry() error {
 		c.regs[node] = reg
 	}
 	return nil
-}
-
-// raftTiming is raft's LAN timing with its failure detection stretched as
-// gossip's is: at 1,000 agents on two cores a leader's heartbeat can be
-// late by a second, and the elections that follow are the machine's, not
-// the protocol's. Only timeouts change; what a write or a read sends does
-// not depend on them.
-func (c *costCluster) raftTiming() names.Timing {
-	t := names.LANTiming()
-	s := time.Duration(c.scale)
-	t.Heartbeat *= s
-	t.Election *= s
-	t.LeaderLease *= s
-	t.Hold *= s
-	return t
 }
 
 // leaderFirst names the voters, the leader first: what a client learns
@@ -534,6 +519,15 @@ func (c *costCluster) measureOps(r *costResult) error {
 		}
 		for k, step := range steps {
 			s, settled, err := c.measure(id, step)
+			for try := 1; isUnavailable(err) && try < 5; try++ {
+				// A retryable 503 (the registry electing a leader, an owner
+				// not seen for a moment): retried as a client would, and
+				// left out, as its window holds the failed attempt too.
+				m.takePaths()
+				r.leftOut++
+				c.awaitRegistryLeader()
+				s, settled, err = c.measure(id, step)
+			}
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", opKind(k), id, err)
 			}
@@ -542,7 +536,7 @@ func (c *costCluster) measureOps(r *costResult) error {
 				r.unsettled++
 			}
 			if s.election {
-				r.elections++
+				r.leftOut++
 				continue
 			}
 			r.ops[k] = append(r.ops[k], s)
@@ -556,7 +550,8 @@ func (c *costCluster) measureOps(r *costResult) error {
 }
 
 // measure runs one operation on claim id and counts what it caused until
-// nothing of it moved for the quiet period (settled), or 5 s.
+// nothing of it moved for the quiet period (settled), or 5 s; an operation
+// that failed is waited for the same way, and its error returned.
 func (c *costCluster) measure(id string, do func() error) (opSample, bool, error) {
 	m := c.m
 	c.awaitRegistryQuiet()
@@ -568,9 +563,7 @@ func (c *costCluster) measure(id string, do func() error) (opSample, bool, error
 	}
 	before := snap()
 	t0 := time.Now()
-	if err := do(); err != nil {
-		return opSample{}, false, err
-	}
+	opErr := do()
 	took := time.Since(t0)
 	last, since := snap(), time.Now()
 	settled := false
@@ -584,6 +577,11 @@ func (c *costCluster) measure(id string, do func() error) (opSample, bool, error
 			settled = true
 			break
 		}
+	}
+	if opErr != nil {
+		// Waited for all the same: what the failed attempt set moving
+		// must not land in the next window.
+		return opSample{}, settled, opErr
 	}
 	return opSample{peer: last[0] - before[0], appends: last[1] - before[1], ledger: last[2] - before[2], store: last[3] - before[3], took: took,
 		election: last[4] != before[4], redirects: last[5] - before[5]}, settled, nil
@@ -605,6 +603,20 @@ func (c *costCluster) awaitRegistryQuiet() {
 			return
 		}
 	}
+}
+
+// awaitRegistryLeader waits (up to 30 s) until a voter leads the registry.
+func (c *costCluster) awaitRegistryLeader() {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if slices.ContainsFunc(c.voters, func(v string) bool { return c.regs[v].IsLeader() }) {
+			return
+		}
+	}
+}
+
+func isUnavailable(err error) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Code == api.CodeUnavailable
 }
 
 // capacity is each server's total GPUs per model.

@@ -40,7 +40,7 @@ func TestCostPerOperationDoesNotGrow(t *testing.T) {
 			// the voters' stores: such operations are left out, and
 			// reported; most must remain.
 			if len(r.ops[k]) < cc.ops/2 {
-				t.Fatalf("%d servers: %d of %d %ss measured (%d left out during registry elections)", r.n, len(r.ops[k]), cc.ops, k, r.elections)
+				t.Fatalf("%d servers: %d of %d %ss measured (%d operations left out: registry elections, 503s retried)", r.n, len(r.ops[k]), cc.ops, k, r.leftOut)
 			}
 			f, s := r.figures(k), stated[k]
 			for _, c := range []struct {

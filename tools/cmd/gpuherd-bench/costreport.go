@@ -109,11 +109,11 @@ func reportCost(w io.Writer, cc costConfig, rs []*costResult) {
 	p("%s\n", t.String())
 
 	p("Background: what ran beside the operations, per second over the measuring phase (not per operation, and not in the figures above):\n\n")
-	t = table{head: []string{"servers", "registry voters", "gossip and raft timers", "agents started in", "all saw all after", "process RSS MiB", "measuring phase", "peer API requests/s naming no measured ID", "raft AppendEntries/s without entries", "windows closed at 5 s", "raft appends not naming the ID", "operations left out: registry election"}}
+	t = table{head: []string{"servers", "registry voters", "gossip and raft timers", "agents started in", "all saw all after", "process RSS MiB", "measuring phase", "peer API requests/s naming no measured ID", "raft AppendEntries/s without entries", "windows closed at 5 s", "raft appends not naming the ID", "operations left out: registry election, or a 503 retried"}}
 	for _, r := range ok {
 		t.add(fmt.Sprint(r.n), strings.Join(r.voters, " "), fmt.Sprintf("×%d", r.scale), r.startup.Round(time.Millisecond).String(), r.converge.Round(time.Millisecond).String(),
 			fmt.Sprintf("%.0f", float64(r.rss)/(1<<20)), r.phase.Round(time.Second).String(), fmt.Sprintf("%.1f", r.bg.peer), fmt.Sprintf("%.1f", r.bg.beats),
-			fmt.Sprint(r.unsettled), fmt.Sprint(r.strayAppends), fmt.Sprint(r.elections))
+			fmt.Sprint(r.unsettled), fmt.Sprint(r.strayAppends), fmt.Sprint(r.leftOut))
 	}
 	p("%s\n", t.String())
 
