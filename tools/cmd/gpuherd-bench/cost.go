@@ -111,6 +111,7 @@ type costResult struct {
 	bg       background
 	phase    time.Duration // the measuring phase, for the background rates
 	ops      [opKinds][]opSample
+	retried  [opKinds][]opSample // the successful retries after a 503, apart
 	paths    [opKinds]map[string]int
 	bgPaths  map[string]int // background requests by request, over the measuring phase
 	// unsettled counts operations whose window closed at the deadline
@@ -519,12 +520,17 @@ func (c *costCluster) measureOps(r *costResult) error {
 		}
 		for k, step := range steps {
 			s, settled, err := c.measure(id, step)
+			retried := false
 			for try := 1; isUnavailable(err) && try < 5; try++ {
 				// A retryable 503 (the registry electing a leader, an owner
-				// not seen for a moment): retried as a client would, and
-				// left out, as its window holds the failed attempt too.
+				// not seen for a moment): retried as a client would. The
+				// failed attempt is left out; the retry is reported
+				// apart, as it may wait for what the failed one left (a
+				// name pending under the first coordinator until its
+				// lease lapses, polled meanwhile).
 				m.takePaths()
 				r.leftOut++
+				retried = true
 				c.awaitRegistryLeader()
 				s, settled, err = c.measure(id, step)
 			}
@@ -535,8 +541,12 @@ func (c *costCluster) measureOps(r *costResult) error {
 			if !settled {
 				r.unsettled++
 			}
-			if s.election {
+			switch {
+			case s.election:
 				r.leftOut++
+				continue
+			case retried:
+				r.retried[k] = append(r.retried[k], s)
 				continue
 			}
 			r.ops[k] = append(r.ops[k], s)

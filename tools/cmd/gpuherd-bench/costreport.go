@@ -36,8 +36,9 @@ type costFigures struct {
 	p50                                             time.Duration
 }
 
-func (r *costResult) figures(k opKind) costFigures {
-	ss := r.ops[k]
+func (r *costResult) figures(k opKind) costFigures { return figuresOf(r.ops[k]) }
+
+func figuresOf(ss []opSample) costFigures {
 	var took durations
 	for _, s := range ss {
 		took = append(took, s.took)
@@ -58,7 +59,7 @@ func (r *costResult) figures(k opKind) costFigures {
 func reportCost(w io.Writer, cc costConfig, rs []*costResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	p("## Cost per operation\n\n")
-	p("Full agents in one process on the in-memory peer network and gossip; the name registry with three voters (raft over mutual TLS on loopback, logs on disk), every other agent forwarding to the leader over the peer API. %d claims of 1 GPU, each followed by a get and a release of its ID, every operation through a random agent and measured alone until nothing it caused moved for %v. Mean per operation, the largest in parentheses. Peer API requests and raft RPCs are those naming the operation's claim ID; fsyncs are every committed write transaction of every ledger and every voter's raft store. Gossip, raft heartbeats and the owners' anti-entropy passes are not per operation and not counted here (background below).\n\n", cc.ops, cc.quiet)
+	p("Full agents in one process on the in-memory peer network and gossip; the name registry with three voters (raft over mutual TLS on loopback, logs on disk), every other agent forwarding to the leader over the peer API. %d claims of 1 GPU, each followed by a get and a release of its ID, every operation through a random agent and measured alone until nothing it caused moved for %v. Mean per operation, the largest in parentheses; an operation answered a retryable 503 is retried (through a random agent again, as a client would) and the retry shown on a row of its own. Peer API requests and raft RPCs are those naming the operation's claim ID; fsyncs are every committed write transaction of every ledger and every voter's raft store. Gossip, raft heartbeats and the owners' anti-entropy passes are not per operation and not counted here (background below).\n\n", cc.ops, cc.quiet)
 	t := table{head: []string{"servers", "operation", "peer API requests", "of which redirects", "raft AppendEntries", "fsyncs: ledgers", "fsyncs: registry", "fsyncs: all", "p50 ms"}}
 	for k := range opKinds {
 		s := stated[k]
@@ -72,6 +73,12 @@ func reportCost(w io.Writer, cc costConfig, rs []*costResult) {
 		for k := range opKinds {
 			f := r.figures(k)
 			t.add(fmt.Sprint(r.n), k.String(), f.peer.String(), f.redirects.String(), f.appends.String(), f.ledger.String(), f.store.String(), f.fsyncs.String(), ms(f.p50))
+		}
+		for k := range opKinds {
+			if rt := r.retried[k]; len(rt) > 0 {
+				f := figuresOf(rt)
+				t.add(fmt.Sprint(r.n), fmt.Sprintf("%s retried after a 503 (%d)", k, len(rt)), f.peer.String(), f.redirects.String(), f.appends.String(), f.ledger.String(), f.store.String(), f.fsyncs.String(), ms(f.p50))
+			}
 		}
 	}
 	p("%s\n", t.String())
