@@ -32,4 +32,6 @@ var _ NameAuthority = (*names.Registry)(nil)
 
 // WithNames makes n the agent's name authority instead of the registry its
 // configuration describes; tests share one in-process registry this way.
+// A *names.Registry given so also answers other agents' registry requests
+// on the peer route (POST /v1/peer/names), as the agent's own would.
 func WithNames(n NameAuthority) Option { return func(o *options) { o.names = n } }

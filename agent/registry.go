@@ -270,9 +270,21 @@ func (a *Agent) ServeNames(ctx context.Context, body json.RawMessage) (any, erro
 	}
 	rs := a.registry
 	if rs == nil {
+		// An injected registry server (WithNames) serves the route as the
+		// agent's own would.
+		if srv, ok := a.names.(namesServer); ok {
+			return srv.Serve(ctx, req), nil
+		}
 		return names.Response{Error: &names.WireError{Code: names.WireNotLeader, Message: a.cfg.NodeName + " runs no name registry"}}, nil
 	}
 	return rs.reg.Load().Serve(ctx, req), nil
+}
+
+// namesServer is an authority that answers registry requests relayed from
+// other agents: *names.Registry, when a test or a benchmark gives each
+// agent its own with WithNames.
+type namesServer interface {
+	Serve(ctx context.Context, req names.Request) names.Response
 }
 
 var _ api.NameServer = (*Agent)(nil)

@@ -38,8 +38,12 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 		}
 		return b.Put([]byte(addr), bytes.Clone(data))
 	})
-	if err != nil && !errors.Is(err, errUnchanged) {
+	switch {
+	case errors.Is(err, errUnchanged):
+	case err != nil:
 		return fmt.Errorf("ledger %s: write facts of GPU %s: %w", l.path, addr, err)
+	default:
+		l.syncs.Add(1)
 	}
 	return nil
 }

@@ -60,6 +60,7 @@ func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
 	}
+	l.syncs.Add(1)
 	return nil
 }
 

@@ -52,6 +52,7 @@ type options struct {
 	out      string
 	keep     bool
 	child    bool
+	cost     costConfig
 }
 
 func main() {
@@ -59,7 +60,7 @@ func main() {
 		os.Exit(runChild(spec))
 	}
 	var o options
-	var sizes, loads, mock string
+	var sizes, loads, mock, cost string
 	flag.StringVar(&sizes, "sizes", "10,50,100", "cluster sizes of real in-process agents")
 	flag.IntVar(&o.focus, "focus", 50, "size at which the load sweep, the rankers and etcd run")
 	flag.StringVar(&loads, "loads", "0.5,0.7,0.9,0.95", "target loads (share of all GPUs held) of the trace replays")
@@ -77,6 +78,9 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG plots")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
 	flag.BoolVar(&o.child, "child", true, "measure one agent in a process of its own at the largest size")
+	flag.StringVar(&cost, "cost", "10,100,1000", "sizes (servers) at which the messages and fsyncs per claim, get and release are counted")
+	flag.IntVar(&o.cost.ops, "cost-ops", 50, "claims (each followed by a get and a release) per cost size")
+	flag.DurationVar(&o.cost.quiet, "cost-quiet", 200*time.Millisecond, "an operation's window closes once nothing it caused moved for this long")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	o.seed = uint64(seed)
@@ -101,6 +105,11 @@ func main() {
 	if o.loads, err = parseFloats(loads); err != nil {
 		fatal(err)
 	}
+	if o.cost.sizes, err = parseInts(cost); err != nil {
+		fatal(err)
+	}
+	o.cost.converge, o.cost.seed = 10*time.Minute, o.seed
+	o.cost.log, o.cost.progress = slog.New(slog.DiscardHandler), progress
 	slices.Sort(o.sizes)
 	if len(o.sizes) > 0 && !slices.Contains(o.sizes, o.focus) {
 		o.focus = o.sizes[len(o.sizes)/2]
@@ -255,14 +264,21 @@ func run(o options) error {
 		mocks = append(mocks, m)
 		runtime.GC()
 	}
+	costs := runCost(o.cost)
 	if len(results) == 0 {
 		for _, m := range mocks {
 			s := mergeSpreads(m.changes)
 			fmt.Printf("mock %d: join %v, 50%% %v 99%% %v 100%% %v missed %d\n", m.n, m.join, s.p50, s.p99, s.all, s.missed)
 		}
+		if len(costs) > 0 {
+			reportCost(os.Stdout, o.cost, costs)
+		}
 		return nil
 	}
 	report(os.Stdout, o, fl, results, mocks, time.Since(began))
+	if len(costs) > 0 {
+		reportCost(os.Stdout, o.cost, costs)
+	}
 	if err := plots(o, fl, results, mocks); err != nil {
 		return err
 	}
