@@ -683,3 +683,66 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
 	}
 }
+
+// slowHold holds every Hold back until gate is closed, telling on held
+// that one is waiting: a registry electing a leader.
+type slowHold struct {
+	*testNames
+	held chan struct{}
+	gate chan struct{}
+}
+
+func (s *slowHold) Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error) {
+	select {
+	case s.held <- struct{}{}:
+	default:
+	}
+	<-s.gate
+	return s.testNames.Hold(ctx, key, caller, owner, request)
+}
+
+// A hold that takes longer than the reservation lease (the registry
+// electing a leader, a new cluster's registry being founded) does not let
+// the reservation lapse: its lease is renewed while the hold is decided,
+// and the claim commits.
+func TestClusterNamedSlowHoldKeepsTheReservation(t *testing.T) {
+	tc := newTestCluster(t)
+	s := &slowHold{testNames: tc.names, held: make(chan struct{}, 1), gate: make(chan struct{})}
+	tc.opts = append(tc.opts, WithNames(s))
+	tc.adjust = func(c *Config) { c.ReservationLease = Duration(time.Second) }
+	var open sync.Once
+	release := func() { open.Do(func() { close(s.gate) }) }
+	t.Cleanup(release) // a failed check must not leave the claim waiting
+	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
+	ctx := context.Background()
+	type answer struct {
+		c   api.Claim
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		cl, err := a.Claim(ctx, "vm-x", l40sReq(1))
+		got <- answer{cl, err}
+	}()
+	<-s.held
+	var owner *Agent
+	var first time.Time
+	for _, x := range []*Agent{b, c} {
+		if r, err := x.ledger.Get("vm-x"); err == nil {
+			owner, first = x, r.ExpiresAt
+		}
+	}
+	if owner == nil {
+		t.Fatal("no reservation while its hold waits")
+	}
+	waitFor(t, "the reservation's lease renewed past its first deadline", 10*time.Second, func() bool {
+		r, err := owner.ledger.Get("vm-x")
+		return err == nil && r.ExpiresAt.After(first) && time.Now().After(first)
+	})
+	release()
+	ans := <-got
+	if ans.err != nil || ans.c.Node != owner.cfg.NodeName {
+		t.Fatalf("claim: %+v, %v; want it committed on %s", ans.c, ans.err, owner.cfg.NodeName)
+	}
+}
