@@ -170,7 +170,11 @@ func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c
 	key := names.Claim(at.id)
 	deadline := time.Now().Add(at.pendingTTL())
 	mode := names.Stale
-	if fresh {
+	if fresh || at.registryLeaderless() {
+		// Without a known leader (a registry being founded or electing
+		// one), a linearizable read waits for one before anything is
+		// reserved: the owner's hold must not have to wait past the
+		// reservation's lease.
 		mode = names.Linearizable
 	}
 	for {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -30,9 +29,7 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim) (uint64, err
 	// Not cancelled with the request: a hold that took effect must be
 	// followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	stop := o.keepReserved(id)
 	rec, err := o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digestOf(pending))
-	stop()
 	cancel()
 	if err == nil {
 		return rec.Token, nil
@@ -59,36 +56,6 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim) (uint64, err
 	}
 	return 0, &api.Error{Code: api.CodeConflict,
 		Message: fmt.Sprintf("claim %s is %s on %s; not committed on %s", id, state, holder, o.cfg.NodeName)}
-}
-
-// keepReserved renews reservation id's lease, as binding does, every
-// quarter lease until stop is called: a registry that takes its time (a
-// leader being elected, a new cluster's registry being founded) must not
-// let the reservation lapse while its hold is decided. It stops by itself
-// when the reservation is gone.
-func (o *owner) keepReserved(id string) (stop func()) {
-	lease := time.Duration(o.cfg.ReservationLease)
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(lease / 4)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if _, err := o.ledger.Extend(id, o.now(), lease); err != nil {
-					return
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-finished
-	}
 }
 
 // digestOf is requestDigest of what a reservation holds.

@@ -396,6 +396,17 @@ func (a *Agent) awaitFounding(ctx context.Context) {
 	}
 }
 
+// registryLeaderless reports whether this agent runs the registry and its
+// copy knows no leader now.
+func (a *Agent) registryLeaderless() bool {
+	rs := a.registry
+	if rs == nil {
+		return false
+	}
+	reg := rs.reg.Load()
+	return reg != nil && reg.Leader() == ""
+}
+
 // forming reports whether no registry exists yet, as far as this agent
 // and its gossip view know.
 func (rs *registryState) forming() bool {
