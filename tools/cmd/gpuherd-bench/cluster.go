@@ -216,15 +216,8 @@ func (c *cluster) startOne(i int) error {
 			_ = os.RemoveAll(cfg.DataDir)
 			continue
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		ready := make(chan struct{})
-		done := make(chan error, 1)
-		go func() { done <- a.Run(ctx, func() { close(ready) }) }()
-		select {
-		case <-ready:
-		case err := <-done:
-			cancel()
-			a.Close()
+		cancel, done, err := runAgent(a)
+		if err != nil {
 			last = err
 			_ = os.RemoveAll(cfg.DataDir)
 			continue
@@ -234,6 +227,24 @@ func (c *cluster) startOne(i int) error {
 		return nil
 	}
 	return fmt.Errorf("starting %s: %w", name, last)
+}
+
+// runAgent runs a until it is ready and returns how to stop it and where
+// Run's end is reported; an agent that fails to start is closed and its
+// error returned.
+func runAgent(a *agent.Agent) (context.CancelFunc, chan error, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+		return cancel, done, nil
+	case err := <-done:
+		cancel()
+		a.Close()
+		return nil, nil, err
+	}
 }
 
 var clusterMu sync.Mutex

@@ -137,9 +137,12 @@ type costCluster struct {
 	gossip *gossiptest.Network
 	scale  int
 
-	names   []string
-	voters  []string
-	regs    map[string]*names.Registry
+	names  []string
+	voters []string
+	regs   map[string]*names.Registry
+	// regsMu guards regs while the voters open: each registry asks
+	// leaderFirst from its own goroutines as soon as it runs.
+	regsMu  sync.RWMutex
 	agents  []*agent.Agent
 	cancels []context.CancelFunc
 	dones   []chan error
@@ -306,7 +309,9 @@ func (c *costCluster) openRegistry() error {
 		if err != nil {
 			return fmt.Errorf("name registry on %s: %w", node, err)
 		}
+		c.regsMu.Lock()
 		c.regs[node] = reg
+		c.regsMu.Unlock()
 	}
 	return nil
 }
@@ -315,8 +320,11 @@ func (c *costCluster) openRegistry() error {
 // from gossip in the agent (registry.go, discover).
 func (c *costCluster) leaderFirst() []string {
 	out := slices.Clone(c.voters)
+	c.regsMu.RLock()
+	defer c.regsMu.RUnlock()
+	leads := func(v string) bool { r := c.regs[v]; return r != nil && r.IsLeader() }
 	slices.SortStableFunc(out, func(a, b string) int {
-		la, lb := c.regs[a].IsLeader(), c.regs[b].IsLeader()
+		la, lb := leads(a), leads(b)
 		switch {
 		case la && !lb:
 			return -1
@@ -367,15 +375,8 @@ func (c *costCluster) startAgent(i int, tr *gossiptest.Transport, seed string) e
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", node, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		a.Close()
+	cancel, done, err := runAgent(a)
+	if err != nil {
 		return fmt.Errorf("starting %s: %w", node, err)
 	}
 	c.agents[i], c.cancels[i], c.dones[i] = a, cancel, done
