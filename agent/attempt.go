@@ -218,7 +218,8 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				return at.settle(ctx, c, byName[name], tried)
 			}
 			tried = append(tried, name)
-			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
+				isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
 				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended
 
 				return api.Claim{}, err
@@ -354,6 +355,10 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	}
 	if err == nil && at.vouch != nil && !at.vouch(t.name) {
 		return api.Claim{}, &notVouched{t: t, held: r.State == api.StateClaimed}
+	}
+	if e := (*api.Error)(nil); errors.As(err, &e) && e.Code == api.CodeGoBack && e.Node != "" {
+		// The ID last ran on e.Node (the owner dropped its reservation).
+		return api.Claim{}, &goBack{node: e.Node}
 	}
 	if err != nil {
 		var e *api.Error

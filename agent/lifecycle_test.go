@@ -280,3 +280,53 @@ func TestClusterRestartWhenTheLastServerIsGone(t *testing.T) {
 		t.Fatalf("same_node on an unseen server: %v; want unavailable naming it", err)
 	}
 }
+
+// Where a released claim ID last ran is kept by the name registry, with
+// the release: a claim of it without any_node goes back there without
+// asking its home (no directory request on the claim path), even when
+// every home has forgotten (their memory is lost with a restart), and the
+// owner a claim lands on first sends it back (go_back) instead of
+// committing it.
+func TestClusterNamedClaimGoesBackWithoutItsHome(t *testing.T) {
+	tc, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
+	ctx := context.Background()
+	one := api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}
+	id := "vm-home-lost"
+	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: one.GPUs, PreferNode: "c"}); err != nil || cl.Node != "c" {
+		t.Fatalf("first start: %+v, %v; want on c", cl, err)
+	}
+	// Best fit now prefers a and b.
+	for _, x := range []*Agent{a, b} {
+		oid := "other-" + x.cfg.NodeName
+		if _, err := x.Claim(ctx, oid, api.ClaimRequest{GPUs: one.GPUs, PreferNode: x.cfg.NodeName}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Release(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []*Agent{a, b, c} {
+		x.dir.mu.Lock()
+		x.dir.released = map[string]lastRelease{}
+		x.dir.mu.Unlock()
+	}
+	before := len(tc.peers.Requests("a", "a")) + len(tc.peers.Requests("a", "b")) + len(tc.peers.Requests("a", "c"))
+	cl, err := a.Claim(ctx, id, one)
+	if err != nil || cl.Node != "c" {
+		t.Fatalf("start again: %+v, %v; want back on c", cl, err)
+	}
+	var sent []string
+	for _, to := range []string{"a", "b", "c"} {
+		sent = append(sent, tc.peers.Requests("a", to)...)
+	}
+	for _, r := range sent[before:] {
+		if strings.Contains(r, "/directory") {
+			t.Errorf("the claim asked the home: %s", r)
+		}
+	}
+	for _, x := range []*Agent{a, b} {
+		if got, err := x.ledger.Get(id); err == nil {
+			t.Errorf("%s holds %+v; want nothing (a reservation sent back is dropped)", x.cfg.NodeName, got)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/names"
 )
@@ -18,8 +19,13 @@ type NameAuthority interface {
 	Confirm(ctx context.Context, key names.Key, token uint64, owner string, members []string) (names.Record, error)
 	// Hold is a claim's one registry write: the owner holds the claim ID
 	// for a request at commit, unless another server or request has it.
-	Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error)
+	// With recall it is refused (names.ErrRecalled) when the ID last ran
+	// on another server within its remember window.
+	Hold(ctx context.Context, key names.Key, caller, owner, request string, recall bool) (names.Record, error)
 	Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error)
+	// ReleaseRemembering releases a claim ID that ran on node, remembering
+	// that server for keep (remember_released).
+	ReleaseRemembering(ctx context.Context, key names.Key, token uint64, node string, keep time.Duration) (names.Record, error)
 	SetMembers(ctx context.Context, key names.Key, token uint64, members []string) (names.Record, error)
 	Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error)
 	RemoveMember(ctx context.Context, node string) ([]names.Key, error)

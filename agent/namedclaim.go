@@ -55,10 +55,19 @@ func requestDigest(rr api.ReserveRequest) string {
 // and the lookup runs once more, which then finds the claim.
 func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	digest := requestDigest(at.rr)
-	// The server the ID last ran on is a hint kept by its home (memory
-	// only); asked while the name is looked up.
+	// Where the ID last ran: without any_node (and no server named), the
+	// registry refuses to hold it anywhere else (owner.holdName with
+	// recall), and the owner sends the claim back there: nothing to wait
+	// for here. With any_node, that server is only tried first, a hint
+	// kept by the ID's home (memory only), asked while the name is looked
+	// up.
+	at.rr.Recall = !at.anyNode && at.prefer == ""
 	lastCh := make(chan string, 1)
-	go func() { lastCh <- at.lastOwner(ctx) }()
+	if at.rr.Recall {
+		lastCh <- ""
+	} else {
+		go func() { lastCh <- at.lastOwner(ctx) }()
+	}
 	var (
 		last    string
 		gotLast bool

@@ -321,14 +321,14 @@ type gatedNames struct {
 	once sync.Once
 }
 
-func (g *gatedNames) Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error) {
+func (g *gatedNames) Hold(ctx context.Context, key names.Key, caller, owner, request string, recall bool) (names.Record, error) {
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
 		g.held <- owner
 		<-g.gate
 	}
-	return g.testNames.Hold(ctx, key, caller, owner, request)
+	return g.testNames.Hold(ctx, key, caller, owner, request, recall)
 }
 
 // Two placements of one claim ID at once (a client that retried through
@@ -591,6 +591,16 @@ type racingUndo struct {
 }
 
 func (r *racingUndo) Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error) {
+	r.race(ctx, key, token, node)
+	return r.testNames.Release(ctx, key, token, node)
+}
+
+func (r *racingUndo) ReleaseRemembering(ctx context.Context, key names.Key, token uint64, node string, keep time.Duration) (names.Record, error) {
+	r.race(ctx, key, token, node)
+	return r.testNames.ReleaseRemembering(ctx, key, token, node, keep)
+}
+
+func (r *racingUndo) race(ctx context.Context, key names.Key, token uint64, node string) {
 	if node == r.holder && key == names.Claim("vm-x") {
 		r.once.Do(func() {
 			m, err := r.testNames.Move(ctx, key, token, r.holder, r.back, "a")
@@ -602,7 +612,6 @@ func (r *racingUndo) Release(ctx context.Context, key names.Key, token uint64, n
 			}
 		})
 	}
-	return r.testNames.Release(ctx, key, token, node)
 }
 
 // A release that races a move of the name (a resize that could not free

@@ -76,11 +76,11 @@ func (n *testNames) Confirm(ctx context.Context, key names.Key, token uint64, ow
 	return n.reg.Confirm(ctx, key, token, owner, members)
 }
 
-func (n *testNames) Hold(ctx context.Context, key names.Key, caller, owner, request string) (names.Record, error) {
+func (n *testNames) Hold(ctx context.Context, key names.Key, caller, owner, request string, recall bool) (names.Record, error) {
 	if err := n.unavailable(names.OpHold, key); err != nil {
 		return names.Record{}, err
 	}
-	return n.reg.Hold(ctx, key, caller, owner, request)
+	return n.reg.Hold(ctx, key, caller, owner, request, recall)
 }
 
 func (n *testNames) Release(ctx context.Context, key names.Key, token uint64, node string) (names.Record, error) {
@@ -88,6 +88,13 @@ func (n *testNames) Release(ctx context.Context, key names.Key, token uint64, no
 		return names.Record{}, err
 	}
 	return n.reg.Release(ctx, key, token, node)
+}
+
+func (n *testNames) ReleaseRemembering(ctx context.Context, key names.Key, token uint64, node string, keep time.Duration) (names.Record, error) {
+	if err := n.unavailable(names.OpRelease, key); err != nil {
+		return names.Record{}, err
+	}
+	return n.reg.ReleaseRemembering(ctx, key, token, node, keep)
 }
 
 func (n *testNames) SetMembers(ctx context.Context, key names.Key, token uint64, members []string) (names.Record, error) {
@@ -152,8 +159,8 @@ func (n nodeNames) Confirm(ctx context.Context, key names.Key, token uint64, own
 	return n.testNames.Confirm(ctx, key, token, n.node, members)
 }
 
-func (n nodeNames) Hold(ctx context.Context, key names.Key, caller, _, request string) (names.Record, error) {
-	return n.testNames.Hold(ctx, key, caller, n.node, request)
+func (n nodeNames) Hold(ctx context.Context, key names.Key, caller, _, request string, recall bool) (names.Record, error) {
+	return n.testNames.Hold(ctx, key, caller, n.node, request, recall)
 }
 
 func (n nodeNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, _ string) (names.Record, error) {
@@ -162,6 +169,10 @@ func (n nodeNames) ConfirmMove(ctx context.Context, key names.Key, token uint64,
 
 func (n nodeNames) Release(ctx context.Context, key names.Key, token uint64, _ string) (names.Record, error) {
 	return n.testNames.Release(ctx, key, token, n.node)
+}
+
+func (n nodeNames) ReleaseRemembering(ctx context.Context, key names.Key, token uint64, _ string, keep time.Duration) (names.Record, error) {
+	return n.testNames.ReleaseRemembering(ctx, key, token, n.node, keep)
 }
 
 func (n nodeNames) Move(ctx context.Context, key names.Key, token uint64, from, to, _ string) (names.Record, error) {

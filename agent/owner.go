@@ -62,7 +62,7 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 		}
 		o.rec.Reservation(ReservationReserved)
 		if rr.Commit {
-			return o.commitAtOnce(ctx, id, c)
+			return o.commitAtOnce(ctx, id, c, rr.Recall)
 		}
 		return o.claimView(c), nil
 	}
@@ -72,9 +72,9 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 // (ReserveRequest.Commit). A commit that could not be decided now (the
 // registry did not answer, a server fault) answers the reservation, which
 // the coordinator commits again; a refusal is the answer, its reservation
-// dropped.
-func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim) (api.Claim, error) {
-	committed, err := o.Commit(ctx, id)
+// dropped. recall as in api.ReserveRequest.
+func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool) (api.Claim, error) {
+	committed, err := o.commit(ctx, id, recall)
 	var e *api.Error
 	if err != nil && (!errors.As(err, &e) || e.ServerFault()) {
 		o.log.Debug("reservation kept for the coordinator's commit", "claim", id, "err", err)
@@ -170,6 +170,11 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 // own reservation bound them (all of them, under the device locks it takes
 // here too), there is nothing left to check.
 func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
+	return o.commit(ctx, id, false)
+}
+
+// commit is Commit; recall as in api.ReserveRequest (the combined call).
+func (o *owner) commit(ctx context.Context, id string, recall bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -213,7 +218,7 @@ func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 				return api.Claim{}, err
 			}
 		} else {
-			token, err := o.holdName(ctx, pending)
+			token, err := o.holdName(ctx, pending, recall)
 			if err != nil {
 				return api.Claim{}, err
 			}

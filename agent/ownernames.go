@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -24,12 +25,12 @@ import (
 // the two-step way, or lost) drops the reservation and names who has the
 // ID; an unavailable registry keeps it, for the coordinator's retried
 // commit.
-func (o *owner) holdName(ctx context.Context, pending ledger.Claim) (uint64, error) {
+func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool) (uint64, error) {
 	id := pending.ID
 	// Not cancelled with the request: a hold that took effect must be
 	// followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	rec, err := o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digestOf(pending))
+	rec, err := o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digestOf(pending), recall)
 	cancel()
 	if err == nil {
 		return rec.Token, nil
@@ -43,6 +44,10 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim) (uint64, err
 		return 0, fmt.Errorf("claim %s: holding its name: %w", id, err)
 	}
 	o.dropUnconfirmed(ctx, pending, err)
+	if r.Code == names.CodeRecalled && r.Record != nil {
+		return 0, &api.Error{Code: api.CodeGoBack, Node: r.Record.Owner,
+			Message: fmt.Sprintf("claim %s last ran on %s; not committed on %s: without any_node it goes back there", id, r.Record.Owner, o.cfg.NodeName)}
+	}
 	if r.Code == names.CodeLimit {
 		return 0, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: not committed on %s: %v; retry later", id, o.cfg.NodeName, err)}
@@ -154,7 +159,9 @@ func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
 	defer cancel()
-	_, err := o.names.Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
+	// Where it ran is remembered with the release: a claim of the ID
+	// without any_node comes back here (owner.holdName with recall).
+	_, err := o.names.ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
 	var r *names.RefusedError
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {

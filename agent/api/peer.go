@@ -25,6 +25,11 @@ type ReserveRequest struct {
 	// committed, when the commit could not be decided now (the registry
 	// did not answer); or the commit's refusal, its reservation dropped.
 	Commit bool `json:"commit,omitempty"`
+	// Recall, with Commit: the owner holds the claim ID only if it did not
+	// last run on another server within its remember_released (a claim
+	// placed without any_node or a server named); otherwise it drops the
+	// reservation and answers go_back naming that server.
+	Recall bool `json:"recall,omitempty"`
 }
 
 // Owner is what a server offers coordinators for its own GPUs: the one

@@ -12,7 +12,7 @@ func StatusOf(code string) int {
 		return http.StatusBadRequest
 	case CodeNotFound:
 		return http.StatusNotFound
-	case CodeNotAvailable, CodeConflict, CodeLeaseExpired, CodeNotClaimed, CodeInUse, CodeNotBound:
+	case CodeNotAvailable, CodeConflict, CodeLeaseExpired, CodeNotClaimed, CodeInUse, CodeNotBound, CodeGoBack:
 		return http.StatusConflict
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable

@@ -272,6 +272,11 @@ const (
 	CodeLost         = "lost"            // 410: the claim's server was removed from the cluster; release it to free the ID
 	CodeForbidden    = "forbidden"       // 403: a peer call without a verified caller, or naming a node other than its caller
 	CodeLimit        = "limit"           // 429: the caller holds as many records of this kind as one caller may
+	// CodeGoBack is between agents only: an owner refused to commit a
+	// claim whose ID last ran on another server (Node) within its
+	// remember_released, placed without any_node; the coordinator places
+	// it there instead. Clients never see it.
+	CodeGoBack = "go_back" // 409
 )
 
 // Error is the body of every non-2xx answer.
@@ -289,6 +294,8 @@ type Error struct {
 	// Refusals: why owners refused GPUs their view had offered (a GPU found
 	// unusable before any driver change), one line per refusal.
 	Refusals []string `json:"refusals,omitempty"`
+	// Node: the server a go_back error sends the claim back to.
+	Node string `json:"node,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -90,6 +90,7 @@ var (
 	ErrLimit    = error(codeSentinel(CodeLimit))
 	ErrInvalid  = error(codeSentinel(CodeInvalid))
 	ErrHalted   = error(codeSentinel(CodeHalted))
+	ErrRecalled = error(codeSentinel(CodeRecalled))
 )
 
 // IsUnavailable reports whether err says the registry could not answer.

@@ -111,16 +111,19 @@ func (s *state) list() []Record {
 	return out
 }
 
-// snapshotVersion is the format of a snapshot file. Version 2 added a
-// held name's move (Record.Move, MovedFrom); version 1 files, which have
-// none, are read as they are.
-const snapshotVersion = 2
+// snapshotVersion is the format of a snapshot file. Version 3 added where
+// released claim IDs last ran (Recent); a snapshot with none is written as
+// version 2, which older servers read. Version 2 added a held name's move
+// (Record.Move, MovedFrom); version 1 files, which have none, are read as
+// they are.
+const snapshotVersion = 3
 
 type snapshotFile struct {
-	Version int       `json:"version"`
-	Now     time.Time `json:"now"`
-	Applied uint64    `json:"applied"`
-	Records []Record  `json:"records"`
+	Version int             `json:"version"`
+	Now     time.Time       `json:"now"`
+	Applied uint64          `json:"applied"`
+	Records []Record        `json:"records"`
+	Recent  []rememberedRun `json:"recent,omitempty"`
 }
 
 // Snapshot captures the state for raft to persist while Apply goes on.
@@ -136,7 +139,11 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		recs = append(recs, r.clone())
 	}
 	sortRecords(recs)
-	return &fsmSnapshot{file: snapshotFile{Version: snapshotVersion, Now: f.st.now, Applied: f.applied, Records: recs}}, nil
+	file := snapshotFile{Version: snapshotVersion, Now: f.st.now, Applied: f.applied, Records: recs, Recent: f.st.rememberedRuns()}
+	if len(file.Recent) == 0 {
+		file.Version = 2
+	}
+	return &fsmSnapshot{file: file}, nil
 }
 
 // Restore replaces the state with a snapshot's.
@@ -159,7 +166,7 @@ func readSnapshot(r io.Reader) (*state, uint64, error) {
 	if err := dec.Decode(&file); err != nil {
 		return nil, 0, fmt.Errorf("name registry snapshot: %w", err)
 	}
-	if file.Version != snapshotVersion && file.Version != 1 {
+	if file.Version < 1 || file.Version > snapshotVersion {
 		return nil, 0, fmt.Errorf("name registry snapshot has format %d; this version reads %d", file.Version, snapshotVersion)
 	}
 	st := newState()
@@ -173,6 +180,16 @@ func readSnapshot(r io.Reader) (*state, uint64, error) {
 		}
 		st.put(r)
 	}
+	for _, lr := range file.Recent {
+		if err := lr.Key.validate(); err != nil || lr.Key.Kind != KindClaim || lr.Owner == "" {
+			return nil, 0, fmt.Errorf("name registry snapshot: remembered run %+v is not a claim ID and a server", lr)
+		}
+		if _, dup := st.recent[lr.Key]; dup {
+			return nil, 0, fmt.Errorf("name registry snapshot remembers %s twice", lr.Key)
+		}
+		st.recent[lr.Key] = lastRun{Owner: lr.Owner, Until: lr.Until}
+	}
+	st.rebuildForget()
 	return st, file.Applied, nil
 }
 

@@ -418,7 +418,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 
 func TestRestoreRefusesBadSnapshots(t *testing.T) {
 	for name, text := range map[string]string{
-		"newer format":  `{"version":3,"now":"2026-12-01T12:00:00Z","applied":1,"records":[]}`,
+		"newer format":  `{"version":4,"now":"2026-12-01T12:00:00Z","applied":1,"records":[]}`,
 		"unknown field": `{"version":1,"now":"2026-12-01T12:00:00Z","applied":1,"records":[],"x":1}`,
 		"bad record":    `{"version":1,"now":"2026-12-01T12:00:00Z","applied":1,"records":[{"kind":"claim","name":"vm","caller":"node-a","request":"r","state":"held","token":3}]}`,
 		"twice":         `{"version":1,"now":"2026-12-01T12:00:00Z","applied":1,"records":[{"kind":"claim","name":"vm","owner":"node-a","caller":"node-a","request":"r","state":"held","token":3},{"kind":"claim","name":"vm","owner":"node-a","caller":"node-a","request":"r","state":"held","token":3}]}`,

@@ -38,9 +38,10 @@ func (m *Machine) Acquire(key Key, caller, request string, now time.Time, lease 
 	return m.apply(messageAcquire, &acquireMessage{Key: key, Caller: caller, Request: request, Now: now, Lease: lease, Limits: m.limits})
 }
 
-// Hold makes owner the holder of claim key for request in one step.
-func (m *Machine) Hold(key Key, caller, owner, request string, now time.Time) Result {
-	return m.apply(messageHold, &holdMessage{Key: key, Owner: owner, Caller: caller, Request: request, Now: now, Limits: m.limits})
+// Hold makes owner the holder of claim key for request in one step;
+// recall as in Registry.Hold.
+func (m *Machine) Hold(key Key, caller, owner, request string, recall bool, now time.Time) Result {
+	return m.apply(messageHold, &holdMessage{Key: key, Owner: owner, Caller: caller, Request: request, Now: now, Limits: m.limits, Recall: recall})
 }
 
 // Confirm makes owner the holder of key under token.
@@ -51,6 +52,11 @@ func (m *Machine) Confirm(key Key, token uint64, owner string, now time.Time) Re
 // Release frees key; token and node as in Registry.Release.
 func (m *Machine) Release(key Key, token uint64, node string) Result {
 	return m.apply(messageRelease, &releaseMessage{Key: key, Token: token, Node: node})
+}
+
+// ReleaseRemembering is Registry.ReleaseRemembering at now.
+func (m *Machine) ReleaseRemembering(key Key, token uint64, node string, keep time.Duration, now time.Time) Result {
+	return m.apply(messageRelease, &releaseMessage{Key: key, Token: token, Node: node, Remember: keep, Now: now})
 }
 
 // Move starts moving key, held on from under token, to to.

@@ -98,6 +98,10 @@ type holdMessage struct {
 	Request string    `json:"request"`
 	Now     time.Time `json:"now"`
 	Limits  Limits    `json:"limits"`
+	// Recall refuses the hold when the ID last ran on another server
+	// within its remember window (CodeRecalled): a claim placed without
+	// any_node goes back there. Older versions send none and halt on it.
+	Recall bool `json:"recall,omitempty"`
 }
 
 // confirmMessage is sent by the server that commits the name, under the
@@ -122,6 +126,11 @@ type releaseMessage struct {
 	Key   Key    `json:"key"`
 	Token uint64 `json:"token,omitempty"`
 	Node  string `json:"node,omitempty"`
+	// Remember, when set, keeps where a released claim ID last ran until
+	// Now+Remember (the owner's remember_released), for holds that recall
+	// it. Older versions send neither and halt on them.
+	Remember time.Duration `json:"remember,omitempty"`
+	Now      time.Time     `json:"now,omitzero"`
 }
 
 // expireMessage ends the pending names whose deadline is not after Now.
@@ -314,6 +323,12 @@ func (m *releaseMessage) check() error {
 	}
 	if m.Token == 0 && m.Node == "" {
 		return fmt.Errorf("%s: release needs the name's token or its holder", m.Key)
+	}
+	if m.Remember < 0 || m.Remember > MaxRemember {
+		return fmt.Errorf("%s: remember %v is outside 0 to %v", m.Key, m.Remember, MaxRemember)
+	}
+	if m.Remember > 0 && m.Now.IsZero() {
+		return fmt.Errorf("%s: a remembered release needs the leader's time", m.Key)
 	}
 	if m.Node != "" {
 		return checkNode("node", m.Node)

@@ -280,8 +280,13 @@ func (r *Registry) Acquire(ctx context.Context, key Key, caller, owner, request 
 // the same request is answered as it is (a retried commit); held
 // elsewhere, being placed, or held under another request, it is refused
 // (ErrConflict, with the record).
-func (r *Registry) Hold(ctx context.Context, key Key, caller, owner, request string) (Record, error) {
-	return r.record(ctx, Request{Op: OpHold, Key: key, Caller: caller, Owner: owner, Request: request})
+//
+// With recall, the hold is refused (ErrRecalled, the record naming the
+// server) when the claim ID last ran on another server within the
+// remember window of its release (ReleaseRemembering): a claim placed
+// without any_node goes back there.
+func (r *Registry) Hold(ctx context.Context, key Key, caller, owner, request string, recall bool) (Record, error) {
+	return r.record(ctx, Request{Op: OpHold, Key: key, Caller: caller, Owner: owner, Request: request, Recall: recall})
 }
 
 // Confirm makes owner the holder of key under token: the step an owner
@@ -303,6 +308,13 @@ func (r *Registry) ConfirmMove(ctx context.Context, key Key, token uint64, owner
 // node, when set, its holder. ErrNotFound means it was free already.
 func (r *Registry) Release(ctx context.Context, key Key, token uint64, node string) (Record, error) {
 	return r.record(ctx, Request{Op: OpRelease, Key: key, Token: token, Node: node})
+}
+
+// ReleaseRemembering is Release of a claim ID that ran on its holder (a
+// VM stopped), remembering that server for keep: a hold with recall on
+// another server is refused until then. keep is at most MaxRemember.
+func (r *Registry) ReleaseRemembering(ctx context.Context, key Key, token uint64, node string, keep time.Duration) (Record, error) {
+	return r.record(ctx, Request{Op: OpRelease, Key: key, Token: token, Node: node, Remember: keep})
 }
 
 // SetMembers replaces a group's node claims under its token.
@@ -642,12 +654,16 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 			Members: req.Members, Now: now, Lease: r.cfg.Lease, Limits: r.cfg.Limits}, nil
 	case OpHold:
 		return messageHold, &holdMessage{Key: req.Key, Owner: req.Owner, Caller: req.Caller, Request: req.Request,
-			Now: now, Limits: r.cfg.Limits}, nil
+			Now: now, Limits: r.cfg.Limits, Recall: req.Recall}, nil
 	case OpConfirm:
 		return messageConfirm, &confirmMessage{Key: req.Key, Token: req.Token, Owner: req.Owner, Caller: req.Caller, Members: req.Members,
 			Now: now, Limits: r.cfg.Limits}, nil
 	case OpRelease:
-		return messageRelease, &releaseMessage{Key: req.Key, Token: req.Token, Node: req.Node}, nil
+		m := &releaseMessage{Key: req.Key, Token: req.Token, Node: req.Node}
+		if req.Remember > 0 {
+			m.Remember, m.Now = req.Remember, now
+		}
+		return messageRelease, m, nil
 	case OpSetMembers:
 		return messageSetMembers, &setMembersMessage{Key: req.Key, Token: req.Token, Members: req.Members, Limits: r.cfg.Limits}, nil
 	case OpSetRequest:

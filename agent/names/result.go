@@ -29,6 +29,10 @@ const (
 	// CodeHalted: this server met a command it cannot apply and stopped
 	// applying the log.
 	CodeHalted Code = "halted"
+	// CodeRecalled: a hold with recall, refused because the claim ID last
+	// ran on another server within its remember window; the record (state
+	// released) names that server as its owner.
+	CodeRecalled Code = "recalled"
 )
 
 // Result is what applying one command answers.

@@ -1,6 +1,7 @@
 package names
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -15,18 +16,23 @@ type state struct {
 	// names per owner.
 	pendingBy map[string]int
 	heldBy    map[string]int
+	// recent is where released claim IDs last ran (remember.go); forget
+	// orders them by when they are forgotten.
+	recent map[Key]lastRun
+	forget forgetQueue
 	// now is the latest time any command carried. A new leader's clock may
 	// be behind its predecessor's; time in the registry never goes back.
 	now time.Time
 }
 
 func newState() *state {
-	return &state{records: map[Key]Record{}, pendingBy: map[string]int{}, heldBy: map[string]int{}}
+	return &state{records: map[Key]Record{}, pendingBy: map[string]int{}, heldBy: map[string]int{}, recent: map[Key]lastRun{}}
 }
 
 func (s *state) advance(t time.Time) time.Time {
 	if t.After(s.now) {
 		s.now = t
+		s.forgetPast(t)
 	}
 	return s.now
 }
@@ -159,6 +165,11 @@ func (s *state) hold(idx uint64, m *holdMessage) Result {
 		}
 		return withRecord(CodeSame, r)
 	}
+	if m.Recall {
+		if res, refused := s.recalled(m.Key, m.Owner); refused {
+			return res
+		}
+	}
 	if n := m.Limits.HeldPerOwner; n > 0 && s.heldBy[m.Owner] >= n {
 		return Result{Code: CodeLimit, Detail: fmt.Sprintf("%s holds %d names already, the most one server may", m.Owner, s.heldBy[m.Owner])}
 	}
@@ -167,6 +178,7 @@ func (s *state) hold(idx uint64, m *holdMessage) Result {
 		Owner: m.Owner, Caller: m.Caller, Request: m.Request,
 		State: StateHeld, Token: idx, Index: idx,
 	}
+	delete(s.recent, m.Key) // it runs again: its next release says where
 	s.put(r)
 	return withRecord(CodeOK, r)
 }
@@ -288,6 +300,7 @@ func (s *state) confirmMove(idx uint64, now time.Time, r Record, m *confirmMessa
 }
 
 func (s *state) release(m *releaseMessage) Result {
+	now := s.advance(m.Now)
 	r, ok := s.records[m.Key]
 	if !ok || !r.live(s.now) {
 		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
@@ -306,6 +319,10 @@ func (s *state) release(m *releaseMessage) Result {
 			Detail: fmt.Sprintf("%s is %s by %s, not %s", m.Key, r.State, r.holder(), m.Node)}
 	}
 	s.remove(m.Key)
+	delete(s.recent, m.Key)
+	if m.Remember > 0 && r.Kind == KindClaim && r.State == StateHeld {
+		s.remember(m.Key, r.Owner, now.Add(m.Remember))
+	}
 	r.State = StateReleased
 	return withRecord(CodeOK, r)
 }
@@ -413,22 +430,13 @@ func (s *state) pendingPast(now time.Time) bool {
 	return false
 }
 
-func sortKeys(keys []Key) {
-	slices.SortFunc(keys, func(a, b Key) int {
-		if a.Kind != b.Kind {
-			if a.Kind < b.Kind {
-				return -1
-			}
-			return 1
-		}
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+func sortKeys(keys []Key) { slices.SortFunc(keys, compareKeys) }
+
+func compareKeys(a, b Key) int {
+	if c := cmp.Compare(a.Kind, b.Kind); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Name, b.Name)
 }
 
 func ptr[T any](v T) *T { return &v }

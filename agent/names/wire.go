@@ -3,6 +3,7 @@ package names
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Op names a registry operation on the wire.
@@ -46,6 +47,11 @@ type Request struct {
 	To string `json:"to,omitempty"`
 	// Stale lets any server answer a lookup from its own copy.
 	Stale bool `json:"stale,omitempty"`
+	// Recall (hold): refuse when the ID last ran on another server within
+	// its remember window. Remember (release): how long to remember where
+	// the released claim ID ran.
+	Recall   bool          `json:"recall,omitempty"`
+	Remember time.Duration `json:"remember,omitempty"`
 	// Address is the raft address of a server to add.
 	Address string `json:"address,omitempty"`
 	// Filter selects the records of a list (OpList). It is a filter, not

@@ -98,7 +98,7 @@ func (r *registry) apply(in regIn) (names.Result, bool) {
 		return r.m.Confirm(key, in.Token, in.Node, now), true
 	case "hold":
 		r.ops++
-		return r.m.Hold(key, in.Caller, in.Node, in.Request, now), true
+		return r.m.Hold(key, in.Caller, in.Node, in.Request, false, now), true
 	case "release":
 		r.ops++
 		return r.m.Release(key, in.Token, in.Node), true
