@@ -361,6 +361,9 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 		return api.Claim{}, &goBack{node: e.Node}
 	}
 	if err != nil {
+		if notSent(err) {
+			return api.Claim{}, err // nothing reserved there: try the next
+		}
 		var e *api.Error
 		if (!errors.As(err, &e) || e.ServerFault()) && !at.abortReservation(ctx, t) && rr.Commit {
 			// Unanswered, or failed half-way, and still there: a call that

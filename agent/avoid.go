@@ -158,6 +158,23 @@ func (e *connectError) Error() string {
 	return fmt.Sprintf("no connection to %s at %s within %s", e.name, e.addr, e.after)
 }
 
+// dialError: the call failed before any connection carried it (refused,
+// a handshake that failed).
+type dialError struct {
+	name string
+	err  error
+}
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// notSent reports whether err says a peer call never left this agent: the
+// member was avoided, or no connection to it was made. Nothing it asked
+// for can have happened there.
+func notSent(err error) bool {
+	return errors.As(err, new(*avoidedError)) || errors.As(err, new(*connectError)) || errors.As(err, new(*dialError))
+}
+
 // avoidingTransport carries calls to one member: it fails at once while
 // the member is avoided, bounds connecting by api.PeerConnectTimeout, and
 // tells the backoff how each call went. Whether a connection was made it
@@ -211,6 +228,7 @@ func (t *avoidingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		case state.Load() == dialing && req.Context().Err() == nil:
 			// Refused, or a handshake that failed: no connection either.
 			t.v.failed(t.name, t.addr, err)
+			err = &dialError{name: t.name, err: err}
 		}
 		return nil, err
 	}
