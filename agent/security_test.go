@@ -174,6 +174,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(1)
 	}
+	waitersRunTogether()
 	os.Exit(m.Run())
 }
 
