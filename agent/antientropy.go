@@ -254,9 +254,13 @@ func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
 
 // freeName releases name r, held on this server with no claim in its
 // ledger: a release whose name release could not reach the registry, or a
-// commit that failed after its confirm. The ledger is read again first: a
-// claim committed since the pass read it keeps its name.
+// commit that failed after its confirm. The ledger is read again first,
+// under the ID's commit lock: a claim committed since the pass read it, or
+// being placed here now (an early hold comes before its reservation,
+// owner.holdEarly), keeps its name.
 func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
+	unlock := a.commitLocks.lock(r.Name)
+	defer unlock()
 	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
 		return false
 	}

@@ -692,3 +692,80 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
 	}
 }
+
+// The owner's hold goes out while the GPUs are still being reserved and
+// bound (owner.holdEarly), under the ID's commit lock. A hold whose
+// reservation failed is let go before the answer when no claim of the ID
+// is on the server (owner.settleEarly), so the next server is not refused
+// with the ID held here; one with a claim here is kept. The anti-entropy
+// pass frees a name held with no claim only under the same lock
+// (Agent.freeName), so it never frees an early hold before its
+// reservation is made.
+func TestClusterNamedEarlyHoldSettles(t *testing.T) {
+	tc, _, b, _ := namedThree(t)
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Commit: true}
+	req := ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}
+	held := func(id string) (names.Record, bool) {
+		rec, err := tc.names.Lookup(ctx, names.Claim(id), names.Linearizable)
+		return rec, err == nil
+	}
+
+	// The reservation failed: let go.
+	early := b.owner.holdEarly(ctx, "vm-failed", rr, req)
+	if early == nil {
+		t.Fatal("no early hold on a server with room")
+	}
+	if rec, err := early.wait(); err != nil || rec.Owner != "b" {
+		t.Fatalf("early hold: %+v, %v", rec, err)
+	}
+	b.owner.settleEarly(ctx, early)
+	if rec, ok := held("vm-failed"); ok {
+		t.Fatalf("vm-failed still held (%+v) after its reservation failed", rec)
+	}
+
+	// A reservation stands: kept for its commit.
+	early = b.owner.holdEarly(ctx, "vm-kept", rr, req)
+	if _, err := b.ledger.Reserve("vm-kept", req, "a", b.now(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b.owner.settleEarly(ctx, early)
+	if rec, ok := held("vm-kept"); !ok || rec.Owner != "b" {
+		t.Fatalf("vm-kept: %+v, %v; want held on b", rec, ok)
+	}
+
+	// No early hold without room, or with the ID already here.
+	if h := b.owner.holdEarly(ctx, "vm-kept", rr, req); h != nil {
+		t.Fatal("early hold of an ID this server already has")
+	}
+	big := rr
+	big.Items = []api.Item{{Model: l40s, Count: 5}}
+	if h := b.owner.holdEarly(ctx, "vm-big", big, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 5}}}); h != nil {
+		t.Fatal("early hold on a server without room")
+	}
+
+	// The pass waits for the commit lock before it frees a name held
+	// here with no claim, and reads the ledger again.
+	early = b.owner.holdEarly(ctx, "vm-racing", rr, req)
+	rec, err := early.wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed := make(chan bool)
+	go func() { freed <- b.freeName(ctx, rec) }()
+	select {
+	case <-freed:
+		t.Fatal("the pass freed an early hold while its commit lock was held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := b.ledger.Reserve("vm-racing", req, "a", b.now(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b.owner.settleEarly(ctx, early)
+	if <-freed {
+		t.Fatal("the pass freed the name of a reservation made under its lock")
+	}
+	if _, ok := held("vm-racing"); !ok {
+		t.Fatal("vm-racing lost its name")
+	}
+}

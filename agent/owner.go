@@ -42,6 +42,9 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 		o.rec.Reservation("failed")
 		return api.Claim{}, err
 	}
+	// The ID's hold overlaps the reservation and its binds (ownernames.go).
+	early := o.holdEarly(ctx, id, rr, req)
+	defer o.settleEarly(ctx, early)
 	var refused *notReadyFailure
 	for attempt := 1; ; attempt++ {
 		c, err := o.reserveAndBind(ctx, id, req, rr.Coordinator)
@@ -62,7 +65,7 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 		}
 		o.rec.Reservation(ReservationReserved)
 		if rr.Commit {
-			return o.commitAtOnce(ctx, id, c, rr.Recall)
+			return o.commitAtOnce(ctx, id, c, rr.Recall, early)
 		}
 		return o.claimView(c), nil
 	}
@@ -72,9 +75,10 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 // (ReserveRequest.Commit). A commit that could not be decided now (the
 // registry did not answer, a server fault) answers the reservation, which
 // the coordinator commits again; a refusal is the answer, its reservation
-// dropped. recall as in api.ReserveRequest.
-func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool) (api.Claim, error) {
-	committed, err := o.commit(ctx, id, recall)
+// dropped. recall as in api.ReserveRequest; early, when not nil, is the
+// ID's hold already under way, whose commit lock the caller holds.
+func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool, early *earlyHold) (api.Claim, error) {
+	committed, err := o.commit(ctx, id, recall, early)
 	var e *api.Error
 	if err != nil && (!errors.As(err, &e) || e.ServerFault()) {
 		o.log.Debug("reservation kept for the coordinator's commit", "claim", id, "err", err)
@@ -170,16 +174,18 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 // own reservation bound them (all of them, under the device locks it takes
 // here too), there is nothing left to check.
 func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
-	return o.commit(ctx, id, false)
+	return o.commit(ctx, id, false, nil)
 }
 
-// commit is Commit; recall as in api.ReserveRequest (the combined call).
-func (o *owner) commit(ctx context.Context, id string, recall bool) (api.Claim, error) {
+// commit is Commit; recall and early as in commitAtOnce.
+func (o *owner) commit(ctx context.Context, id string, recall bool, early *earlyHold) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
-	unlockID := o.commitLocks.lock(id)
-	defer unlockID()
+	if early == nil {
+		unlockID := o.commitLocks.lock(id)
+		defer unlockID()
+	}
 	pending, err := o.ledger.Get(id)
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
@@ -218,7 +224,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool) (api.Claim, 
 				return api.Claim{}, err
 			}
 		} else {
-			token, err := o.holdName(ctx, pending, recall)
+			token, err := o.holdName(ctx, pending, recall, early)
 			if err != nil {
 				return api.Claim{}, err
 			}

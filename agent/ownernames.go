@@ -25,13 +25,22 @@ import (
 // the two-step way, or lost) drops the reservation and names who has the
 // ID; an unavailable registry keeps it, for the coordinator's retried
 // commit.
-func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool) (uint64, error) {
+func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (uint64, error) {
 	id := pending.ID
-	// Not cancelled with the request: a hold that took effect must be
-	// followed by the ledger commit it allows.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	rec, err := o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digestOf(pending), recall)
-	cancel()
+	var (
+		rec names.Record
+		err error
+	)
+	if digest := digestOf(pending); early != nil && early.digest == digest {
+		early.used = true
+		rec, err = early.wait()
+	} else {
+		// Not cancelled with the request: a hold that took effect must be
+		// followed by the ledger commit it allows.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+		rec, err = o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digest, recall)
+		cancel()
+	}
 	if err == nil {
 		return rec.Token, nil
 	}
@@ -197,4 +206,78 @@ func (o *owner) noteNameRelease(c ledger.Claim, err error) {
 func (o *owner) pendingNameRelease(c ledger.Claim, err error) {
 	o.log.Warn("claim released, but its name is still held in the name registry; left for the owner's background pass over names without a claim",
 		"claim", c.ID, "token", c.NameToken, "err", err)
+}
+
+// earlyHold is a claim ID's hold sent while its GPUs are still being
+// reserved and bound (owner.holdEarly): the registry's write overlaps the
+// owner's own work instead of following it. The ID's commit lock is held
+// from before the hold to after the commit, so the anti-entropy pass
+// (which takes it before freeing a name held here with no claim) never
+// sees the name before its claim.
+type earlyHold struct {
+	digest string
+	done   chan struct{}
+	rec    names.Record
+	err    error
+	used   bool // the commit took its answer
+	unlock func()
+}
+
+func (h *earlyHold) wait() (names.Record, error) {
+	<-h.done
+	return h.rec, h.err
+}
+
+// holdEarly starts the hold of a combined reserve-and-commit
+// (ReserveRequest.Commit) placed without a token, when this server has no
+// claim or reservation under the ID and, by its ledger, room for the
+// request: the reservation will most likely stand, so holding now costs
+// nothing extra. Otherwise, nil: the commit holds after the reservation,
+// and a server without room writes nothing to the registry.
+func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest, req ledger.Request) *earlyHold {
+	if o.names == nil || !rr.Commit || rr.Token != 0 {
+		return nil
+	}
+	free := o.ledger.Free(o.now())
+	for _, it := range req.Items {
+		if free[it.Model] -= it.Count; free[it.Model] < 0 {
+			return nil
+		}
+	}
+	unlock := o.commitLocks.lock(id)
+	if _, err := o.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
+		unlock()
+		return nil
+	}
+	h := &earlyHold{digest: requestDigest(rr), done: make(chan struct{}), unlock: unlock}
+	go func() {
+		defer close(h.done)
+		// Not cancelled with the request, as in holdName.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+		defer cancel()
+		h.rec, h.err = o.names.Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
+	}()
+	return h
+}
+
+// settleEarly ends an early hold once its Reserve is done, and lets the
+// commit lock go: a hold the commit did not take (the reservation failed)
+// is let go when this server holds no claim of the ID, so a refused
+// reservation leaves no name behind.
+func (o *owner) settleEarly(ctx context.Context, h *earlyHold) {
+	if h == nil {
+		return
+	}
+	defer h.unlock()
+	if h.used {
+		return
+	}
+	rec, err := h.wait()
+	if err != nil || rec.Owner != o.cfg.NodeName {
+		return
+	}
+	if c, gerr := o.ledger.Get(rec.Name); gerr == nil && c.Live(o.now()) {
+		return // a claim of the ID is here: the name is its
+	}
+	o.releaseName(ctx, ledger.Claim{ID: rec.Name, NameToken: rec.Token})
 }

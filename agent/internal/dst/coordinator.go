@@ -153,21 +153,13 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 		}
 		o := order[i]
 		w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) {
-			a := w.nodes[o].reserve(id, rq.items(), token, n.name)
-			if token != 0 || a.code != codeOK {
-				r(a)
+			if token == 0 {
+				// Named: the owner commits in the same call
+				// (owner.commitAtOnce).
+				w.nodes[o].reserveAndCommit(id, rq.items(), n.name, r)
 				return
 			}
-			// Named: the owner commits in the same call
-			// (owner.commitAtOnce); a commit it cannot decide now
-			// answers the reservation.
-			w.nodes[o].commit(id, func(ans any) {
-				if c := ans.(answer); c.code == codeUnavailable {
-					r(a)
-					return
-				}
-				r(ans)
-			})
+			r(w.nodes[o].reserve(id, rq.items(), token, n.name))
 		}, func(ans any, ok bool) {
 			if !ok {
 				failed++

@@ -85,6 +85,23 @@ func TestSimulationCatchesCommitWithoutConfirm(t *testing.T) {
 	t.Fatal("200 schedules of owners that commit without confirming the name found no violation: the checks cannot fail")
 }
 
+// TestSimulationCatchesFreeWithoutLock proves the early hold needs the
+// commit lock in the anti-entropy pass: without it, a pass that reads the
+// name of an early hold before its reservation frees it.
+func TestSimulationCatchesFreeWithoutLock(t *testing.T) {
+	dir := t.TempDir()
+	for seed := uint64(1); seed <= 2000; seed++ {
+		cfg := DefaultConfig(seed, dir)
+		cfg.BrokenFreeWithoutLock = true
+		out := Run(cfg)
+		if len(out.Violations) > 0 {
+			t.Logf("DST_SEED=%d found it: %s", seed, out.Violations[0])
+			return
+		}
+	}
+	t.Fatal("2000 schedules of passes that free names without the commit lock found no violation: the checks cannot fail")
+}
+
 // TestSimulationReplays: the same seed gives the same schedule, event by
 // event.
 func TestSimulationReplays(t *testing.T) {

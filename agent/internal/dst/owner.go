@@ -127,6 +127,111 @@ func (n *node) reserve(id string, items []ledger.Item, token uint64, coordinator
 	return answer{ledgerCode(err), c}
 }
 
+// reserveAndCommit is the owner's combined call (owner.Reserve with
+// Commit): a commit it cannot decide now answers the reservation. With no
+// entry for id and room for items, the hold goes out before the
+// reservation (owner.holdEarly), which is made at a later step, so
+// anything may run in between; the ID's commits are serialised from the
+// hold to the answer, and a hold whose reservation failed is let go before
+// the answer (owner.settleEarly).
+func (n *node) reserveAndCommit(id string, items []ledger.Item, coordinator string, reply func(any)) {
+	answerCommit := func(a answer, commit func(func(any))) {
+		commit(func(ans any) {
+			if ans.(answer).code == codeUnavailable {
+				reply(a)
+				return
+			}
+			reply(ans)
+		})
+	}
+	if n.w.cfg.LateHold || !n.roomFor(id, items) {
+		a := n.reserve(id, items, 0, coordinator)
+		if a.code != codeOK {
+			reply(a)
+			return
+		}
+		answerCommit(a, func(r func(any)) { n.commit(id, r) })
+		return
+	}
+	n.serialize(n.commits, id, func(done func()) {
+		w := n.w
+		var (
+			res                    names.Result
+			held, heldOK, reserved bool
+			a                      answer
+		)
+		// Both steps are events of this process: a kill drops whichever
+		// has not run, and finish with it.
+		finish := func() {
+			if !held || !reserved {
+				return
+			}
+			if a.code != codeOK {
+				n.settleEarly(id, res, heldOK, func() {
+					done()
+					reply(a)
+				})
+				return
+			}
+			answerCommit(a, func(r func(any)) {
+				n.commitHeld(id, res, heldOK, func(ans any) {
+					done()
+					r(ans)
+				})
+			})
+		}
+		digest := request{count: countOf(items)}.digest()
+		w.reg.do(n.idx, regIn{Op: "hold", Key: id, Caller: coordinator, Request: digest, Node: n.name}, func(r names.Result, _, ok bool) {
+			res, held, heldOK = r, true, ok
+			finish()
+		})
+		// The reservation follows at once, or later: the process is
+		// descheduled, or a bind failed and the reservation is made again
+		// (owner.Reserve's retries), with no entry meanwhile.
+		w.at(n.idx, w.rng.Int64N(2*w.cfg.MaxDelay+1), func() {
+			a, reserved = n.reserve(id, items, 0, coordinator), true
+			finish()
+		})
+	})
+}
+
+// roomFor is owner.holdEarly's test: no entry for id, and by the ledger
+// room for items.
+func (n *node) roomFor(id string, items []ledger.Item) bool {
+	if _, err := n.ledger.Get(id); err == nil {
+		return false
+	}
+	free := n.ledger.Free(n.clock())
+	for _, it := range items {
+		if free[it.Model] -= it.Count; free[it.Model] < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func countOf(items []ledger.Item) int {
+	n := 0
+	for _, it := range items {
+		n += it.Count
+	}
+	return n
+}
+
+// settleEarly lets an early hold go when its reservation failed and no
+// claim of the ID is here.
+func (n *node) settleEarly(id string, res names.Result, ok bool, then func()) {
+	if !ok || (res.Code != names.CodeOK && res.Code != names.CodeSame) || res.Record == nil || res.Record.Owner != n.name {
+		then()
+		return
+	}
+	if c, err := n.ledger.Get(id); err == nil && c.Live(n.clock()) {
+		then()
+		return
+	}
+	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: res.Record.Token, Node: n.name}, func(names.Result, bool, bool) { then() })
+}
+
 // commit is the owner's Commit (owner.go, ownernames.go): a live
 // reservation is committed only once the registry holds its claim ID on
 // this server: in one write (hold) for a reservation made without a
@@ -159,33 +264,57 @@ func (n *node) commitNow(id string, reply func(any)) {
 		in = regIn{Op: "hold", Key: id, Caller: pending.Coordinator, Request: digestOf(pending), Node: n.name}
 	}
 	n.w.reg.do(n.idx, in, func(res names.Result, _, ok bool) {
-		if !ok {
-			reply(answer{code: codeUnavailable})
-			return
-		}
-		switch res.Code {
-		case names.CodeOK, names.CodeSame:
-		case names.CodeStale, names.CodeExpired, names.CodeNotFound:
-			n.dropUnconfirmed(id, pending)
-			reply(answer{code: codeLeaseExpired})
-			return
-		default:
-			n.dropUnconfirmed(id, pending)
-			reply(answer{code: codeConflict})
-			return
-		}
-		c, err := n.ledger.CommitUnder(id, res.Record.Token, n.clock())
-		n.noteCommit(id, err)
-		if cur, gerr := n.ledger.Get(id); err != nil && (gerr != nil || cur.CreatedAt.Equal(pending.CreatedAt)) {
-			// Unless reserved again (owner.reservedAgain); the owner
-			// answers once the registry did (owner.releaseName).
-			n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: res.Record.Token, Node: n.name}, func(names.Result, bool, bool) {
-				reply(answer{code: ledgerCode(err)})
-			})
-			return
-		}
-		reply(answer{ledgerCode(err), c})
+		n.commitAnswered(id, pending, res, ok, reply)
 	})
+}
+
+// commitHeld is commitNow with the answer of an early hold: the
+// reservation is read now, and committed under that answer when it is
+// the live, unnamed reservation the hold was for.
+func (n *node) commitHeld(id string, res names.Result, ok bool, reply func(any)) {
+	pending, err := n.ledger.Get(id)
+	if err != nil {
+		reply(answer{code: ledgerCode(err)})
+		return
+	}
+	if pending.State != ledger.StateReserved || !pending.Live(n.clock()) || pending.NameToken != 0 {
+		// Not the reservation the hold was made for: as a commit without
+		// it (the hold is let go by the pass if nothing claims it).
+		n.commitNow(id, reply)
+		return
+	}
+	n.commitAnswered(id, pending, res, ok, reply)
+}
+
+// commitAnswered finishes a commit once the registry answered its hold or
+// confirm (ok false: no answer).
+func (n *node) commitAnswered(id string, pending ledger.Claim, res names.Result, ok bool, reply func(any)) {
+	if !ok {
+		reply(answer{code: codeUnavailable})
+		return
+	}
+	switch res.Code {
+	case names.CodeOK, names.CodeSame:
+	case names.CodeStale, names.CodeExpired, names.CodeNotFound:
+		n.dropUnconfirmed(id, pending)
+		reply(answer{code: codeLeaseExpired})
+		return
+	default:
+		n.dropUnconfirmed(id, pending)
+		reply(answer{code: codeConflict})
+		return
+	}
+	c, err := n.ledger.CommitUnder(id, res.Record.Token, n.clock())
+	n.noteCommit(id, err)
+	if cur, gerr := n.ledger.Get(id); err != nil && (gerr != nil || cur.CreatedAt.Equal(pending.CreatedAt)) {
+		// Unless reserved again (owner.reservedAgain); the owner
+		// answers once the registry did (owner.releaseName).
+		n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: res.Record.Token, Node: n.name}, func(names.Result, bool, bool) {
+			reply(answer{code: ledgerCode(err)})
+		})
+		return
+	}
+	reply(answer{ledgerCode(err), c})
 }
 
 // dropUnconfirmed drops the reservation whose name the registry refused,
@@ -416,9 +545,20 @@ func (n *node) nameWithoutClaim(r names.Record) {
 				w.logf("%s anti-entropy handed name %s token %d back to %s", n.name, r.Name, r.Token, r.MovedFrom)
 			}
 		})
-	default:
+	case w.cfg.BrokenFreeWithoutLock:
 		w.logf("%s anti-entropy frees name %s token %d", n.name, r.Name, r.Token)
 		w.reg.do(n.idx, regIn{Op: "release", Key: r.Name, Token: r.Token, Node: n.name}, func(names.Result, bool, bool) {})
+	default:
+		// freeName: under the ID's commit lock, the ledger read again (an
+		// early hold comes before its reservation).
+		n.serialize(n.commits, r.Name, func(done func()) {
+			if c, err := n.ledger.Get(r.Name); err == nil && c.Live(n.clock()) {
+				done()
+				return
+			}
+			w.logf("%s anti-entropy frees name %s token %d", n.name, r.Name, r.Token)
+			w.reg.do(n.idx, regIn{Op: "release", Key: r.Name, Token: r.Token, Node: n.name}, func(names.Result, bool, bool) { done() })
+		})
 	}
 }
 

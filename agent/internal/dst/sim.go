@@ -35,7 +35,14 @@ type Config struct {
 	// BrokenCommitWithoutConfirm makes owners commit without the
 	// registry's confirm: the checker must catch it.
 	BrokenCommitWithoutConfirm bool
-	Trace                      bool
+	// LateHold makes owners hold a claim's ID only after its reservation,
+	// as before owner.holdEarly.
+	LateHold bool
+	// BrokenFreeWithoutLock makes the anti-entropy pass free a name held
+	// with no claim without the ID's commit lock and a second look at the
+	// ledger: an early hold's claim can then lose its name.
+	BrokenFreeWithoutLock bool
+	Trace                 bool
 }
 
 // DefaultConfig is the shape CI runs, for seed.
