@@ -194,7 +194,8 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 	}
 	rctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
 	defer cancel()
-	return abort(rctx, t)
+	c, err := abort(rctx, t)
+	return c, unanswered(ctx, id, t.name, err)
 }
 
 // Claims lists the claims of every server that answered (ListClaims says

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -61,7 +62,7 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 		cancel()
 		if err == nil || !isCode(err, api.CodeNotFound) {
 			co.rec.ClaimLookup(LookupLocal)
-			return homeAnswer{done: true, claim: c, on: self}, err
+			return homeAnswer{done: true, claim: c, on: self}, unanswered(ctx, id, self.name, err)
 		}
 	}
 	var unseen []string
@@ -88,13 +89,29 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 				cancel()
 				if err == nil || !isCode(err, api.CodeNotFound) {
 					co.rec.ClaimLookup(LookupDirectory)
-					return homeAnswer{done: true, claim: c, on: t}, err
+					return homeAnswer{done: true, claim: c, on: t}, unanswered(ctx, id, t.name, err)
 				}
 			}
 		}
 	}
 	co.rec.ClaimLookup(LookupEveryServer)
 	return homeAnswer{unseen: unseen}, nil
+}
+
+// unanswered is an owner's failure to answer an operation on claim id as
+// the client sees it: a retryable 503 naming the owner (whether the
+// operation took effect there is unknown), unless it is the owner's own
+// answer or the caller gave up.
+func unanswered(ctx context.Context, id, node string, err error) error {
+	var e *api.Error
+	switch {
+	case err == nil, errors.As(err, &e) && !e.ServerFault():
+		return err
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, node, node, err)}
 }
 
 // findOnEveryServer looks claim id up on every server of targets and

@@ -293,7 +293,6 @@ func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, ow
 	octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
 	c, err := op(octx, t)
 	cancel()
-	var e *api.Error
 	switch {
 	case err == nil:
 		return t, c, nil
@@ -301,13 +300,8 @@ func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, ow
 		co.log.Warn("claim held on a server by the name registry but not in its ledger", "claim", id, "node", owner)
 		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is held on %s by the name registry, but %s's ledger does not hold it (a commit in progress, or a release whose name %s has not let go yet); retry", id, owner, owner, owner)}
-	case ctx.Err() != nil:
-		return t, api.Claim{}, ctx.Err()
-	case !errors.As(err, &e) || e.ServerFault():
-		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
-			Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, owner, owner, err)}
 	}
-	return t, api.Claim{}, err
+	return t, api.Claim{}, unanswered(ctx, id, owner, err)
 }
 
 // findNamed runs op on the server the registry says holds claim id, for
