@@ -340,6 +340,10 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 		if err := waitDirectory(c, models[0], 60*time.Second); err != nil {
 			return nil, err
 		}
+		progress("waiting for the name registry's voters (a steady cluster is measured, not its founding)")
+		if err := waitRegistry(c, 60*time.Second); err != nil {
+			return nil, err
+		}
 	}
 	dir0, every0 := c.ctr.viaDirectory.Load(), c.ctr.viaEveryServer.Load()
 	progress("unloaded latency: %d claims through the agents, then the bench coordinator", o.seq)
@@ -523,6 +527,37 @@ func warm(c *cluster, va *viewAlloc, agents bool) {
 // agents' homes vouch once the membership has been steady for
 // directory_settle. A claim of a new ID through each agent in turn (then
 // released) counts as a directory lookup once its home vouches.
+// waitRegistry waits until every agent knows the name registry's leader
+// and the registry has grown to its voters (three, or every agent when
+// fewer): claims measured before that would measure its founding, whose
+// configuration changes slow the first writes.
+func waitRegistry(c *cluster, limit time.Duration) error {
+	ctx := context.Background()
+	want := min(3, len(c.nodes))
+	start := time.Now()
+	for {
+		// Standbys (agents outside raft's configuration) list no voters:
+		// the voters themselves do.
+		ready, voters := true, 0
+		for _, nd := range c.nodes {
+			st, err := nd.a.Status(ctx)
+			if err != nil || st.Names == nil || st.Names.Leader == "" {
+				ready = false
+				break
+			}
+			voters = max(voters, len(st.Names.Voters))
+		}
+		if ready && voters >= want {
+			progress("  the registry has %d voters and every agent knows its leader, after %v", want, time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if time.Since(start) > limit {
+			return fmt.Errorf("the name registry did not reach %d voters with a known leader within %v", want, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func waitDirectory(c *cluster, model string, limit time.Duration) error {
 	ctx := context.Background()
 	start := time.Now()
