@@ -72,34 +72,30 @@ func TestSimulation(t *testing.T) {
 // TestSimulationCatchesCommitWithoutConfirm proves the checks can fail:
 // owners that commit without the registry's confirm place second copies.
 func TestSimulationCatchesCommitWithoutConfirm(t *testing.T) {
-	dir := t.TempDir()
-	for seed := uint64(1); seed <= 200; seed++ {
-		cfg := DefaultConfig(seed, dir)
-		cfg.BrokenCommitWithoutConfirm = true
-		out := Run(cfg)
-		if len(out.Violations) > 0 {
-			t.Logf("DST_SEED=%d found it: %s", seed, out.Violations[0])
-			return
-		}
-	}
-	t.Fatal("200 schedules of owners that commit without confirming the name found no violation: the checks cannot fail")
+	mustCatch(t, 200, "owners that commit without confirming the name", func(c *Config) { c.BrokenCommitWithoutConfirm = true })
 }
 
 // TestSimulationCatchesFreeWithoutLock proves the early hold needs the
 // commit lock in the anti-entropy pass: without it, a pass that reads the
 // name of an early hold before its reservation frees it.
 func TestSimulationCatchesFreeWithoutLock(t *testing.T) {
+	mustCatch(t, 2000, "passes that free names without the commit lock", func(c *Config) { c.BrokenFreeWithoutLock = true })
+}
+
+// mustCatch runs up to seeds schedules of a deliberately broken agent and
+// fails unless one of them reports a violation.
+func mustCatch(t *testing.T, seeds uint64, broken string, breakIt func(*Config)) {
+	t.Helper()
 	dir := t.TempDir()
-	for seed := uint64(1); seed <= 2000; seed++ {
+	for seed := uint64(1); seed <= seeds; seed++ {
 		cfg := DefaultConfig(seed, dir)
-		cfg.BrokenFreeWithoutLock = true
-		out := Run(cfg)
-		if len(out.Violations) > 0 {
+		breakIt(&cfg)
+		if out := Run(cfg); len(out.Violations) > 0 {
 			t.Logf("DST_SEED=%d found it: %s", seed, out.Violations[0])
 			return
 		}
 	}
-	t.Fatal("2000 schedules of passes that free names without the commit lock found no violation: the checks cannot fail")
+	t.Fatalf("%d schedules of %s found no violation: the checks cannot fail", seeds, broken)
 }
 
 // TestSimulationReplays: the same seed gives the same schedule, event by
