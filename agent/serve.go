@@ -9,7 +9,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 )
 
@@ -116,11 +115,13 @@ func listenUnix(path, group string) (net.Listener, error) {
 			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
 		}
 	}
-	// The socket is created with the process umask: make that 0660 from the
-	// first instant rather than chmod-ing a socket others could already open.
-	old := syscall.Umask(0o117)
+	// The socket is created with the process umask, then made 0660. Other
+	// users cannot connect in between: the service runs with UMask=0077
+	// (systemd/gpuherd.service) and `gpuherd agent` masks other users'
+	// bits at start (cmd/gpuherd). The umask is not changed here: it is
+	// the whole process's, and a file another goroutine created meanwhile
+	// (a ledger, a log segment, a test's binary) lost its execute bit.
 	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}

@@ -158,6 +158,7 @@ func applyAgentFlags(fl *pflag.FlagSet, f *agent.Config, cfg *agent.Config) {
 // gossip are up, watchdog pings while the agent is healthy, RELOADING=1 and
 // a reload on SIGHUP, STOPPING=1 and a graceful gossip leave on SIGTERM.
 func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath string, flags func(*agent.Config) error, opts ...agent.Option) error {
+	maskOthers()
 	level := new(slog.LevelVar)
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := newLogger(g.stderr, cfg, level)
@@ -295,4 +296,12 @@ func offsetClock(path string) func() time.Time {
 		}
 		return time.Now().Add(d)
 	}
+}
+
+// maskOthers adds other users' bits to the process umask before the agent
+// starts anything: what it creates (its API socket before the socket is
+// made 0660, its state files) is never open to other users, whatever
+// umask it was started with. The systemd unit sets UMask=0077 already.
+func maskOthers() {
+	syscall.Umask(syscall.Umask(0o077) | 0o007)
 }
