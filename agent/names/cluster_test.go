@@ -250,6 +250,19 @@ func (c *tcluster) leader(among ...string) string {
 	return ""
 }
 
+// caughtUp waits until server id has applied everything the leader has
+// written: a stale read answers from that server's own copy, which applies
+// what the leader committed a moment later.
+func (c *tcluster) caughtUp(t *testing.T, id string) {
+	t.Helper()
+	last := c.reg(c.leader()).Raft().LastIndex()
+	for deadline := time.Now().Add(10 * time.Second); c.reg(id).Raft().AppliedIndex() < last; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s applied up to %d, the leader wrote up to %d", id, c.reg(id).Raft().AppliedIndex(), last)
+		}
+	}
+}
+
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -300,6 +313,7 @@ func TestClusterAcquireConfirmReleaseThroughAnyAgent(t *testing.T) {
 		}
 	}
 	// A stale read on a follower answers from its copy without the leader.
+	c.caughtUp(t, follower)
 	r, err := c.reg(follower).Lookup(ctx, vm, Stale)
 	if err != nil || r.Token != g.Record.Token {
 		t.Fatalf("stale lookup: %+v, %v", r, err)

@@ -49,6 +49,7 @@ func TestClusterListByOwnerAndState(t *testing.T) {
 			t.Fatalf("lost names through %s: %v, %v", via, got, err)
 		}
 	}
+	c.caughtUp(t, follower)
 	l, err := c.reg(follower).List(ctx, Filter{State: StatePending}, Stale)
 	if got := ids(l); err != nil || len(got) != 1 || got[0] != "vm-p=pending" {
 		t.Fatalf("stale list of pending names: %v, %v", got, err)
