@@ -154,7 +154,17 @@ func NewTLSTransportResolving(layer *TLSStreamLayer, resolve raft.ServerAddressP
 		Stream:                layer,
 		ServerAddressProvider: resolve,
 		MaxPool:               3,
-		Timeout:               10 * time.Second,
-		Logger:                newHCLog(log.With("component", "raft-transport")),
+		// 1 turns raft's pipelined replication off: every AppendEntries
+		// waits for its answer. With pipelining, a follower that answers
+		// a newer term or a failure ends the pipeline's reader while its
+		// writer may still queue one more request, which then blocks for
+		// ever: the leader stops replicating to that follower and its
+		// Shutdown never returns (seen as an agent whose stop hung in
+		// raft's Shutdown, and in other projects on raft 1.7 and 1.8).
+		// The registry's writes are small and few; pipelining bought
+		// them nothing measurable.
+		MaxRPCsInFlight: 1,
+		Timeout:         10 * time.Second,
+		Logger:          newHCLog(log.With("component", "raft-transport")),
 	})
 }

@@ -197,3 +197,25 @@ func tlsRefused(t *testing.T, addr string, cfg *tls.Config) error {
 	}
 	return err
 }
+
+// The registry's transport replicates without raft's pipeline, whose
+// reader and writer can block each other for ever once a follower refuses
+// an AppendEntries (a newer term): the leader then never replicates to it
+// again and its Shutdown hangs.
+func TestTLSTransportDoesNotPipeline(t *testing.T) {
+	ca := newTLSCA(t, "gpu-a")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, cli := ca.configs(t, "gpu-a")
+	layer, err := NewTLSStreamLayer(ln, srv, cli, func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	trans := NewTLSTransport(layer, nil)
+	defer trans.Close()
+	if _, err := trans.AppendEntriesPipeline("gpu-a", raft.ServerAddress(ln.Addr().String())); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+		t.Fatalf("AppendEntriesPipeline: %v; want raft.ErrPipelineReplicationNotSupported", err)
+	}
+}
