@@ -33,6 +33,20 @@ func fastGossip(c *memberlist.Config) {
 	c.SuspicionMult = 2
 }
 
+// loadedGossip is fastGossip with probes that a loaded machine answers in
+// time, for agents on real sockets. A probe with no ack makes the prober
+// hold the member suspect, and a coordinator places nothing on a suspect:
+// with fastGossip's 100 ms rounds, a 2-core machine running every
+// package's tests under -race (make test) missed acks often enough that a
+// claim which only fit there was answered "not available". Capacity still
+// spreads every 20 ms.
+func loadedGossip(c *memberlist.Config) {
+	fastGossip(c)
+	c.ProbeInterval = 500 * time.Millisecond
+	c.ProbeTimeout = 250 * time.Millisecond
+	c.SuspicionMult = 3
+}
+
 type testCluster struct {
 	t      testing.TB
 	dir    string
@@ -48,6 +62,9 @@ type testCluster struct {
 	// in a socket cluster (mutual TLS and memberlist on loopback).
 	peers  *claimtest.Network
 	gossip *gossiptest.Network
+	// clock, when set before the agents start, is every agent's clock: a
+	// test moves it forward to run out leases without waiting for them.
+	clock *offsetClock
 	// tune, when set, replaces fastGossip as every agent's memberlist tuning.
 	tune func(*memberlist.Config)
 	// names is the name registry every agent shares (set by default; a
@@ -77,6 +94,7 @@ func newSocketCluster(t testing.TB) *testCluster {
 	// Real sockets, real registry: each agent runs its own, founded by
 	// itself as in production.
 	tc.names = nil
+	tc.tune = loadedGossip
 	return tc
 }
 
@@ -154,7 +172,15 @@ func (tc *testCluster) startWith(name, profile string, adjust func(*Config)) *Ag
 	if tc.names != nil {
 		opts = append(opts, WithNames(tc.names.as(name)))
 	}
+	if tc.clock != nil {
+		opts = append(opts, WithClock(tc.clock.Now))
+	}
 	log := quietLog()
+	if os.Getenv("GPUHERD_TEST_LOG") != "" {
+		// Every agent's warnings and errors on stderr, with the test and
+		// node: for a run that hangs or fails under load.
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test", t.Name(), "node", name)
+	}
 	if tc.logFor != nil {
 		log = tc.logFor(name)
 	}
@@ -204,6 +230,43 @@ func (tc *testCluster) converge(what string, cond func(a *Agent) bool) time.Dura
 		}
 		if time.Now().After(deadline) {
 			tc.t.Fatalf("cluster did not converge on %s within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// offsetClock is real time plus an offset that a test moves forward: the
+// agents' leases and deadlines (all read from their clock) jump ahead,
+// while everything that waits on a timer (sweeps, gossip rounds) keeps
+// running as before. A clock stopped by hand would stall those.
+type offsetClock struct{ offset atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// Advance moves the clock forward by d.
+func (c *offsetClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// registryUp waits until every agent that runs its own name registry (a
+// socket cluster, where the registry founds itself as in production) knows
+// a leader. A claim sent before that waits up to the registry's hold time
+// for one and then answers a retryable 503: right for a client, a flake
+// for a test that claims at once on a loaded machine.
+func (tc *testCluster) registryUp() {
+	tc.t.Helper()
+	start := time.Now()
+	for {
+		var waiting []string
+		for name, a := range tc.agents {
+			if a.registry != nil && a.registry.reg.Load().Status().Leader == "" {
+				waiting = append(waiting, name)
+			}
+		}
+		if len(waiting) == 0 {
+			return
+		}
+		if time.Since(start) > 30*time.Second {
+			slices.Sort(waiting)
+			tc.t.Fatalf("no name registry leader known to %v within 30s", waiting)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -277,6 +340,7 @@ func TestIntegrationClaimLandsWhereItFits(t *testing.T) {
 	tc.converge("membership", func(x *Agent) bool {
 		return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA H100 80GB") == 8 && freeOf(x, "NVIDIA A100 80GB") == 4
 	})
+	tc.registryUp()
 
 	// Through a, an L40S request can only land on b.
 	cl, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
@@ -326,6 +390,7 @@ func TestIntegrationRacersForTheLastGPUs(t *testing.T) {
 	tc := newSocketCluster(t)
 	agents := []*Agent{tc.start("a", "l40s-4"), tc.start("b", "rtx6000pro-2"), tc.start("c", "a100-pcie-4")}
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	tc.registryUp()
 	ctx := context.Background()
 	const claimers = 12
 	var (
@@ -375,6 +440,7 @@ func TestIntegrationResizeInPlaceThenMove(t *testing.T) {
 	a := tc.start("a", "a100-pcie-4")
 	tc.start("b", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	tc.registryUp()
 	ctx := context.Background()
 	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 1}}}); err != nil {
 		t.Fatal(err)
@@ -400,6 +466,7 @@ func TestIntegrationNodeGroups(t *testing.T) {
 	a := tc.start("a", "l40s-4")
 	tc.start("b", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 4 })
+	tc.registryUp()
 	ctx := context.Background()
 
 	// Three nodes of 2 L40S need 6; the platform has 4: nothing is kept.
@@ -449,6 +516,7 @@ func TestIntegrationReleaseWhileOwnerUnreachable(t *testing.T) {
 	a := tc.start("a", "dgx-h100")
 	tc.start("b", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	tc.registryUp()
 	ctx := context.Background()
 	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {
 		t.Fatal(err)

@@ -231,6 +231,7 @@ func TestIntegrationDirectoryHomeRestarts(t *testing.T) {
 	b := tc.start("b", "l40s-4")
 	tc.start("c", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
+	tc.registryUp()
 	ctx := context.Background()
 	id := idHomedOn(a, "c")
 	if _, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil {

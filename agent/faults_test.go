@@ -334,6 +334,7 @@ const racingSeeds = 6
 // reservation; a reservation nobody retries expires, its GPUs free again.
 func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 	bothLookups(t, func(t *testing.T, tc *testCluster) {
+		tc.clock = &offsetClock{}
 		a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "a100-pcie-4")
 		tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 && freeOf(x, "NVIDIA A100 80GB") == 8 })
 		ctx := context.Background()
@@ -366,11 +367,18 @@ func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 		if n := localFree(b, "NVIDIA L40S"); n != 0 {
 			t.Fatalf("b has %d L40S free with 2 claimed and 2 reserved", n)
 		}
-		took := waitFor(t, "the orphan reservation expires and is swept", faultLease+10*time.Second, func() bool {
+		// Nobody comes back for it: its lease runs out on b's clock, and
+		// b's next sweep (every quarter lease, on a real timer) drops it.
+		if _, err := b.Lookup(ctx, "vm-orphan"); err != nil {
+			t.Fatalf("the orphan reservation before its lease ran out: %v", err)
+		}
+		// Waiting less than a lease: only the clock can have run it out.
+		tc.clock.Advance(faultLease + time.Second)
+		took := waitFor(t, "the orphan reservation expires and is swept", faultLease-500*time.Millisecond, func() bool {
 			_, err := b.Lookup(ctx, "vm-orphan")
 			return isCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
 		})
-		t.Logf("orphan reservation gone after %v (lease %v), its GPUs free on the idle driver", took.Round(time.Millisecond), faultLease)
+		t.Logf("orphan reservation gone %v after its lease (%v) ran out on the agents' clock, its GPUs free on the idle driver", took.Round(time.Millisecond), faultLease)
 		checkInvariants(t, a, b, c)
 
 		// After the expiry a retry of the orphan's ID is a fresh claim.
@@ -396,6 +404,7 @@ func TestIntegrationFaultSlowOwner(t *testing.T) {
 	tc := newSocketCluster(t)
 	a, b, c := tc.startShortLease("a", "a100-pcie-4"), tc.startShortLease("b", "l40s-4"), tc.startShortLease("c", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 8 })
+	tc.registryUp()
 	ctx := context.Background()
 	// a's reservations on b arrive 5 s late; a's client gives up after 1 s.
 	// The delay must outlast the whole placement on c: a reservation that

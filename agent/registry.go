@@ -51,7 +51,8 @@ type registryState struct {
 	registries []string
 }
 
-// registryTiming is raft's timing in a real cluster; tests shorten it.
+// registryTiming is raft's timing in a real cluster; tests shorten it
+// (agent's TestMain).
 var registryTiming = names.LANTiming
 
 // openRegistry starts the name registry on this agent (start phase

@@ -27,8 +27,9 @@ const registryTick = 250 * time.Millisecond
 // before the founder asks (directory_settle when shorter). Gossip settles
 // a join within a few probe rounds; the founder's question to every
 // member, not this wait, is what keeps two founders apart, and the first
-// claims of a new cluster wait for the founding.
-const foundingSettle = 2 * time.Second
+// claims of a new cluster wait for the founding. A variable: tests of
+// whole clusters on loopback shorten it (agent's TestMain).
+var foundingSettle = 2 * time.Second
 
 // askTimeout bounds the founder's status question to one member.
 const askTimeout = 2 * time.Second
