@@ -229,6 +229,7 @@ func TestReconcileRebindsClaimedAndDropsExpired(t *testing.T) {
 }
 
 func TestStuckUnbindFencesGPUAndClaimMovesOn(t *testing.T) {
+	t.Parallel() // waits for four bind deadlines, computing nothing
 	dir := t.TempDir()
 	cfg := testConfig(t, dir)
 	// The deadline must stay far above what a healthy fake-kernel write

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/claimtest"
+	"github.com/gpuherd/gpuherd/agent/internal/testmain"
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/gossip/gossiptest"
@@ -174,8 +175,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(1)
 	}
-	waitersRunTogether()
-	os.Exit(m.Run())
+	registriesFormFast()
+	os.Exit(testmain.Run(m, clusterParallel()))
 }
 
 // TestSocketRefusesOtherUsers runs the test binary again as nobody

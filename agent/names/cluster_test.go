@@ -59,6 +59,9 @@ func testLogger(t *testing.T) *slog.Logger {
 // newCluster starts voters node-a.. and clients named in clients.
 func newCluster(t *testing.T, voters int, clients []string, opts ...clusterOpt) *tcluster {
 	t.Helper()
+	// A cluster test mostly waits for elections and timeouts: they run
+	// side by side (TestMain sets how many).
+	t.Parallel()
 	c := &tcluster{t: t, net: NewMemNetwork(), nodes: map[string]*tnode{}, cut: map[[2]string]bool{},
 		clock: time.Now, lease: time.Minute, timing: FastTiming()}
 	for _, o := range opts {

@@ -262,6 +262,8 @@ func TestClusterLinearizableUnderFaults(t *testing.T) {
 			seeds = append(seeds, uint64(i+1))
 		}
 	}
+	// Each schedule mostly waits (elections, holds, heals): they run side
+	// by side (newCluster), -parallel at a time.
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runFaultSchedule(t, seed) })
 	}
