@@ -114,7 +114,8 @@ func (h *RateLimit) handle(ctx context.Context, r slog.Record, key string) error
 	k.suppressed++
 	if k.suppressed == 1 {
 		k.rec, k.next = r.Clone(), h.next
-		s.afterFunc(s.window-now.Sub(k.start), func() { s.flush(key) })
+		start := k.start
+		s.afterFunc(s.window-now.Sub(start), func() { s.flush(key, start) })
 	}
 	s.mu.Unlock()
 	return nil
@@ -133,12 +134,15 @@ func (k *kind) summary() (slog.Record, slog.Handler, bool) {
 	return r, n, true
 }
 
-// flush writes the summary of a kind whose window ended, and forgets the
-// kind when nothing happened since.
-func (s *limitState) flush(key string) {
+// flush writes the summary of a kind whose window, opened at start, ended,
+// and forgets the kind. A timer late enough that a record of the kind
+// opened a new window meanwhile (a loaded machine) finds that window and
+// leaves it: the record that opened it wrote the old window's summary,
+// and forgetting the new one would let a whole burst more through.
+func (s *limitState) flush(key string, start time.Time) {
 	s.mu.Lock()
 	k, ok := s.kinds[key]
-	if !ok {
+	if !ok || !k.start.Equal(start) {
 		s.mu.Unlock()
 		return
 	}

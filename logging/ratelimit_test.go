@@ -70,3 +70,37 @@ func TestRateLimitKeepsDistinctAttributes(t *testing.T) {
 		t.Errorf("%d lines, want 8:\n%s", n, buf.String())
 	}
 }
+
+// A summary timer that fires late, after a record of its kind opened the
+// next window (a loaded machine), leaves that window alone: the record
+// wrote the summary, and the next window still lets only a burst through.
+func TestRateLimitLateTimerKeepsTheNextWindow(t *testing.T) {
+	var buf bytes.Buffer
+	h := NewRateLimit(slog.NewTextHandler(&buf, nil), 5, 300*time.Millisecond)
+	now := time.Unix(1000, 0)
+	h.state.now = func() time.Time { return now }
+	var pending []func()
+	h.state.afterFunc = func(_ time.Duration, f func()) { pending = append(pending, f) }
+	log := slog.New(h)
+	burst := func(n int) {
+		for range n {
+			log.Warn("Received unknown message type from=127.0.0.1:7946")
+		}
+	}
+	burst(100) // window 1: 5 lines, a summary pending
+	now = now.Add(400 * time.Millisecond)
+	burst(100) // window 2 opens before window 1's timer fires: its summary, then 5 lines
+	if len(pending) != 2 {
+		t.Fatalf("%d summaries scheduled, want one per window", len(pending))
+	}
+	pending[0]() // window 1's timer, late
+	burst(100)   // still window 2: all suppressed
+	if n := strings.Count(buf.String(), "\n"); n != 11 {
+		t.Fatalf("%d lines, want 5 + summary + 5: a late timer reopened the window:\n%s", n, buf.String())
+	}
+	now = now.Add(400 * time.Millisecond)
+	pending[1]()
+	if last := strings.TrimSpace(buf.String()[strings.LastIndex(strings.TrimSpace(buf.String()), "\n")+1:]); !strings.Contains(last, "suppressed=195") {
+		t.Errorf("window 2's summary %q, want suppressed=195", last)
+	}
+}
