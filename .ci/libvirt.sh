@@ -245,7 +245,7 @@ step "virsh destroy of the marking domain releases the claim"
 virsh destroy guest-a >/dev/null
 for _ in $(seq 50); do "$bin" get vm-a >/dev/null 2>&1 || break; sleep 0.1; done
 if "$bin" get vm-a >/dev/null 2>&1; then fail "vm-a still held after guest-a (release-on-stop) was destroyed"; fi
-"$bin" status | grep -q "$gpu .* free" || fail "$gpu is not free after the release"
+grep -q "$gpu .* free" <<<"$("$bin" status)" || fail "$gpu is not free after the release"
 
 echo
 echo "hook calls:"

@@ -4,6 +4,10 @@
 # clean Debian without systemd as PID 1 (a container), so it installs its own
 # tools and checks the maintainer scripts cope with that.
 set -euo pipefail
+# No `producer | grep -q`: grep -q exits at the first match, the producer
+# may then die of SIGPIPE, and pipefail turns a match into a failure (an
+# rpm query failed CI that way once). Match on the whole output instead:
+# grep -q pattern <<<"$(producer)".
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
@@ -57,14 +61,14 @@ rm -rf dist # a stale build would be checked along with this one
 [ "$(find dist -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) | wc -l)" -eq 4 ] || fail "want 4 packages in dist/"
 # The binary must start without libnvidia-ml: NVML is dlopened, never linked.
 for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
-	if readelf -d "$bin" | grep -q 'NEEDED.*libnvidia-ml'; then
+	if grep -q 'NEEDED.*libnvidia-ml' <<<"$(readelf -d "$bin")"; then
 		fail "$bin links libnvidia-ml"
 	fi
 done
-readelf -h dist/gpuherd-linux-arm64 | grep -q 'AArch64' || fail "dist/gpuherd-linux-arm64 is not an arm64 binary"
+grep -q 'AArch64' <<<"$(readelf -h dist/gpuherd-linux-arm64)" || fail "dist/gpuherd-linux-arm64 is not an arm64 binary"
 # Distributions ship stripped binaries: no symbol table, no DWARF.
 for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
-	if readelf -S "$bin" | grep -Eq ' \.(symtab|debug_info|zdebug_info) '; then
+	if grep -Eq ' \.(symtab|debug_info|zdebug_info) ' <<<"$(readelf -S "$bin")"; then
 		fail "$bin is not stripped"
 	fi
 done
@@ -78,13 +82,13 @@ rpmlint -c packaging/rpmlint.toml dist/*.rpm
 grep -qx 'License: Apache-2.0' packaging/deb/copyright || fail "packaging/deb/copyright names no license"
 for p in dist/*.rpm; do
 	[ "$(rpm -qp --qf '%{LICENSE}' "$p")" = Apache-2.0 ] || fail "$p: license field is not Apache-2.0"
-	rpm -qp --changelog "$p" | grep -q . || fail "$p has no %changelog"
-	rpm -qdp "$p" | grep -qx /usr/share/man/man1/gpuherd-claim.1.gz || fail "$p: man pages not marked as docs"
-	rpm -qLp "$p" | grep -qx /usr/share/licenses/gpuherd/LICENSE || fail "$p: LICENSE not marked as a license"
-	if rpm -qp --qf '%{PACKAGER}' "$p" | grep -Eqi 'invalid|example|todo|changeme'; then fail "$p: placeholder packager"; fi
+	grep -q . <<<"$(rpm -qp --changelog "$p")" || fail "$p has no %changelog"
+	grep -qx /usr/share/man/man1/gpuherd-claim.1.gz <<<"$(rpm -qdp "$p")" || fail "$p: man pages not marked as docs"
+	grep -qx /usr/share/licenses/gpuherd/LICENSE <<<"$(rpm -qLp "$p")" || fail "$p: LICENSE not marked as a license"
+	if grep -Eqi 'invalid|example|todo|changeme' <<<"$(rpm -qp --qf '%{PACKAGER}' "$p")"; then fail "$p: placeholder packager"; fi
 done
 for p in dist/*.deb; do
-	if dpkg-deb -f "$p" Maintainer | grep -Eqi 'invalid|example|todo|changeme'; then fail "$p: placeholder maintainer"; fi
+	if grep -Eqi 'invalid|example|todo|changeme' <<<"$(dpkg-deb -f "$p" Maintainer)"; then fail "$p: placeholder maintainer"; fi
 done
 
 step "install the amd64 deb"
@@ -97,7 +101,7 @@ dpkg -i "$deb"
 # to skip /usr/share/man.
 mandir=$(mktemp -d)
 dpkg-deb -x "$deb" "$mandir"
-man -l "$mandir/usr/share/man/man1/gpuherd-claim.1.gz" 2>/dev/null | col -b | tr -s ' \n' '  ' | grep -q 'one server of the cluster' ||
+grep -q 'one server of the cluster' <<<"$(man -l "$mandir/usr/share/man/man1/gpuherd-claim.1.gz" 2>/dev/null | col -b | tr -s ' \n' '  ')" ||
 	fail "man gpuherd-claim does not render the command's help"
 for cmd in $(/usr/bin/gpuherd --help | awk '/^Available Commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}'); do
 	[ "$cmd" = help ] && continue
