@@ -38,10 +38,10 @@ func fastGossip(c *memberlist.Config) {
 // loadedGossip is fastGossip with probes that a loaded machine answers in
 // time, for agents on real sockets. A probe with no ack makes the prober
 // hold the member suspect, and a coordinator places nothing on a suspect:
-// with fastGossip's 100 ms rounds, a 2-core machine running every
-// package's tests under -race (make test) missed acks often enough that a
-// claim which only fit there was answered "not available". Capacity still
-// spreads every 20 ms.
+// with 100 ms rounds, a 2-core machine running every package's tests under
+// -race (make test) missed acks often enough that a claim which only fit
+// there was answered "not available", and real sockets stall longer than
+// in-memory packets. Capacity still spreads every 20 ms.
 func loadedGossip(c *memberlist.Config) {
 	fastGossip(c)
 	c.ProbeInterval = 500 * time.Millisecond
