@@ -382,7 +382,8 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 // says which kind, why says why, with attrs for the log), and returns its
 // GPUs to the idle driver. It reports whether c was released.
 func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
-	rel, err := a.ledger.Release(c.ID, a.now())
+	moved := what + " " + c.ID + " released"
+	rel, scan, devs, err := a.releaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.now()) })
 	if err != nil {
 		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false
@@ -390,10 +391,9 @@ func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why strin
 	a.rec.Reservation(ReservationReleased)
 	a.metrics.ClaimDuplicateReleased()
 	a.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
-	devs := a.locks.lock(rel.GPUs...)
 	// The pass's context ends with the agent; a driver move, once begun,
 	// runs to its own deadline.
-	a.toIdleLocked(context.WithoutCancel(ctx), what+" "+c.ID+" released", rel.GPUs, "")
+	a.toIdleScanned(context.WithoutCancel(ctx), moved, rel.GPUs, "", scan)
 	devs()
 	a.changed()
 	return true

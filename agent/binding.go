@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -61,7 +63,11 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 // claim that takes one of them now binds it only after this returns. Failures
 // fence the GPU; the release itself already happened in the ledger.
 func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
-	scan := &groupScan{a: a}
+	a.toIdleScanned(ctx, why, addrs, skip, &groupScan{a: a})
+}
+
+// toIdleScanned is toIdleLocked with the /proc scan of a releaseLocked.
+func (a *Agent) toIdleScanned(ctx context.Context, why string, addrs []string, skip string, scan *groupScan) {
 	for _, addr := range a.unclaimed(addrs) {
 		if addr == skip || a.health(addr) != "" || a.unusable(addr) != "" || a.keepWhileOpen(addr, why, scan) {
 			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
@@ -110,4 +116,50 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// releaseLocked frees a claim's GPUs in the ledger (release, a ledger call
+// on the claim id) under their device locks and, before those locks go,
+// keeps back every one of them whose VFIO group a process still holds
+// open. A reservation can take a GPU in the ledger the moment it is free,
+// but binds it only under its device lock, and then finds it kept back
+// (owner.reserveAndBind): a second VM never gets a group a first one still
+// holds. Keeping back here, and not only in toIdleLocked, matters because
+// toIdleLocked leaves alone a GPU a claim holds, and by then a reservation
+// may hold it. The caller returns the GPUs to the idle driver with
+// toIdleScanned and scan (under the locks, or under new ones), then calls
+// unlock; unlock is nil with an error.
+func (a *Agent) releaseLocked(id, why string, release func() (ledger.Claim, error)) (c ledger.Claim, scan *groupScan, unlock func(), err error) {
+	var held []string
+	if cur, gerr := a.ledger.Get(id); gerr == nil {
+		held = cur.GPUs
+	}
+	unlock = a.locks.lock(held...)
+	c, err = release()
+	if err != nil {
+		unlock()
+		return ledger.Claim{}, nil, nil, err
+	}
+	if !isSubset(c.GPUs, held) {
+		// Reserved again under the same ID between the read and the
+		// release: lock what the release freed.
+		unlock()
+		unlock = a.locks.lock(c.GPUs...)
+	}
+	scan = &groupScan{a: a}
+	for _, addr := range c.GPUs {
+		if a.health(addr) == "" && a.unusable(addr) == "" {
+			a.keepWhileOpen(addr, why, scan)
+		}
+	}
+	return c, scan, unlock, nil
+}
+
+func isSubset(sub, of []string) bool {
+	for _, s := range sub {
+		if !slices.Contains(of, s) {
+			return false
+		}
+	}
+	return true
 }

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
@@ -482,5 +484,72 @@ func TestReservationNeverTakesAGPUAVMStillHolds(t *testing.T) {
 	}
 	if _, err := a.ledger.Get("vm-1"); err == nil {
 		t.Error("the refused reservation was left in the ledger")
+	}
+}
+
+// releaseHook runs its hook, once, when the agent lets go of a released
+// claim's name: after the ledger freed the claim's GPUs and before they
+// go back to the idle driver.
+type releaseHook struct {
+	NameAuthority
+	hook atomic.Pointer[func()]
+}
+
+func (h *releaseHook) ReleaseRemembering(ctx context.Context, key names.Key, token uint64, node string, keep time.Duration) (names.Record, error) {
+	if f := h.hook.Swap(nil); f != nil {
+		(*f)()
+	}
+	return h.NameAuthority.ReleaseRemembering(ctx, key, token, node, keep)
+}
+
+// A forced release frees its GPUs in the ledger, lets go of the claim's
+// name, then returns the GPUs to the idle driver. A reservation made while
+// the name was let go took the GPU the released VM still held open: the
+// release kept GPUs back only on the way to the idle driver, and skipped
+// those a claim held by then. (TestInUseChecksRunConcurrently failed so
+// again, with EBUSY when the second VM opened the group.) The release now
+// keeps them back under the device locks it frees them under.
+func TestReleaseKeepsBackBeforeAReservationCanBind(t *testing.T) {
+	dir := t.TempDir()
+	h := &releaseHook{NameAuthority: soloRegistry(t, "test-node")}
+	m := machine(t, "dgx-h100", dir)
+	a, err := New(context.Background(), testConfig(t, dir), quietLog(), WithSysfs(m.Kernel, m.NVML), WithNames(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "fill", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}}); err != nil {
+		t.Fatal(err)
+	}
+	held, stop := startVM(t, a, m, "vm-0", 100)
+
+	var (
+		got  api.Claim
+		rerr error
+	)
+	reserve := func() {
+		got, rerr = a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 1}}, Coordinator: a.cfg.NodeName})
+	}
+	h.hook.Store(&reserve)
+	if _, err := a.Release(api.WithForce(ctx), "vm-0"); err != nil {
+		t.Fatal(err)
+	}
+	if h.hook.Load() != nil {
+		t.Fatal("the release let go of no name: the reservation never ran in its window")
+	}
+	if rerr == nil {
+		t.Fatalf("reserved %+v while vm-0 still held %s open", got.GPUs, held.PCIAddress)
+	}
+	if _, err := a.ledger.Get("vm-1"); err == nil {
+		t.Error("the refused reservation was left in the ledger")
+	}
+	if g := gpuStatus(t, a, held.PCIAddress); g.State != api.StateReturning {
+		t.Errorf("%s after the forced release: %s, want returning while vm-0 holds it", held.PCIAddress, g.State)
+	}
+	stop()
+	a.CheckReturning(ctx)
+	if g := gpuStatus(t, a, held.PCIAddress); g.State != api.StateFree || g.Driver != vfio.DriverNVIDIA {
+		t.Errorf("%s once vm-0 let go: %s on %s, want free on nvidia", held.PCIAddress, g.State, g.Driver)
 	}
 }

@@ -18,13 +18,7 @@ import (
 // answered that it runs none, so no other agent could reach a registry
 // injected this way.
 func TestInjectedRegistryServesThePeerRoute(t *testing.T) {
-	_, trans := raft.NewInmemTransportWithTimeout(raft.ServerAddress("a"), 500*time.Millisecond)
-	reg, err := names.Open(names.Config{Node: "a", Role: names.RoleVoter, Servers: []names.Server{{ID: "a", Address: "a"}},
-		Transport: trans, Timing: names.FastTiming()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
+	reg := soloRegistry(t, "a")
 	tc := newTestCluster(t)
 	tc.names = nil
 	tc.opts = []Option{WithNames(reg)}
@@ -51,4 +45,18 @@ func TestInjectedRegistryServesThePeerRoute(t *testing.T) {
 	if rec, err := reg.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); err != nil || rec.State != names.StatePending {
 		t.Fatalf("registry after the relayed acquire: %+v, %v", rec, err)
 	}
+}
+
+// soloRegistry is a name registry whose only voter is node, on raft's
+// in-memory transport, closed when the test ends.
+func soloRegistry(t *testing.T, node string) *names.Registry {
+	t.Helper()
+	_, trans := raft.NewInmemTransportWithTimeout(raft.ServerAddress(node), 500*time.Millisecond)
+	reg, err := names.Open(names.Config{Node: node, Role: names.RoleVoter, Servers: []names.Server{{ID: node, Address: node}},
+		Transport: trans, Timing: names.FastTiming()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	return reg
 }

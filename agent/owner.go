@@ -284,18 +284,24 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		return api.Claim{}, o.apiError(err)
 	}
 	o.bound.Delete(id)
-	var (
-		c   ledger.Claim
-		err error
-	)
-	if reservationOnly {
-		c, err = o.ledger.AbortReservation(id, o.now())
-	} else if err = o.releasable(ctx, id); err == nil {
-		c, err = o.ledger.Release(id, o.now())
+	if !reservationOnly {
+		if err := o.releasable(ctx, id); err != nil {
+			return api.Claim{}, o.apiError(err)
+		}
 	}
+	why := "release " + id
+	c, scan, unlock, err := o.releaseLocked(id, why, func() (ledger.Claim, error) {
+		if reservationOnly {
+			return o.ledger.AbortReservation(id, o.now())
+		}
+		return o.ledger.Release(id, o.now())
+	})
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
+	// The name is let go without the device locks: a registry write may
+	// take a while, and GPUs a VM still holds are kept back already.
+	unlock()
 	if c.State == ledger.StateReserved {
 		o.rec.Reservation(ReservationAborted)
 	} else {
@@ -305,8 +311,8 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		o.releasedName(ctx, c)
 	}
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
-	unlock := o.locks.lock(c.GPUs...)
-	o.toIdleLocked(ctx, "release "+id, c.GPUs, "")
+	unlock = o.locks.lock(c.GPUs...)
+	o.toIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
 	return o.claimView(c), nil
