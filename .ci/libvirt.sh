@@ -56,6 +56,12 @@ virsh() { command virsh -q -c qemu:///system "$@"; }
 if virsh version >/dev/null 2>&1; then
 	fail "a libvirtd already answers on qemu:///system: stop it first"
 fi
+# libvirtd runs every hook in the directory: another one (an installed
+# gpuherd package's 50-gpuherd, say) would answer for this test's guests.
+others=$(find "$hookdir" -mindepth 1 -maxdepth 1 ! -name "$(basename "$hook")" 2>/dev/null || true)
+if [ -n "$others" ]; then
+	fail "libvirt hooks already installed, which libvirtd would run for this test's guests too: $(echo "$others" | tr '\n' ' ')- remove them first"
+fi
 
 work=$(mktemp -d /tmp/gpuherd-libvirt.XXXXXX)
 libvirtd_pid=""
