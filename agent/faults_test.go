@@ -575,11 +575,10 @@ func TestFaultCommitAnswerLost(t *testing.T) {
 		h := newHistory()
 		const tries = 3
 		var (
-			in      claimInput
-			got     api.Claim
-			err     error
-			on      []string
-			dropped int64
+			in  claimInput
+			got api.Claim
+			err error
+			on  []string
 		)
 		for try := 1; ; try++ {
 			proxy := newFaultProxy(t, tc, a, b, 0, func(r *http.Request) fault {
@@ -592,7 +591,7 @@ func TestFaultCommitAnswerLost(t *testing.T) {
 			call := h.since()
 			got, err = a.Claim(ctx, in.ID, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, PreferNode: "b"})
 			h.record(1, in, call, h.since(), got, err)
-			dropped = proxy.count(dropReply)
+			dropped := proxy.count(dropReply)
 			proxy.close()
 			on = nil
 			for _, x := range []*Agent{a, b, c} {

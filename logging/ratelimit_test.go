@@ -100,7 +100,8 @@ func TestRateLimitLateTimerKeepsTheNextWindow(t *testing.T) {
 	}
 	now = now.Add(400 * time.Millisecond)
 	pending[1]()
-	if last := strings.TrimSpace(buf.String()[strings.LastIndex(strings.TrimSpace(buf.String()), "\n")+1:]); !strings.Contains(last, "suppressed=195") {
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, "suppressed=195") {
 		t.Errorf("window 2's summary %q, want suppressed=195", last)
 	}
 }
