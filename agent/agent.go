@@ -64,6 +64,9 @@ type Agent struct {
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
 	lastRefusal atomic.Int64
+	// readFirstUntil is until when claims through this agent read their
+	// ID in the registry before placing it (a.now, UnixNano; readNameFirst).
+	readFirstUntil atomic.Int64
 	// bound maps a claim ID to the CreatedAt of its reservation once
 	// reserveAndBind has bound all of its GPUs: its commit then need not
 	// check them again (see Commit).

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -218,7 +219,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				return at.settle(ctx, c, byName[name], tried)
 			}
 			tried = append(tried, name)
-			if errors.Is(err, errCommitUnknown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
+			if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
 				isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
 				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended
 
@@ -377,7 +378,36 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 	if at.named && r.State == api.StateClaimed {
 		return r, nil
 	}
+	if at.named {
+		// The owner could not decide the commit: its hold of the ID got
+		// no answer from the registry (or it failed otherwise). Before
+		// committing again, this coordinator asks the registry itself:
+		// when it cannot answer either, the reservation is dropped and
+		// the claim is a 503 naming the registry's servers, instead of
+		// commits retried against a registry that is down.
+		if err := at.registryAnswers(ctx); err != nil {
+			at.abortReservation(ctx, t)
+			return api.Claim{}, err
+		}
+	}
 	return at.commit(ctx, t)
+}
+
+// errRegistryDown: the name registry did not answer this coordinator; the
+// claim stops there (a 503 naming the registry's servers), no other server
+// is tried.
+var errRegistryDown = errors.New("name registry unavailable")
+
+// registryAnswers reads the attempt's claim ID in the registry and returns
+// errRegistryDown, wrapping the API's 503, when the registry cannot answer.
+func (at *attempt) registryAnswers(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, nameTimeout)
+	_, err := at.names.Lookup(lctx, names.Claim(at.id), names.Linearizable)
+	cancel()
+	if names.IsUnavailable(err) {
+		return fmt.Errorf("%w: %w", errRegistryDown, claimNameError(at.id, err))
+	}
+	return nil
 }
 
 // commit commits the reservation at.id on t, retrying an unanswered commit

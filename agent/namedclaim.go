@@ -46,13 +46,21 @@ func requestDigest(rr api.ReserveRequest) string {
 	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// placeNamed places a claim on the registry path. The claim ID is looked
-// up first: held, it is answered from its holder (a retry of a placed
-// claim, through whichever agent); being placed, it is waited for. Free,
-// the claim is placed, and the owner that commits it holds the ID in the
-// registry first, in one write (owner.holdName): when the ID was held or
-// placed elsewhere meanwhile, that owner refuses, drops its reservation,
-// and the lookup runs once more, which then finds the claim.
+// placeNamed places a claim on the registry path. The owner that commits
+// it holds the ID in the registry first, in one write (owner.holdName),
+// and that write is the check: most claims are of new IDs, so the claim is
+// placed at once, without reading the registry before. When the ID is held
+// or being placed already (a retry of a placed claim, through whichever
+// agent), the owner's hold is refused, the owner drops its reservation
+// without having moved a driver for it (owner.awaitHoldBeforeMoves), and
+// the ID is read, linearizably: held, it is answered from its holder;
+// being placed, it is waited for.
+//
+// While this agent's registry knows no leader, or shortly after a placement
+// through this agent could not be confirmed (readNameFirst), the ID is read
+// before anything is reserved instead, as a retry's first step always is:
+// an unavailable registry is then a 503 naming its servers at once, not a
+// reservation left waiting for a hold that cannot happen.
 func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	digest := requestDigest(at.rr)
 	// Where the ID last ran: without any_node (and no server named), the
@@ -73,10 +81,15 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 		gotLast bool
 	)
 	at.awaitFounding(ctx) // a new cluster's first claims wait for its registry
+	readFirst := at.readNameFirst()
 	for round := 0; ; round++ {
-		c, done, err := at.lookUpName(ctx, digest, round > 0)
-		if done {
-			return c, err
+		if round > 0 || readFirst {
+			c, done, err := at.lookUpName(ctx, digest, round > 0)
+			if done {
+				return c, err
+			}
+		} else {
+			at.rec.ClaimLookup(LookupRegistry) // the owner's hold reads it
 		}
 		if !gotLast {
 			select {
@@ -87,9 +100,12 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 		}
 		at.rr.Token = 0 // the owner holds the ID at commit
 		at.named = true
-		c, err = at.placeRemembered(ctx, last)
+		c, err := at.placeRemembered(ctx, last)
+		if !readFirst && (errors.Is(err, errCommitUnknown) || isCode(err, api.CodeUnavailable)) {
+			at.readNamesFirst()
+		}
 		var gb *goBack
-		if err == nil || errors.Is(err, errCommitUnknown) || errors.As(err, &gb) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, &gb) || ctx.Err() != nil {
 			return c, err
 		}
 		// Before a refusal stands, the ID is read again, linearizably:

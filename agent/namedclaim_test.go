@@ -51,7 +51,8 @@ func l40sReq(n int) api.ClaimRequest {
 // Issue 11, point 1: vm-x is held on its owner; the owner is killed,
 // frozen, cut off or stopped, and the client retries through another
 // agent. The same request answers 503 naming the owner, another request a
-// conflict naming it; never a second copy, never "not available". Once the
+// conflict naming it (or a 503, when it was asked of the owner itself);
+// never a second copy, never "not available". Once the
 // owner is back the retry answers the one claim.
 func TestClusterNamedRetryWhileOwnerIsDown(t *testing.T) {
 	t.Parallel()
@@ -92,9 +93,14 @@ func TestClusterNamedRetryWhileOwnerIsDown(t *testing.T) {
 			if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
 				t.Errorf("retry of vm-x through %s with its owner %s: %v; want a 503 naming %s", other.cfg.NodeName, fault, err, ownerName)
 			}
+			// A claim is placed at once, its ID checked by the hold of
+			// the owner that takes it: asked of the owner itself, whose
+			// answer never comes, it is a 503 naming it; asked of
+			// another server, whose hold is refused, a conflict naming
+			// it. Never "not available", never a copy.
 			_, err = other.Claim(ctx, "vm-x", l40sReq(1))
-			if !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), ownerName) {
-				t.Errorf("claim of vm-x with another request while its owner is %s: %v; want a conflict naming %s", fault, err, ownerName)
+			if !isCode(err, api.CodeConflict) && !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
+				t.Errorf("claim of vm-x with another request while its owner is %s: %v; want a conflict or a 503 naming %s", fault, err, ownerName)
 			}
 			if on := copiesOf("vm-x", a, other); len(on) > 0 {
 				t.Fatalf("a second copy of vm-x was placed on %v while its owner was %s", on, fault)

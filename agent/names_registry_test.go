@@ -20,6 +20,8 @@ import (
 type testNames struct {
 	reg  *names.Registry
 	down atomic.Bool
+	// lookups and holds count the calls of every agent, answered or not.
+	lookups, holds atomic.Int64
 }
 
 var _ NameAuthority = (*testNames)(nil)
@@ -77,6 +79,7 @@ func (n *testNames) Confirm(ctx context.Context, key names.Key, token uint64, ow
 }
 
 func (n *testNames) Hold(ctx context.Context, key names.Key, caller, owner, request string, recall bool) (names.Record, error) {
+	n.holds.Add(1)
 	if err := n.unavailable(names.OpHold, key); err != nil {
 		return names.Record{}, err
 	}
@@ -105,6 +108,7 @@ func (n *testNames) SetMembers(ctx context.Context, key names.Key, token uint64,
 }
 
 func (n *testNames) Lookup(ctx context.Context, key names.Key, mode names.ReadMode) (names.Record, error) {
+	n.lookups.Add(1)
 	if err := n.unavailable(names.OpLookup, key); err != nil {
 		return names.Record{}, err
 	}

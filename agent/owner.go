@@ -45,6 +45,9 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 	// The ID's hold overlaps the reservation and its binds (ownernames.go).
 	early := o.holdEarly(ctx, id, rr, req)
 	defer o.settleEarly(ctx, early)
+	if err := o.awaitHoldBeforeMoves(id, early); err != nil {
+		return api.Claim{}, err
+	}
 	var refused *notReadyFailure
 	for attempt := 1; ; attempt++ {
 		c, err := o.reserveAndBind(ctx, id, req, rr.Coordinator)

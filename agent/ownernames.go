@@ -9,6 +9,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/vfio"
 )
 
 // The owner's side of the name registry (docs/names.md, "Fencing"): a
@@ -44,21 +45,30 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 	if err == nil {
 		return rec.Token, nil
 	}
+	if r := (*names.RefusedError)(nil); !names.IsUnavailable(err) && errors.As(err, &r) {
+		o.dropUnconfirmed(ctx, pending, err)
+	}
+	return 0, o.holdError(id, err)
+}
+
+// holdError is this owner's answer for a claim whose ID the registry did
+// not hold here: unavailable (the reservation, if any, is kept for the
+// coordinator's retried commit), or refused, naming who has the ID.
+func (o *owner) holdError(id string, err error) error {
 	if names.IsUnavailable(err) {
-		return 0, &api.Error{Code: api.CodeUnavailable,
+		return &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: not committed on %s, the name registry could not hold its ID: %v", id, o.cfg.NodeName, err)}
 	}
 	var r *names.RefusedError
 	if !errors.As(err, &r) {
-		return 0, fmt.Errorf("claim %s: holding its name: %w", id, err)
+		return fmt.Errorf("claim %s: holding its name: %w", id, err)
 	}
-	o.dropUnconfirmed(ctx, pending, err)
 	if r.Code == names.CodeRecalled && r.Record != nil {
-		return 0, &api.Error{Code: api.CodeGoBack, Node: r.Record.Owner,
+		return &api.Error{Code: api.CodeGoBack, Node: r.Record.Owner,
 			Message: fmt.Sprintf("claim %s last ran on %s; not committed on %s: without any_node it goes back there", id, r.Record.Owner, o.cfg.NodeName)}
 	}
 	if r.Code == names.CodeLimit {
-		return 0, &api.Error{Code: api.CodeUnavailable,
+		return &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: not committed on %s: %v; retry later", id, o.cfg.NodeName, err)}
 	}
 	holder, state := o.cfg.NodeName, "held"
@@ -68,7 +78,7 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 			holder, state = r.Record.Caller, "being placed"
 		}
 	}
-	return 0, &api.Error{Code: api.CodeConflict,
+	return &api.Error{Code: api.CodeConflict,
 		Message: fmt.Sprintf("claim %s is %s on %s; not committed on %s", id, state, holder, o.cfg.NodeName)}
 }
 
@@ -258,6 +268,23 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		h.rec, h.err = o.names.Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
 	}()
 	return h
+}
+
+// awaitHoldBeforeMoves waits for the early hold h, when there is one and
+// binding this server's free GPUs moves their drivers (an idle driver
+// other than vfio-pci), and returns the owner's answer when the registry
+// refused it: a claim whose ID is held elsewhere (a retry placed through
+// another agent) then reserves nothing and moves no driver. With vfio-pci
+// as the idle driver, binding changes nothing, so the hold overlaps the
+// reservation.
+func (o *owner) awaitHoldBeforeMoves(id string, h *earlyHold) error {
+	if h == nil || o.policy == vfio.IdleVFIO {
+		return nil
+	}
+	if _, err := h.wait(); err != nil && !names.IsUnavailable(err) {
+		return o.holdError(id, err)
+	}
+	return nil
 }
 
 // settleEarly ends an early hold once its Reserve is done, and lets the

@@ -78,8 +78,8 @@ func (s opSample) fsyncs() int { return s.ledger + s.store }
 
 // stated is the most one operation costs by docs/protocol.md ("Cost per
 // operation"), with three registry voters, whatever the number of servers:
-// a claim is a lookup of the ID forwarded to the leader, one call that
-// reserves and commits on the owner, the owner's hold forwarded to the
+// a claim is one call that reserves and commits on the owner (nothing is
+// read before: the owner's hold is the check), the owner's hold forwarded to the
 // leader and its notice to the ID's home (without any_node, nothing asks
 // the home where the ID last ran: the hold recalls it); one registry write,
 // appended to two followers and stored by three voters; one ledger commit.
@@ -89,7 +89,7 @@ func (s opSample) fsyncs() int { return s.ledger + s.store }
 // (a name moved away meanwhile); one registry write; the ledger's release
 // and its memory of it.
 var stated = [opKinds]opSample{
-	opClaim:   {peer: 4, appends: 2, ledger: 1, store: 3},
+	opClaim:   {peer: 3, appends: 2, ledger: 1, store: 3},
 	opGet:     {peer: 2},
 	opRelease: {peer: 5, appends: 2, ledger: 2, store: 3},
 }
