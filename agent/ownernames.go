@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -267,6 +268,11 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		defer cancel()
 		h.rec, h.err = o.names.Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
 	}()
+	// Let the hold's request go out before the reservation's own work:
+	// a new goroutine waits for this one to block otherwise, and on a
+	// busy machine the reservation and its binds would run first, the
+	// hold only after them (0.3 ms of a claim's 3 in the 50-agent bench).
+	runtime.Gosched()
 	return h
 }
 

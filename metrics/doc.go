@@ -98,7 +98,8 @@
 //	    counter: claim-ID lookups of the claims, gets and releases this agent
 //	    coordinated. path: local (this server holds the claim), directory
 //	    (the ID's home answered), every_server (the home could not vouch;
-//	    every server was asked), registry (the name registry answered).
+//	    every server was asked), registry (the name registry answered, or,
+//	    for a claim placed at once, the owner's hold decided).
 //	    All present from the start at 0.
 //	gpuherd_reservations_total{outcome}
 //	    counter: reservation events. outcome: reserved, committed, expired,

@@ -51,7 +51,7 @@ const (
 	LookupLocal       = "local"        // this server holds the claim
 	LookupDirectory   = "directory"    // the ID's home answered for it
 	LookupEveryServer = "every_server" // the home could not vouch: every server was asked
-	LookupRegistry    = "registry"     // the name registry answered for it
+	LookupRegistry    = "registry"     // the name registry answered for it, or the owner's hold decided
 )
 
 // VFIO operations, the values of the op label.
