@@ -113,6 +113,8 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	if err := ledger.ValidateID(id); err != nil {
 		return api.UseEnd{}, o.apiError(err)
 	}
+	unlockID := o.commitLocks.lock(id) // as in owner.abort: no hold of the ID until its name is let go
+	defer unlockID()
 	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.now())
 	switch {
 	case errors.Is(err, ledger.ErrNotMarked):

@@ -292,6 +292,11 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 			return api.Claim{}, o.apiError(err)
 		}
 	}
+	// From the ledger's release until the name is let go, no hold of the
+	// ID here may run (releasedName): the registry would answer it with
+	// the name being let go, and the new claim would be committed under
+	// a name about to vanish.
+	unlockID := o.commitLocks.lock(id)
 	why := "release " + id
 	c, scan, unlock, err := o.releaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
@@ -300,6 +305,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		return o.ledger.Release(id, o.now())
 	})
 	if err != nil {
+		unlockID()
 		return api.Claim{}, o.apiError(err)
 	}
 	// The name is let go without the device locks: a registry write may
@@ -313,6 +319,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		o.remember(c)
 		o.releasedName(ctx, c)
 	}
+	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
 	unlock = o.locks.lock(c.GPUs...)
 	o.toIdleScanned(ctx, why, c.GPUs, "", scan)

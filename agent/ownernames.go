@@ -171,7 +171,9 @@ func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
 // was committed under (a failed resize's undo moved it back here, and
 // this server's pass had not recorded the token yet) is this claim's too,
 // unless the ledger holds the ID again: it goes with the claim, instead of
-// staying here without one.
+// staying here without one. The caller holds the ID's commit lock since
+// before the ledger released the claim: a hold of the ID here meanwhile
+// would be answered with the very name this lets go.
 func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
 	if o.names == nil || c.NameToken == 0 {
 		return
@@ -187,8 +189,6 @@ func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
 		o.noteNameRelease(c, err)
 		return
 	}
-	unlock := o.commitLocks.lock(c.ID) // no commit of the ID here meanwhile
-	defer unlock()
 	if _, gerr := o.ledger.Get(c.ID); gerr == nil {
 		return // claimed here again: the name is that claim's
 	}

@@ -70,11 +70,32 @@ func (n *node) serialize(q map[string][]func(), id string, op func(done func()))
 	run()
 }
 
-// claim is placeNamed (namedclaim.go) on coordinator n: look the ID up;
-// held, answer it from its holder; free, place it (the owner that commits
-// holds it in the registry first), and look it up once more when that
-// owner found it held or placed elsewhere meanwhile.
+// claim is placeNamed (namedclaim.go) on coordinator n: place the claim at
+// once (the owner that commits holds the ID in the registry first, which
+// is the check), and look the ID up when that owner found it held or
+// placed elsewhere (round 1): held, answer it from its holder. The ID is
+// looked up before placing, as in round 1, for readFirst after a
+// placement through n could not be confirmed (Agent.readNameFirst).
 func (n *node) claim(id string, rq request, round int, reply func(answer)) {
+	if round == 0 && n.w.now >= n.readFirstUntil {
+		n.place(id, rq, 0, round, func(a answer) {
+			if a.code == codeUnavailable {
+				n.readFirstUntil = n.w.now + readFirst
+			}
+			reply(a)
+		})
+		return
+	}
+	n.lookUpThenPlace(id, rq, round, reply)
+}
+
+// readFirst is how long a coordinator reads IDs before placing them after
+// a placement through it could not be confirmed (agent's readFirstFor).
+const readFirst = 30_000
+
+// lookUpThenPlace looks the ID up; held, answers it from its holder; free,
+// places it (lookUpName, then the placement).
+func (n *node) lookUpThenPlace(id string, rq request, round int, reply func(answer)) {
 	w := n.w
 	w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(res names.Result, found, ok bool) {
 		if !ok {
@@ -187,19 +208,23 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 					reply(a)
 					return
 				}
-				n.commitOn(id, o, w.cfg.CommitAttempts, func(a answer) {
-					switch {
-					case a.code == codeOK:
-						reply(a)
-					case a.code == codeUnavailable:
-						reply(a) // commit unknown: the name stays
-					case round == 0 && (a.code == codeLeaseExpired || a.code == codeConflict):
-						n.claim(id, rq, 1, reply)
-					default:
-						n.releaseGrant(id, token)
-						reply(a)
-					}
-				})
+				if token == 0 {
+					// The owner could not decide the commit: the
+					// coordinator reads the ID itself first; the
+					// registry not answering, the reservation is
+					// dropped and the claim is a 503
+					// (attempt.registryAnswers).
+					w.reg.do(n.idx, regIn{Op: "lookup", Key: id}, func(_ names.Result, _, ok bool) {
+						if !ok {
+							w.call(n.idx, o, w.cfg.RPCTimeout, func(r func(any)) { r(w.nodes[o].abort(id, true)) }, func(any, bool) {})
+							reply(answer{code: codeUnavailable})
+							return
+						}
+						n.commitThen(id, o, token, round, rq, reply)
+					})
+					return
+				}
+				n.commitThen(id, o, token, round, rq, reply)
 			case codeNotAvailable:
 				refused++
 				try(i + 1)
@@ -217,6 +242,24 @@ func (n *node) place(id string, rq request, token uint64, round int, reply func(
 		})
 	}
 	try(0)
+}
+
+// commitThen commits the reservation on o (commitOn) and answers: a
+// conflict or a lapsed lease in round 0 looks the ID up again.
+func (n *node) commitThen(id string, o int, token uint64, round int, rq request, reply func(answer)) {
+	n.commitOn(id, o, n.w.cfg.CommitAttempts, func(a answer) {
+		switch {
+		case a.code == codeOK:
+			reply(a)
+		case a.code == codeUnavailable:
+			reply(a) // commit unknown: the name stays
+		case round == 0 && (a.code == codeLeaseExpired || a.code == codeConflict):
+			n.claim(id, rq, 1, reply)
+		default:
+			n.releaseGrant(id, token)
+			reply(a)
+		}
+	})
 }
 
 // commitOn retries an unanswered commit, as attempt.commit does.

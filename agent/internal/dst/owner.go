@@ -46,6 +46,9 @@ type node struct {
 	// claims through this agent waiting for it; commits the owner's
 	// commits in progress, by claim ID (owner.commitLocks).
 	locks, commits map[string][]func()
+	// readFirstUntil: until when claims through this coordinator look
+	// their ID up before placing it (w.now, ms; coordinator.claim).
+	readFirstUntil int64
 }
 
 func (n *node) open() error {
@@ -334,28 +337,33 @@ func (n *node) dropUnconfirmed(id string, pending ledger.Claim) {
 // registry, up to its timeout, and answers success even when the name
 // could not be let go).
 func (n *node) releaseClaim(id string, r func(any)) {
-	a := n.abortOnly(id, false)
-	if a.code != codeOK || a.claim.State != ledger.StateCommitted || a.claim.NameToken == 0 {
-		r(a)
-		return
-	}
-	n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: a.claim.NameToken, Node: n.name}, func(res names.Result, _, ok bool) {
-		rec := res.Record
-		if !ok || res.Code != names.CodeStale || rec == nil || rec.State != names.StateHeld || rec.Owner != n.name || rec.Move != nil || rec.Token < a.claim.NameToken {
+	// Under the ID's commit lock from the ledger's release until the name
+	// is let go (owner.abort): a hold of the ID here meanwhile would be
+	// answered with the name being let go.
+	n.serialize(n.commits, id, func(done func()) {
+		reply := func(a any) {
+			done()
 			r(a)
+		}
+		a := n.abortOnly(id, false)
+		if a.code != codeOK || a.claim.State != ledger.StateCommitted || a.claim.NameToken == 0 {
+			reply(a)
 			return
 		}
-		// owner.releasedName: moved back here under a newer token; it
-		// goes with the claim unless the ledger holds the ID again.
-		n.serialize(n.commits, id, func(done func()) {
+		n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: a.claim.NameToken, Node: n.name}, func(res names.Result, _, ok bool) {
+			rec := res.Record
+			if !ok || res.Code != names.CodeStale || rec == nil || rec.State != names.StateHeld || rec.Owner != n.name || rec.Move != nil || rec.Token < a.claim.NameToken {
+				reply(a)
+				return
+			}
+			// owner.releasedName: moved back here under a newer token; it
+			// goes with the claim unless the ledger holds the ID again.
 			if _, err := n.ledger.Get(id); err == nil {
-				done()
-				r(a)
+				reply(a)
 				return
 			}
 			n.w.reg.do(n.idx, regIn{Op: "release", Key: id, Token: rec.Token, Node: n.name}, func(names.Result, bool, bool) {
-				done()
-				r(a)
+				reply(a)
 			})
 		})
 	})
