@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,6 +17,10 @@ func outb(port uint16, val uint8)
 // kernel has no /dev/port (CONFIG_DEVPORT is off in Debian's cloud kernel),
 // so the port is written directly after ioperm.
 func qemuExit(code uint8) error {
+	// ioperm grants the port to the calling thread only: the write must
+	// run on the thread that asked, or it faults (SIGSEGV at outb after a
+	// passing run, seen once in CI).
+	runtime.LockOSThread()
 	if err := unix.Ioperm(debugExitPort, 4, 1); err != nil {
 		return fmt.Errorf("ioperm 0x%x: %w", debugExitPort, err)
 	}
