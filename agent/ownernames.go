@@ -45,7 +45,7 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 	if err == nil {
 		return rec.Token, nil
 	}
-	if r := (*names.RefusedError)(nil); !names.IsUnavailable(err) && errors.As(err, &r) {
+	if r := (*names.RefusedError)(nil); errors.As(err, &r) {
 		o.dropUnconfirmed(ctx, pending, err)
 	}
 	return 0, o.holdError(id, err)
