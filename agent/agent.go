@@ -57,6 +57,7 @@ type Agent struct {
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune  func(*memberlist.Config)
 	onChange    func()
+	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
 	dir         *directory
@@ -407,6 +408,7 @@ func (a *Agent) fence(addr, reason string) {
 
 // changed tells the cluster that this server's capacity may have moved.
 func (a *Agent) changed() {
+	a.feed.bump()
 	if c := a.cluster; c != nil {
 		c.publish()
 	}

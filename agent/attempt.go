@@ -168,7 +168,13 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 // every item of the request, the preferred one first, then best fit, ties
 // shuffled.
 func (at *attempt) rank(servers []placement.Server) []string {
-	return at.rankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
+	ranked := at.rankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
+	if len(at.rr.Devices) > 0 {
+		// GPUs named by address are those of one server: no other
+		// server's GPU of the same address is the one asked for.
+		ranked = slices.DeleteFunc(ranked, func(n string) bool { return n != at.prefer })
+	}
+	return ranked
 }
 
 // place runs steps 3 to 8: it ranks the servers that, by this agent's view,
@@ -503,11 +509,29 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 	return keep.c, nil
 }
 
+// asks reports whether c, a claim found under the attempt's ID, is what
+// the attempt asks for: the same items and labels and, for GPUs named by
+// address, those GPUs.
+func (at *attempt) asks(c api.Claim) bool {
+	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+		return false
+	}
+	if len(at.rr.Devices) == 0 {
+		return true
+	}
+	held := make([]string, len(c.GPUs))
+	for i, g := range c.GPUs {
+		held[i] = g.PCIAddress
+	}
+	slices.Sort(held)
+	return slices.Equal(held, at.rr.Devices)
+}
+
 // resume answers a claim request whose ID is already held on t: the claim
 // itself when the request is the same, after finishing its placement when
 // it is only reserved (its coordinator may be gone).
 func (at *attempt) resume(ctx context.Context, c api.Claim, t target) (api.Claim, error) {
-	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+	if !at.asks(c) {
 		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", at.id, c.Node, api.DescribeItems(c.Items))}
 	}

@@ -51,6 +51,13 @@ func (co *coordinator) Claim(ctx context.Context, id string, req api.ClaimReques
 	if err := validateVCPUs(req.VCPUs); err != nil {
 		return api.Claim{}, err
 	}
+	if len(req.Devices) > 0 {
+		var err error
+		if req, err = co.pinned(req); err != nil {
+			co.rec.ClaimDone(outcome(err), time.Since(start))
+			return api.Claim{}, err
+		}
+	}
 	c, err := co.claimWhere(ctx, id, req)
 	co.rec.ClaimDone(outcome(err), time.Since(start))
 	if err == nil {
@@ -145,7 +152,7 @@ func (co *coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 	return &attempt{
 		coordinator: co,
 		id:          id,
-		rr:          api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName},
+		rr:          api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
 		want:        wants(lreq.Items),
 		prefer:      req.PreferNode,
 		anyNode:     req.AnyNode,

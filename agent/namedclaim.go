@@ -43,6 +43,11 @@ func requestDigest(rr api.ReserveRequest) string {
 	for _, k := range slices.Sorted(maps.Keys(rr.Labels)) {
 		fmt.Fprintf(h, "label %q %q\n", k, rr.Labels[k])
 	}
+	// Only pinned requests name devices, so every other digest is the
+	// one it always was.
+	for _, d := range rr.Devices {
+		fmt.Fprintf(h, "device %q\n", d)
+	}
 	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
@@ -151,7 +156,7 @@ func (at *attempt) heldOn(ctx context.Context, node string) (api.Claim, error) {
 	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	defer cancel()
 	c, err := t.owner.Lookup(lctx, at.id)
-	if err != nil || c.State != api.StateClaimed || !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+	if err != nil || c.State != api.StateClaimed || !at.asks(c) {
 		return api.Claim{}, fmt.Errorf("claim %s is not held on %s under this request", at.id, node)
 	}
 	return c, nil
@@ -284,7 +289,7 @@ func (at *attempt) fromHolder(ctx context.Context, rec names.Record) (api.Claim,
 	if err != nil {
 		return api.Claim{}, err
 	}
-	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+	if !at.asks(c) {
 		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", at.id, c.Node, api.DescribeItems(c.Items))}
 	}

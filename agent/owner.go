@@ -34,7 +34,7 @@ const bindAttempts = 8
 // to vfio-pci; the coordinator then commits, or lets the lease run out. A GPU
 // that fails to bind is fenced off and the reservation retried on the others.
 func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
-	req := ledger.Request{Labels: rr.Labels, NameToken: rr.Token}
+	req := ledger.Request{Labels: rr.Labels, NameToken: rr.Token, Devices: rr.Devices}
 	for _, it := range rr.Items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
 	}

@@ -24,7 +24,7 @@ func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
 		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), a.cfg.MaxGPUsPerClaim)
 	}
 	names := a.modelNames()
-	out := ledger.Request{Labels: req.Labels}
+	out := ledger.Request{Labels: req.Labels, Devices: req.Devices}
 	index := map[string]int{}
 	for i, it := range req.GPUs {
 		field := fmt.Sprintf("gpus[%d]", i)

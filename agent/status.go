@@ -11,8 +11,11 @@ import (
 
 // Status lists this server's GPUs with their state.
 func (a *Agent) Status(context.Context) (api.Status, error) {
+	// Read before the state: a change in between is seen by the next
+	// watch at once, never missed.
+	gen := a.feed.current()
 	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{},
-		Fabric: a.fabric.f.Mode, FabricWarning: a.fabric.f.Warning}
+		Fabric: a.fabric.f.Mode, FabricWarning: a.fabric.f.Warning, Generation: gen}
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
@@ -102,6 +105,7 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		Driver:          s.driver, // read live: what a VM start will find
 		State:           string(s.Status),
 		Claim:           s.ClaimID,
+		ClaimLabels:     a.claimLabels(s.ClaimID),
 		DrainReason:     s.DrainReason,
 		UUID:            g.UUID,
 		Companions:      g.Companions,
@@ -147,3 +151,16 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 
 // Version is this build.
 func (a *Agent) Version() api.VersionInfo { return VersionInfo() }
+
+// claimLabels are the holder labels of claim id on this server; none
+// when it holds none.
+func (a *Agent) claimLabels(id string) map[string]string {
+	if id == "" {
+		return nil
+	}
+	c, err := a.ledger.Get(id)
+	if err != nil {
+		return nil
+	}
+	return c.Labels
+}

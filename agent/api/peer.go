@@ -30,6 +30,9 @@ type ReserveRequest struct {
 	// placed without any_node or a server named); otherwise it drops the
 	// reservation and answers go_back naming that server.
 	Recall bool `json:"recall,omitempty"`
+	// Devices pins the reservation to these GPUs (sorted PCI addresses):
+	// exactly them or nothing (ClaimRequest.Devices).
+	Devices []string `json:"devices,omitempty"`
 }
 
 // Owner is what a server offers coordinators for its own GPUs: the one

@@ -120,6 +120,19 @@ type handler struct {
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+	after, wait, watch, err := watchParams(r)
+	if err != nil {
+		h.reply(w, r, nil, err)
+		return
+	}
+	if wt, ok := h.svc.(Watcher); ok && watch {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		wt.WaitChange(ctx, after)
+		cancel()
+		if r.Context().Err() != nil {
+			return // the watcher went away
+		}
+	}
 	v, err := h.svc.Status(r.Context())
 	h.reply(w, r, v, err)
 }

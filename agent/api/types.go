@@ -23,6 +23,9 @@ type GPU struct {
 	Driver          string   `json:"driver"`
 	State           string   `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
 	Claim           string   `json:"claim"`
+	// ClaimLabels are the holder labels of the claim holding the GPU: who
+	// it is for (a Kubernetes ResourceClaim, a KubeVirt VM claimed first).
+	ClaimLabels map[string]string `json:"claim_labels,omitempty"`
 	Health          string   `json:"health,omitempty"` // why it is unhealthy, or unusable
 	DrainReason     string   `json:"drain_reason,omitempty"`
 	UUID            string   `json:"uuid,omitempty"`
@@ -61,6 +64,10 @@ type Status struct {
 	// Names is this agent's part in the name registry; absent when it
 	// runs none (alone).
 	Names *NamesStatus `json:"names,omitempty"`
+	// Generation counts this server's changes (claims, releases, drains,
+	// health and readiness): a watcher passes the last one it saw as
+	// `after` and is answered once the server moves past it.
+	Generation uint64 `json:"generation,omitempty"`
 }
 
 // NamesStatus is an agent's view of the name registry.
@@ -100,6 +107,14 @@ type ClaimRequest struct {
 	// placed on another server, with a warning, when the server it last
 	// ran on cannot hold the request. It is still tried first.
 	AnyNode bool `json:"any_node,omitempty"`
+	// Devices pins the claim to these GPUs (PCI addresses) of PreferNode,
+	// or of the answering agent's own server when PreferNode is empty:
+	// exactly them or nothing, never other GPUs and never another
+	// server. GPUs may then be left out (the models come from the
+	// devices); given, it must match them. This is how a Kubernetes
+	// allocation, which names the devices the scheduler chose, becomes a
+	// claim. Only the agent of that server takes a pinned claim.
+	Devices []string `json:"devices,omitempty"`
 }
 
 // ResizeRequest changes a claim's GPUs (model or count).

@@ -84,20 +84,9 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 		}
 
 		free := st.freeByModel(now)
-		models := map[string]string{}
-		var missing []Item
-		for _, it := range req.Items {
-			got, ok := placement.Pick(free[it.Model], it.Count)
-			if !ok {
-				missing = append(missing, it)
-				continue
-			}
-			for _, a := range got {
-				models[a] = it.Model
-			}
-		}
+		models, missing := pick(free, req)
 		if len(missing) > 0 {
-			return false, &NotAvailableError{ID: id, Missing: missing}
+			return false, &NotAvailableError{ID: id, Missing: missing, Devices: req.Devices}
 		}
 
 		rec := claimRecord{
@@ -339,12 +328,61 @@ func (st *state) freeByModel(now time.Time) map[string][]placement.Candidate {
 	return out
 }
 
+// pick chooses the GPUs of req among the free ones: placement's choice per
+// model, or exactly req.Devices when the request is pinned. It returns the
+// chosen GPUs with their models and the items it could not hold.
+func pick(free map[string][]placement.Candidate, req Request) (map[string]string, []Item) {
+	models := map[string]string{}
+	var missing []Item
+	if len(req.Devices) > 0 {
+		freeModel := map[string]string{}
+		for m, cs := range free {
+			for _, c := range cs {
+				freeModel[c.Address] = m
+			}
+		}
+		need := map[string]int{}
+		for _, it := range req.Items {
+			need[it.Model] = it.Count
+		}
+		for _, a := range req.Devices {
+			m, ok := freeModel[a]
+			if !ok || need[m] == 0 {
+				continue
+			}
+			need[m]--
+			models[a] = m
+		}
+		for _, it := range req.Items {
+			if n := need[it.Model]; n > 0 {
+				missing = append(missing, Item{Model: it.Model, Count: n})
+			}
+		}
+		return models, missing
+	}
+	for _, it := range req.Items {
+		got, ok := placement.Pick(free[it.Model], it.Count)
+		if !ok {
+			missing = append(missing, it)
+			continue
+		}
+		for _, a := range got {
+			models[a] = it.Model
+		}
+	}
+	return models, missing
+}
+
 // sameRequest reports whether req asks for what c holds: the same items in
-// any order (models are unique within a request) and the same labels.
+// any order (models are unique within a request), the same labels, and,
+// for a pinned request, the same GPUs.
 func sameRequest(c Claim, req Request) bool {
 	byModel := func(a, b Item) int { return cmp.Compare(a.Model, b.Model) }
 	have := slices.SortedFunc(slices.Values(c.Items), byModel)
 	want := slices.SortedFunc(slices.Values(req.Items), byModel)
+	if len(req.Devices) > 0 && !slices.Equal(c.GPUs, req.Devices) {
+		return false
+	}
 	return slices.Equal(have, want) && maps.Equal(c.Labels, req.Labels)
 }
 

@@ -58,9 +58,16 @@ func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 type NotAvailableError struct {
 	ID      string
 	Missing []Item
+	// Devices are the GPUs a pinned request named: some of them are not
+	// free (held, drained, unhealthy or unusable).
+	Devices []string
 }
 
 func (e *NotAvailableError) Error() string {
+	if len(e.Devices) > 0 {
+		return fmt.Sprintf("claim %q: the following GPUs are not available on this server: %s (of the GPUs asked for: %s, not all are free)",
+			e.ID, describeItems(e.Missing), strings.Join(e.Devices, ", "))
+	}
 	return fmt.Sprintf("claim %q: the following GPUs are not available on this server: %s; try another server",
 		e.ID, describeItems(e.Missing))
 }

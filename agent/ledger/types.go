@@ -16,6 +16,10 @@ type Request struct {
 	// placement asking for this holds (api.ReserveRequest.Token); 0 when
 	// there is no registry. See Reserve for what a newer one replaces.
 	NameToken uint64 `json:"name_token,omitempty"`
+	// Devices pins the request to these GPUs (PCI addresses, sorted): the
+	// claim takes exactly them or nothing. A Kubernetes allocation names
+	// the devices the scheduler chose, and the claim must be those.
+	Devices []string `json:"devices,omitempty"`
 }
 
 // State is the state of a claim in the owner's ledger.

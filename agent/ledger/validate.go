@@ -95,7 +95,31 @@ func ValidateRequest(req Request, maxGPUs int) error {
 	if total > maxGPUs {
 		return &ValidationError{Field: "items", Reason: fmt.Sprintf("ask for %d GPUs in total; a claim holds at most %d", total, maxGPUs)}
 	}
+	if err := validateDevices(req.Devices, total); err != nil {
+		return err
+	}
 	return validateLabels(req.Labels)
+}
+
+// validateDevices checks a pinned request's GPUs: one PCI address per GPU
+// asked for, each well formed, sorted and given once.
+func validateDevices(devices []string, total int) error {
+	if len(devices) == 0 {
+		return nil
+	}
+	if len(devices) != total {
+		return &ValidationError{Field: "devices", Reason: fmt.Sprintf("names %d GPUs for a request of %d; name one PCI address per GPU", len(devices), total)}
+	}
+	for i, a := range devices {
+		field := fmt.Sprintf("devices[%d]", i)
+		if !pciAddress.MatchString(a) {
+			return &ValidationError{Field: field, Reason: fmt.Sprintf("%.40q is not a PCI address like 0000:3b:00.0", a)}
+		}
+		if i > 0 && devices[i-1] >= a {
+			return &ValidationError{Field: field, Reason: fmt.Sprintf("%s: the addresses must be sorted and each given once", a)}
+		}
+	}
+	return nil
 }
 
 func validateModel(m string) error {
