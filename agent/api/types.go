@@ -17,20 +17,20 @@ type GPU struct {
 	Model       string `json:"model"`
 	MemoryBytes uint64 `json:"memory_bytes"` // the model's marketed memory
 	// NVMLMemoryBytes is what NVML last reported as the card's total; 0 never seen.
-	NVMLMemoryBytes uint64   `json:"nvml_memory_bytes,omitempty"`
-	NUMANode        int      `json:"numa_node"`
-	IOMMUGroup      int      `json:"iommu_group"`
-	Driver          string   `json:"driver"`
-	State           string   `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
-	Claim           string   `json:"claim"`
+	NVMLMemoryBytes uint64 `json:"nvml_memory_bytes,omitempty"`
+	NUMANode        int    `json:"numa_node"`
+	IOMMUGroup      int    `json:"iommu_group"`
+	Driver          string `json:"driver"`
+	State           string `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
+	Claim           string `json:"claim"`
 	// ClaimLabels are the holder labels of the claim holding the GPU: who
 	// it is for (a Kubernetes ResourceClaim, a KubeVirt VM claimed first).
 	ClaimLabels map[string]string `json:"claim_labels,omitempty"`
-	Health          string   `json:"health,omitempty"` // why it is unhealthy, or unusable
-	DrainReason     string   `json:"drain_reason,omitempty"`
-	UUID            string   `json:"uuid,omitempty"`
-	Companions      []string `json:"companions,omitempty"`
-	InUseBy         *InUse   `json:"in_use_by,omitempty"` // the VM holding its VFIO group open
+	Health      string            `json:"health,omitempty"` // why it is unhealthy, or unusable
+	DrainReason string            `json:"drain_reason,omitempty"`
+	UUID        string            `json:"uuid,omitempty"`
+	Companions  []string          `json:"companions,omitempty"`
+	InUseBy     *InUse            `json:"in_use_by,omitempty"` // the VM holding its VFIO group open
 	// Readiness is the passthrough verdict; nil when not taken (a GPU
 	// that cannot be read).
 	Readiness *Readiness `json:"readiness,omitempty"`
