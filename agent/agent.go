@@ -191,6 +191,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
+	// Each run counts from a random point: a watcher that saw an earlier
+	// run's generation is answered at once, not after its whole wait.
+	a.feed.gen = rand.Uint64() >> 1
 	a.watch.resync = make(chan struct{}, 1)
 	a.OnPCIChange(a.checkDriversOnEvents)
 	a.dir = newDirectory(a.now())

@@ -33,11 +33,12 @@ func (f *changeFeed) current() uint64 {
 	return f.gen
 }
 
-// wait returns once the count passes after, or when ctx ends.
+// wait returns once the count is not after (it moved on, or this is
+// another run of the agent), or when ctx ends.
 func (f *changeFeed) wait(ctx context.Context, after uint64) uint64 {
 	for {
 		f.mu.Lock()
-		if f.gen > after {
+		if f.gen != after {
 			g := f.gen
 			f.mu.Unlock()
 			return g

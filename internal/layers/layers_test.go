@@ -32,10 +32,10 @@ var layers = [][]string{
 	{"agent/ledger"},                         // state: the owner's claims
 	{"gossip/gossiptest", "agent/claimtest"}, // the in-memory networks for tests
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
-	{"agent/handoff"}, // a claim as a hypervisor takes it; the libvirt hook
-	{"agent/names"},   // cluster: the name registry (raft)
-	{"agent"},         // the protocol and the wiring
-	{"cmd/gpuherd"},   // the binary
+	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
+	{"agent/names"},                                          // cluster: the name registry (raft)
+	{"agent"},                                                // the protocol and the wiring
+	{"cmd/gpuherd"},                                          // the binary
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers"}, // tests and their helpers
 }
 
