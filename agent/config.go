@@ -110,7 +110,34 @@ type Config struct {
 	NamesAddr            string   `yaml:"names_addr"`             // HOST:PORT raft listens on; "": peer_addr's host, port 0
 	NamesDir             string   `yaml:"names_dir"`              // raft state; "": <data_dir>/names
 	NamesBootstrapExpect int      `yaml:"names_bootstrap_expect"` // voters a registry grows to when names_voters is not set
+
+	// Kubernetes configures `gpuherd kubelet-plugin`, the DRA driver of a
+	// hypervisor that is a Kubernetes node (docs/kubevirt.md); the agent
+	// itself does not read it.
+	Kubernetes KubernetesConfig `yaml:"kubernetes"`
 }
+
+// KubernetesConfig is the DRA kubelet plugin's configuration.
+type KubernetesConfig struct {
+	// Kubeconfig holds the node's credentials for the API server (the
+	// kubelet's, which may publish this node's ResourceSlices).
+	Kubeconfig string `yaml:"kubeconfig"`
+	// NodeName is this server's Kubernetes node; "" is node_name.
+	NodeName string `yaml:"node_name"`
+	// DriverName names the driver and its attribute domain.
+	DriverName string `yaml:"driver_name"`
+	// PluginDir is the plugin's directory under the kubelet's (its socket,
+	// the device metadata, the checkpoint); "" is
+	// /var/lib/kubelet/plugins/<driver_name>.
+	PluginDir string `yaml:"plugin_dir"`
+	// RegistrarDir is where the kubelet finds plugins.
+	RegistrarDir string `yaml:"registrar_dir"`
+	// CDIDir is where the container runtime reads CDI specs.
+	CDIDir string `yaml:"cdi_dir"`
+}
+
+// DefaultKubeconfig is the kubelet's own kubeconfig on a kubeadm node.
+const DefaultKubeconfig = "/etc/kubernetes/kubelet.conf"
 
 // Duration is a time.Duration that reads "30s" from YAML.
 type Duration time.Duration
@@ -180,6 +207,8 @@ func DefaultConfig() Config {
 	c.DriverCheckInterval = Duration(30 * time.Second)
 	c.RememberReleased = Duration(24 * time.Hour)
 	c.NamesBootstrapExpect = 3
+	c.Kubernetes = KubernetesConfig{Kubeconfig: DefaultKubeconfig, DriverName: "gpu.gpuherd.io",
+		RegistrarDir: "/var/lib/kubelet/plugins_registry", CDIDir: "/var/run/cdi"}
 	return c
 }
 

@@ -56,6 +56,15 @@ func checkKeys(data []byte) error {
 			errs = append(errs, &UnknownKeyError{Key: k.Value, Suggest: closest(k.Value, top), Line: k.Line})
 			continue
 		}
+		if k.Value == "kubernetes" && v.Kind == yaml.MappingNode {
+			known := yamlKeys(reflect.TypeFor[KubernetesConfig]())
+			for n := 0; n+1 < len(v.Content); n += 2 {
+				if ik := v.Content[n]; !slices.Contains(known, ik.Value) {
+					errs = append(errs, &UnknownKeyError{Key: "kubernetes." + ik.Value, Suggest: closest(ik.Value, known), Line: ik.Line})
+				}
+			}
+			continue
+		}
 		if k.Value != "models" || v.Kind != yaml.SequenceNode {
 			continue
 		}

@@ -161,6 +161,8 @@ func newClaimCmd(g *globals) *cobra.Command {
 		vcpus        int
 		sameNode     bool
 		anyNode      bool
+		devices      []string
+		forKube      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "claim ID --gpu MODEL[:COUNT] [--gpu ...] [--label k=v]",
@@ -180,9 +182,16 @@ alternatives follow), 6 when the ID is held under another request.`,
 		// A new claim's ID is the caller's: nothing to complete.
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req, err := parseClaimRequest(gpus, labels)
+			req, err := parseClaimRequest(gpus, labels, len(devices) > 0)
 			if err != nil {
 				return err
+			}
+			req.Devices = devices
+			if forKube {
+				if req.Labels == nil {
+					req.Labels = map[string]string{}
+				}
+				req.Labels[api.LabelKubernetes] = "true"
 			}
 			req.PreferNode = prefer
 			if vcpus < 0 || cmd.Flags().Changed("vcpus") && vcpus == 0 {
@@ -200,6 +209,8 @@ alternatives follow), 6 when the ID is held under another request.`,
 	ho.flags(cmd)
 	cmd.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] to claim (repeatable)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "k=v label kept with the claim (repeatable)")
+	cmd.Flags().StringSliceVar(&devices, "device", nil, "PCI address of a GPU of this server to take (repeatable): exactly those, --gpu may be left out")
+	cmd.Flags().BoolVar(&forKube, "kubernetes", false, "for a KubeVirt VM: its GPUs are published to Kubernetes for its ResourceClaim (-o kubevirt); docs/kubevirt.md")
 	cmd.Flags().StringVar(&prefer, "prefer-node", "", "try this server first (default: the server the ID last ran on, when remembered)")
 	cmd.Flags().IntVar(&vcpus, "vcpus", 0, "the VM's vCPUs: warns outside 8-16 per GPU")
 	cmd.Flags().BoolVar(&sameNode, "same-node", false, "stay on --prefer-node: not available (with alternatives) when it is full (without --prefer-node: the default)")
@@ -213,9 +224,11 @@ alternatives follow), 6 when the ID is held under another request.`,
 // catalog ("10de:2bb5"); its colon is not a count separator.
 var unknownModelName = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$`)
 
-func parseClaimRequest(gpus, labels []string) (api.ClaimRequest, error) {
+// parseClaimRequest reads --gpu and --label; pinned (--device given)
+// needs no --gpu.
+func parseClaimRequest(gpus, labels []string, pinned bool) (api.ClaimRequest, error) {
 	var req api.ClaimRequest
-	if len(gpus) == 0 {
+	if len(gpus) == 0 && !pinned {
 		return req, usagef("--gpu: give at least one, e.g. --gpu \"H100 80GB:2\"")
 	}
 	for _, s := range gpus {

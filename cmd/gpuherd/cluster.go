@@ -71,7 +71,7 @@ then unchanged.`,
 		Args:              idArg("one claim ID"),
 		ValidArgsFunction: completeClaimIDs(g),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req, err := parseClaimRequest(gpus, nil)
+			req, err := parseClaimRequest(gpus, nil, false)
 			if err != nil {
 				return err
 			}

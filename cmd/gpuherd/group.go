@@ -32,7 +32,7 @@ the same request again is a retry and answers the group.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.GroupRequest{Nodes: nodes}
 			if len(gpus) > 0 {
-				cr, err := parseClaimRequest(gpus, nil)
+				cr, err := parseClaimRequest(gpus, nil, false)
 				if err != nil {
 					return err
 				}
@@ -59,7 +59,7 @@ the same request again is a retry and answers the group.`,
 			if len(rgpus) == 0 {
 				return usagef("--gpu: a group with GPUs must keep at least one (and one without GPUs can never get any)")
 			}
-			cr, err := parseClaimRequest(rgpus, nil)
+			cr, err := parseClaimRequest(rgpus, nil, false)
 			if err != nil {
 				return err
 			}

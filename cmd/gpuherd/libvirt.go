@@ -39,14 +39,14 @@ func checkOutput(cmd *cobra.Command, out string) error {
 	switch out {
 	case outTable, outWide, outJSON, outYAML:
 		return nil
-	case outLibvirt, outLibvirtDomain, outQEMU:
+	case outLibvirt, outLibvirtDomain, outQEMU, outKubeVirt:
 		if cmd.Annotations[annHandoff] != "" {
 			return nil
 		}
 		return usagef("--output %q: only claim and get write it; use %s", out, strings.Join(outputFormats, ", "))
 	}
 	if cmd.Annotations[annHandoff] != "" {
-		return usagef("--output %q: use %s, libvirt, libvirt-domain or qemu", out, strings.Join(outputFormats, ", "))
+		return usagef("--output %q: use %s, libvirt, libvirt-domain, qemu or kubevirt", out, strings.Join(outputFormats, ", "))
 	}
 	return usagef("--output %q: use %s", out, strings.Join(outputFormats, ", "))
 }
@@ -55,6 +55,7 @@ func checkOutput(cmd *cobra.Command, out string) error {
 type handoffFlags struct {
 	releaseOnStop bool
 	guestBus      uint
+	kubevirt      kubevirtFlags
 }
 
 func (h *handoffFlags) flags(cmd *cobra.Command) {
@@ -66,6 +67,7 @@ func (h *handoffFlags) flags(cmd *cobra.Command) {
 		"-o libvirt, libvirt-domain: the domain's stop releases the claim (gpuherd's libvirt hook)")
 	cmd.Flags().UintVar(&h.guestBus, "guest-bus", handoff.DefaultGuestBus,
 		"-o libvirt, libvirt-domain: guest PCI bus of the first GPU (one bus per GPU)")
+	h.kubevirt.flags(cmd)
 	long := strings.TrimSpace(cmd.Long)
 	if long == "" {
 		long = cmd.Short + "."
@@ -75,7 +77,9 @@ func (h *handoffFlags) flags(cmd *cobra.Command) {
 -o libvirt prints gpuherd's <metadata> element and one <hostdev
 managed='no'> per PCI function (each GPU with its audio function on one guest
 slot), -o libvirt-domain a minimal domain holding them, -o qemu QEMU's
--device arguments. See docs/libvirt.md.`
+-device arguments. See docs/libvirt.md. -o kubevirt prints the ResourceClaim
+pinned to the claim's GPUs and what goes into a KubeVirt VM for them, for a
+claim made with --kubernetes. See docs/kubevirt.md.`
 }
 
 func (h handoffFlags) options() handoff.Options {
@@ -86,7 +90,7 @@ func (h handoffFlags) options() handoff.Options {
 // format asked for.
 func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context.Context, *api.Client) (api.Claim, error)) error {
 	switch g.output {
-	case outLibvirt, outLibvirtDomain, outQEMU:
+	case outLibvirt, outLibvirtDomain, outQEMU, outKubeVirt:
 	default:
 		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl, g.wide()); g.warn(cl.Warnings) })
 	}
@@ -110,6 +114,8 @@ func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context
 		out, err = handoff.DomainXML(cl, ho.options())
 	case outQEMU:
 		out, err = handoff.QEMU(cl)
+	case outKubeVirt:
+		out, err = ho.kubevirt.render(cl)
 	}
 	if err != nil {
 		return err

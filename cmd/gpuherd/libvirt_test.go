@@ -272,7 +272,7 @@ func TestClaimAndGetHandOffFormats(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"status", "-o", "libvirt"}, exitUsage, "only claim and get write it"},
-		{[]string{"get", "vm-a", "-o", "xml"}, exitUsage, "use table, wide, json, yaml, libvirt, libvirt-domain or qemu"},
+		{[]string{"get", "vm-a", "-o", "xml"}, exitUsage, "use table, wide, json, yaml, libvirt, libvirt-domain, qemu or kubevirt"},
 		{[]string{"get", "vm-a", "-o", "libvirt", "--guest-bus", "0"}, exitUsage, "--guest-bus 0"},
 		{[]string{"get", "vm-none", "-o", "libvirt"}, -1, "vm-none"}, // -1: any failure (not found)
 	} {

@@ -108,8 +108,8 @@ such as "10de"). With json or yaml a failure is written on stderr as
 		socket = defaultSocket
 	}
 	root.PersistentFlags().StringVar(&g.socket, "socket", socket, "the agent's unix socket (env GPUHERD_SOCKET)")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", outTable, "output format: "+strings.Join(outputFormats, ", ")+" (claim and get: also libvirt, libvirt-domain, qemu)")
-	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(append(slices.Clone(outputFormats), outLibvirt, outLibvirtDomain, outQEMU), cobra.ShellCompDirectiveNoFileComp))
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", outTable, "output format: "+strings.Join(outputFormats, ", ")+" (claim and get: also libvirt, libvirt-domain, qemu, kubevirt)")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(append(slices.Clone(outputFormats), outLibvirt, outLibvirtDomain, outQEMU, outKubeVirt), cobra.ShellCompDirectiveNoFileComp))
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := checkOutput(cmd, g.output); err != nil {
 			return err
@@ -142,6 +142,8 @@ such as "10de"). With json or yaml a failure is written on stderr as
 		newTLSCmd(g),
 		newLedgerCmd(g),
 		newLibvirtHookCmd(g),
+		newKubeletPluginCmd(g),
+		newKubernetesCmd(g),
 		newConfigCmd(g),
 		newManCmd(),
 	)

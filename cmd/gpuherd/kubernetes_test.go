@@ -1,0 +1,46 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A claim for a KubeVirt VM prints its pinned ResourceClaim and the VM's
+// part; a claim that is not for Kubernetes is refused with what to do;
+// GPUs named by address are claimed exactly.
+func TestKubeVirtManifestsAndPinnedClaims(t *testing.T) {
+	e := startHookEnv(t)
+	out := ok(t, e.cfg.Socket, "claim", "vm-k", "--device", "0000:18:00.0", "--device", "0000:2a:00.0", "--kubernetes", "-o", "kubevirt", "--namespace", "vms")
+	for _, want := range []string{
+		"# gpuherd claim vm-k on gpu-17: 2x NVIDIA L40S\n",
+		"kind: ResourceClaim\n",
+		"    gpuherd.io/claim: vm-k\n",
+		"  namespace: vms\n",
+		"deviceClassName: claimed.gpu.gpuherd.io",
+		`pciBusID == "0000:2a:00.0"`,
+		"#         requestName: gpu1\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("claim -o kubevirt lacks %q:\n%s", want, out)
+		}
+	}
+	if again := ok(t, e.cfg.Socket, "get", "vm-k", "-o", "kubevirt", "--namespace", "vms"); again != out {
+		t.Errorf("get -o kubevirt differs from the claim's:\n%s\nvs\n%s", again, out)
+	}
+	ok(t, e.cfg.Socket, "claim", "vm-l", "--gpu", "L40S")
+	r := gpuherd(t, e.cfg.Socket, "get", "vm-l", "-o", "kubevirt")
+	if r.code == exitOK || !strings.Contains(r.stderr, "claim it with --kubernetes") {
+		t.Errorf("get -o kubevirt of a libvirt claim: %s", r)
+	}
+	r = gpuherd(t, e.cfg.Socket, "claim", "vm-m", "--device", "0000:18:00.0")
+	if r.code != exitNotAvailable {
+		t.Errorf("claim of a GPU held by vm-k: %s, want exit %d", r, exitNotAvailable)
+	}
+
+	classes := ok(t, e.cfg.Socket, "kubernetes", "deviceclasses")
+	for _, want := range []string{"  name: gpu.gpuherd.io\n", "  name: l40s.gpu.gpuherd.io\n", "  name: h100-80gb.gpu.gpuherd.io\n", "  name: claimed.gpu.gpuherd.io\n"} {
+		if !strings.Contains(classes, want) {
+			t.Errorf("deviceclasses lacks %q", want)
+		}
+	}
+}
