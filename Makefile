@@ -57,6 +57,9 @@ test-short:
 test-integration:
 	$(GO) test -race -count=1 -run '^TestIntegration|^TestProcess|^TestAgentSpeaksSystemdNotify' ./agent/... ./cmd/...
 
+test-kube:
+	cd tools/kube && $(GO) test -count=1 ./...
+
 # Every fuzz target for FUZZTIME (10 s) each; see docs/testing.md.
 fuzz:
 	.ci/fuzz.sh

@@ -7,9 +7,9 @@ import (
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"go.yaml.in/yaml/v3"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"go.yaml.in/yaml/v3"
 )
 
 // ClaimedClass names the DeviceClass of GPUs held by gpuherd claims made
