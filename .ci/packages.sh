@@ -49,6 +49,11 @@ grep -q "^ExecStart=$PWD/bin/gpuherd agent" "$unitdir/gpuherd.service" || fail "
 out=$(systemd-analyze verify "$unitdir/gpuherd.service" 2>&1) || fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify warns: $out"
 systemd-analyze security --offline=yes --threshold=40 "$unitdir/gpuherd.service" | tail -1
+sed "s#^ExecStart=/usr/bin/gpuherd #ExecStart=$PWD/bin/gpuherd #" systemd/gpuherd-kubelet-plugin.service >"$unitdir/gpuherd-kubelet-plugin.service"
+grep -q "^ExecStart=$PWD/bin/gpuherd kubelet-plugin" "$unitdir/gpuherd-kubelet-plugin.service" || fail "ExecStart not rewritten"
+out=$(systemd-analyze verify "$unitdir/gpuherd-kubelet-plugin.service" 2>&1) || fail "systemd-analyze verify: $out"
+[ -z "$out" ] || fail "systemd-analyze verify warns: $out"
+systemd-analyze security --offline=yes --threshold=30 "$unitdir/gpuherd-kubelet-plugin.service" | tail -1
 
 step "alert rules (promtool)"
 promtool check rules packaging/prometheus/gpuherd-alerts.yml packaging/prometheus/gpuherd-dcgm.rules.yml
@@ -121,12 +126,15 @@ echo "<domain type='kvm'><name>plain</name><uuid>00000000-0000-0000-0000-0000000
 # README's socket_group: gpuherd must work on a fresh install.
 getent group gpuherd >/dev/null || fail "the package did not create the group gpuherd"
 # The installed unit itself verifies too.
-systemd-analyze verify /lib/systemd/system/gpuherd.service
+systemd-analyze verify /lib/systemd/system/gpuherd.service /lib/systemd/system/gpuherd-kubelet-plugin.service
+[ -f /usr/share/doc/gpuherd/kubevirt.md ] || fail "no /usr/share/doc/gpuherd/kubevirt.md"
 
 step "not enabled, not running after install"
 # is-enabled reads the unit files, so it answers without a running systemd.
 state=$(systemctl is-enabled gpuherd.service 2>/dev/null || true)
 [ "$state" = disabled ] || fail "after install gpuherd.service is '$state', want disabled"
+state=$(systemctl is-enabled gpuherd-kubelet-plugin.service 2>/dev/null || true)
+[ "$state" = disabled ] || fail "after install gpuherd-kubelet-plugin.service is '$state', want disabled"
 if compgen -G '/etc/systemd/system/*.wants/gpuherd.service' >/dev/null; then
 	fail "the package enabled gpuherd.service"
 fi
@@ -146,6 +154,7 @@ mkdir -p /etc/gpuherd/tls && echo key >/etc/gpuherd/gossip.key && echo cert >/et
 dpkg -r gpuherd
 [ ! -e /usr/bin/gpuherd ] || fail "/usr/bin/gpuherd left after remove"
 [ ! -e /lib/systemd/system/gpuherd.service ] || fail "unit left after remove"
+[ ! -e /lib/systemd/system/gpuherd-kubelet-plugin.service ] || fail "plugin unit left after remove"
 [ -f /etc/gpuherd/gpuherd.yaml ] || fail "remove deleted the config (only purge may)"
 [ -f /var/lib/gpuherd/ledger.db ] || fail "remove deleted the ledger (only purge may)"
 # The hook is a conffile, kept until purge: without the binary it must let

@@ -59,6 +59,30 @@ type groupEntry struct {
 	token uint64
 	// where keeps the record file.
 	where target
+	// kubernetes: the nodes are KubeVirt VMs (api.GroupRequest.Kubernetes),
+	// their claims published to Kubernetes.
+	kubernetes bool
+}
+
+// nodeLabels are the labels of a group's node claims.
+func (e groupEntry) nodeLabels() map[string]string {
+	l := map[string]string{groupLabel: e.rec.Name}
+	if e.kubernetes {
+		l[api.LabelKubernetes] = "true"
+	}
+	return l
+}
+
+// kubernetesNodes reports whether a group's nodes are for Kubernetes, as
+// the claims its nodes hold say: a repair or a resize places a missing
+// node as its siblings are.
+func kubernetesNodes(claims map[string]api.Claim) bool {
+	for _, c := range claims {
+		if _, ok := c.Labels[api.LabelKubernetes]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 func legacyNodes(rec api.GroupRecord) []string {
@@ -228,6 +252,7 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 		}
 	}
 	e.gpus = items
+	e.kubernetes = req.Kubernetes
 	g := api.Group{GroupRecord: e.rec, GPUs: items, Claims: []api.Claim{}}
 	if !rec.WithGPUs {
 		a.log.Info("group created without GPUs", "group", name, "nodes", req.Nodes)
@@ -265,7 +290,7 @@ func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string,
 	for i, id := range ids {
 		// any_node: a node of an earlier group of this name is remembered
 		// where it ran, which must not pin the new group's nodes there.
-		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: map[string]string{groupLabel: e.rec.Name}, AnyNode: true})
+		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
 		if err == nil {
 			placed = append(placed, c)
 			continue
@@ -445,6 +470,7 @@ func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error
 		return api.Group{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("group %s: no node holds GPUs and its record does not say which it had; give it GPUs with group resize %s --gpu MODEL[:COUNT]", e.rec.Name, e.rec.Name)}
 	}
+	s.e.kubernetes = s.e.kubernetes || e.kubernetes || kubernetesNodes(s.claims)
 	if _, err := a.placeGroupNodes(ctx, s.e, g.Missing, g.GPUs); err != nil {
 		return api.Group{}, err
 	}

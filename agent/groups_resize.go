@@ -46,7 +46,9 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 		var err error
 		switch {
 		case !held:
-			_, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: map[string]string{groupLabel: name}, AnyNode: true})
+			e := s.e
+			e.kubernetes = kubernetesNodes(s.claims)
+			_, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
 		case sameItems(before.Items, items):
 			continue
 		default:

@@ -348,6 +348,11 @@ func DescribeItems(items []Item) string {
 type GroupRequest struct {
 	Nodes int    `json:"nodes"`
 	GPUs  []Item `json:"gpus,omitempty"`
+	// Kubernetes: the nodes are KubeVirt VMs; their claims carry
+	// LabelKubernetes, so the DRA driver publishes their GPUs for the
+	// nodes' pinned ResourceClaims (docs/kubevirt.md). A repair or resize
+	// places a missing node as the nodes that hold GPUs are.
+	Kubernetes bool `json:"kubernetes,omitempty"`
 }
 
 // GroupRecord is what the platform remembers of a group besides its node

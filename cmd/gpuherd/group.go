@@ -16,8 +16,9 @@ func newGroupCmd(g *globals) *cobra.Command {
 		Short: "Kubernetes node groups: every node gets the same GPUs, each node's on one server",
 	}
 	var (
-		nodes int
-		gpus  []string
+		nodes   int
+		gpus    []string
+		forKube bool
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --nodes N [--gpu MODEL[:COUNT] ...]",
@@ -30,7 +31,7 @@ GPUs later. A name already taken is refused (exit 6); with the name registry,
 the same request again is a retry and answers the group.`,
 		Args: idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := api.GroupRequest{Nodes: nodes}
+			req := api.GroupRequest{Nodes: nodes, Kubernetes: forKube}
 			if len(gpus) > 0 {
 				cr, err := parseClaimRequest(gpus, nil, false)
 				if err != nil {
@@ -48,6 +49,7 @@ the same request again is a retry and answers the group.`,
 	}
 	create.Flags().IntVar(&nodes, "nodes", 0, "number of nodes")
 	create.Flags().StringArrayVar(&gpus, "gpu", nil, "MODEL[:COUNT] per node (repeatable)")
+	create.Flags().BoolVar(&forKube, "kubernetes", false, "the nodes are KubeVirt VMs: their GPUs are published to Kubernetes (get NAME.node-I -o kubevirt); docs/kubevirt.md")
 	_ = create.RegisterFlagCompletionFunc("gpu", completeModels(g))
 
 	var rgpus []string

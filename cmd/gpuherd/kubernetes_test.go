@@ -44,3 +44,22 @@ func TestKubeVirtManifestsAndPinnedClaims(t *testing.T) {
 		}
 	}
 }
+
+// A node group of KubeVirt VMs: every node's claim is for Kubernetes, and
+// each prints its pinned ResourceClaim.
+func TestKubernetesNodeGroup(t *testing.T) {
+	e := startHookEnv(t)
+	ok(t, e.cfg.Socket, "group", "create", "tenant-a", "--nodes", "2", "--gpu", "L40S", "--kubernetes")
+	for _, node := range []string{"tenant-a.node-0", "tenant-a.node-1"} {
+		out := ok(t, e.cfg.Socket, "get", node, "-o", "kubevirt", "--namespace", "tenant-a")
+		if !strings.Contains(out, "gpuherd.io/claim: "+node+"\n") || !strings.Contains(out, "name: tenant-a.node-0\n") && node == "tenant-a.node-0" {
+			t.Errorf("get %s -o kubevirt:\n%s", node, out)
+		}
+	}
+	// A node released by hand comes back through repair as its siblings are.
+	ok(t, e.cfg.Socket, "release", "tenant-a.node-1")
+	ok(t, e.cfg.Socket, "group", "repair", "tenant-a")
+	if out := ok(t, e.cfg.Socket, "get", "tenant-a.node-1", "-o", "kubevirt"); !strings.Contains(out, "kind: ResourceClaim") {
+		t.Errorf("repaired node is not for Kubernetes:\n%s", out)
+	}
+}
