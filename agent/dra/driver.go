@@ -128,6 +128,7 @@ type Driver struct {
 	rec    recorder
 	state  *checkpoint
 	helper *kubeletplugin.Helper
+	pub    publisher // the helper; a fake in benchmarks
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -166,10 +167,8 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes driver: starting the kubelet plugin: %w", err)
 	}
-	d.helper = helper
-	wctx, cancel := context.WithCancel(ctx)
-	d.cancel = cancel
-	go d.publishLoop(wctx)
+	d.helper, d.pub = helper, helper
+	d.startPublishing(ctx)
 	d.log.Info("kubelet plugin started", "node", cfg.NodeName, "plugin_dir", cfg.PluginDataDir, "registrar_dir", cfg.RegistrarDir, "cdi_dir", cfg.CDIDir)
 	return d, nil
 }
@@ -190,12 +189,25 @@ func newDriver(cfg Config) (*Driver, error) {
 		state: state, done: make(chan struct{}), synced: make(chan struct{})}, nil
 }
 
+// publisher takes this node's devices to the API server.
+type publisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+func (d *Driver) startPublishing(ctx context.Context) {
+	wctx, cancel := context.WithCancel(ctx)
+	d.cancel = cancel
+	go d.publishLoop(wctx)
+}
+
 // Stop stops publishing and serving; the ResourceSlice stays (the kubelet
 // removes it when the plugin does not come back).
 func (d *Driver) Stop() {
 	d.cancel()
 	<-d.done
-	d.helper.Stop()
+	if d.helper != nil {
+		d.helper.Stop()
+	}
 }
 
 // Synced is closed once the first ResourceSlice was published.
@@ -273,7 +285,7 @@ func (d *Driver) publish(ctx context.Context, st api.Status) error {
 		res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 			d.cfg.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}},
 		}}
-		if err := d.helper.PublishResources(ctx, res); err != nil {
+		if err := d.pub.PublishResources(ctx, res); err != nil {
 			return err
 		}
 		d.log.Debug("ResourceSlice published", "devices", len(devs), "generation", st.Generation)

@@ -36,7 +36,7 @@ type rig struct {
 	st     api.Status
 }
 
-func shortTemp(t *testing.T) string {
+func shortTemp(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gh-dra")
 	if err != nil {
@@ -46,7 +46,9 @@ func shortTemp(t *testing.T) string {
 	return dir
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigTB(t) }
+
+func newRigTB(t testing.TB) *rig {
 	t.Helper()
 	dir := shortTemp(t)
 	p, err := sim.Load("dgx-h100")
@@ -124,7 +126,9 @@ func (r *rig) prepare(t *testing.T, c *resourceapi.ResourceClaim) kubeletplugin.
 	return got
 }
 
-func (r *rig) unprepare(t *testing.T, c *resourceapi.ResourceClaim) error {
+func (r *rig) unprepare(t *testing.T, c *resourceapi.ResourceClaim) error { return r.unprepareTB(t, c) }
+
+func (r *rig) unprepareTB(t testing.TB, c *resourceapi.ResourceClaim) error {
 	t.Helper()
 	res, err := r.d.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{
 		NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID}})
