@@ -151,6 +151,13 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	cfg = d.cfg
+	// The kubelet's and the runtime's directories may not exist before
+	// they first ran; the plugin's sockets and specs must have them.
+	for _, dir := range []string{cfg.RegistrarDir, cfg.CDIDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("kubernetes driver: %w", err)
+		}
+	}
 	ctx = klog.NewContext(ctx, logr.FromSlogHandler(d.log.Handler()))
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(cfg.DriverName),
