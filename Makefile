@@ -11,7 +11,7 @@ RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
 
-.PHONY: all build run demo test test-short test-integration test-kernel test-dst test-faults fuzz cover tidy-check bench bench-micro lint fmt clean
+.PHONY: all build run demo demo-kubevirt test test-short test-integration test-kernel test-dst test-faults test-kube fuzz cover tidy-check bench bench-micro lint fmt clean
 
 all: build
 
@@ -41,6 +41,18 @@ demo: build
 	cd tools && $(GO) build -o ../bin/gpuherd-demo ./cmd/gpuherd-demo
 	bin/gpuherd-demo --gpuherd $(BIN)
 
+# KubeVirt without a cluster: an in-process kube-apiserver, kube-scheduler
+# and resourceclaim controller, two simulated hypervisors with their agents
+# and DRA plugins, a VM's claim, allocation, prepare, metadata and release
+# (tools/kube; docs/kubevirt.md). The first build takes minutes.
+demo-kubevirt:
+	cd tools/kube && $(GO) run ./cmd/gpuherd-kubevirt-demo
+
+# The DRA driver against a real control plane (tools/kube, a module of its
+# own: the product's go.mod never carries k8s.io/kubernetes).
+test-kube:
+	cd tools/kube && $(GO) test -count=1 ./...
+
 # Every test of both modules (the agent's and tools/), with the race detector.
 test:
 	$(GO) test -race -count=1 ./...
@@ -57,9 +69,6 @@ test-short:
 test-integration:
 	$(GO) test -race -count=1 -run '^TestIntegration|^TestProcess|^TestAgentSpeaksSystemdNotify' ./agent/... ./cmd/...
 
-test-kube:
-	cd tools/kube && $(GO) test -count=1 ./...
-
 # Every fuzz target for FUZZTIME (10 s) each; see docs/testing.md.
 fuzz:
 	.ci/fuzz.sh
@@ -73,6 +82,7 @@ cover:
 tidy-check:
 	$(GO) mod tidy -diff
 	cd tools && $(GO) mod tidy -diff
+	cd tools/kube && $(GO) mod tidy -diff
 
 # vfio on a real kernel: Debian's cloud kernel under QEMU (TCG, emulated
 # IOMMU), the agent included. See tools/test/realkernel/run.sh.
@@ -105,8 +115,10 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd tools && $(GO) vet ./...
+	cd tools/kube && $(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	cd tools && $$($(GO) -C .. tool -n staticcheck) ./...
+	cd tools/kube && $$($(GO) -C ../.. tool -n staticcheck) ./...
 	$(GO) test -count=1 ./internal/layers
 
 fmt:

@@ -166,9 +166,11 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
 		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
 		kubeletplugin.CDIDirectory(cfg.CDIDir),
-		// KubeVirt's virt-launcher reads v1alpha1; newer consumers take
-		// the first version they know.
-		kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion, metadatav1alpha1.SchemeGroupVersion}),
+		// The file holds one object per version, in this order. KubeVirt's
+		// virt-launcher decodes only the first and wants v1alpha1; the
+		// helper insists on the latest (v1beta1) too, which newer
+		// consumers find by reading on.
+		kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1alpha1.SchemeGroupVersion, metadatav1beta1.SchemeGroupVersion}),
 		kubeletplugin.HealthService(false),
 	)
 	if err != nil {
