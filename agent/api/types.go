@@ -291,6 +291,9 @@ type Error struct {
 	Alternatives []Alternative `json:"alternatives,omitempty"`
 	// PCIAddresses: the functions a not_claimed or not_bound error is about.
 	PCIAddresses []string `json:"pci_addresses,omitempty"`
+	// HeldBy: the claims of the server that hold the functions of a
+	// not_claimed error instead.
+	HeldBy []string `json:"held_by,omitempty"`
 	// Refusals: why owners refused GPUs their view had offered (a GPU found
 	// unusable before any driver change), one line per refusal.
 	Refusals []string `json:"refusals,omitempty"`
