@@ -16,7 +16,9 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
-	a.annotateUse(st.GPUs)
+	if err := a.annotateUse(st.GPUs); err != nil {
+		st.InUseError = err.Error()
+	}
 	st.Names = a.registry.status()
 	return st, nil
 }
@@ -45,8 +47,9 @@ func (a *Agent) gpuView(addr string) (api.GPU, error) {
 // same moment.
 type gpuState struct {
 	ledger.GPUState
-	driver string
-	read   bool // false: the device could not be read, driver is ""
+	driver  string
+	read    bool  // false: the device could not be read, driver is ""
+	readErr error // why not
 }
 
 // gpuStates reads every GPU's ledger state and its driver as one
@@ -84,6 +87,8 @@ func (a *Agent) readStates() []gpuState {
 		out[i].GPUState = s
 		if d, err := a.pci.Device(s.GPU.Address); err == nil {
 			out[i].driver, out[i].read = d.Driver, true
+		} else {
+			out[i].readErr = err
 		}
 	}
 	return out
@@ -100,6 +105,7 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		NVMLMemoryBytes: g.NVMLMemoryBytes,
 		IOMMUGroup:      g.IOMMUGroup,
 		Driver:          s.driver, // read live: what a VM start will find
+		DriverError:     errString(s.readErr),
 		State:           string(s.Status),
 		Claim:           s.ClaimID,
 		DrainReason:     s.DrainReason,
@@ -147,3 +153,10 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 
 // Version is this build.
 func (a *Agent) Version() api.VersionInfo { return VersionInfo() }
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -31,6 +31,9 @@ type GPU struct {
 	// Readiness is the passthrough verdict; nil when not taken (a GPU
 	// that cannot be read).
 	Readiness *Readiness `json:"readiness,omitempty"`
+	// DriverError says why the device could not be read; driver is then
+	// empty.
+	DriverError string `json:"driver_error,omitempty"`
 }
 
 // GPU states.
@@ -61,6 +64,10 @@ type Status struct {
 	// Names is this agent's part in the name registry; absent when it
 	// runs none (alone).
 	Names *NamesStatus `json:"names,omitempty"`
+	// InUseError says why the agent cannot tell which processes hold the
+	// GPUs' VFIO groups open (proc_root unreadable): in_use_by may then
+	// be missing on GPUs a VM uses.
+	InUseError string `json:"in_use_error,omitempty"`
 }
 
 // NamesStatus is an agent's view of the name registry.
@@ -231,6 +238,11 @@ type Member struct {
 	Drained      bool                `json:"drained"`
 	AgentVersion string              `json:"agent_version,omitempty"`
 	Models       []ModelAvailability `json:"models"`
+	// SummaryError says why the member's gossiped summary cannot be read
+	// (a newer or broken agent): its version, drain, registry role and
+	// capacity are then unknown and left empty, and no claim is placed
+	// there.
+	SummaryError string `json:"summary_error,omitempty"`
 	// NamesRole is the member's role in the name registry (voter,
 	// non-voter, standby, client), as it gossips it; NamesLeader marks the
 	// registry's leader.
