@@ -83,7 +83,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	}
 	if len(unbound) > 0 {
 		return api.Claim{}, &api.Error{Code: api.CodeNotBound, PCIAddresses: unbound,
-			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; see `gpuherd status` and the agent's log", id, strings.Join(drivers, ", "))}
+			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; something rebound them behind gpuherd (a managed='yes' domain, a manual bind): the agent binds them back within driver_check_interval (30 s by default) or at its restart (systemctl restart gpuherd), then start the domain again; `gpuherd status` and the agent's log say if they stay off", id, strings.Join(drivers, ", "))}
 	}
 	if req.CheckOnly {
 		return o.claimView(c), nil

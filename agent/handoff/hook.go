@@ -141,7 +141,7 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 		}
 	}
 	if g.UUID == "" {
-		return problem(&Refusal{Msg: fmt.Sprintf("domain %s has no UUID; gpuherd marks claims in use by it", g.Name)})
+		return problem(&Refusal{Msg: fmt.Sprintf("domain %s has no <uuid>, and gpuherd marks its claim in use by the domain's UUID: give the domain one (libvirt assigns it at define: virsh define the XML rather than pass it by hand)", g.Name)})
 	}
 
 	if mode == "release" {

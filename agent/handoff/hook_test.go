@@ -119,3 +119,16 @@ func TestHookRefusesTwoClaimElements(t *testing.T) {
 		t.Fatalf("hook = %v, asked for %v; want the duplicate refused before any claim is asked", err, a.used)
 	}
 }
+
+func TestHookRefusalOfADomainWithoutUUID(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "metadata", "same-prefix-on-element.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noUUID := bytes.Replace(data, []byte("<uuid>0d7c5b52-7a1e-4d4b-9a55-3c1f0e6b2a11</uuid>"), nil, 1)
+	a := &fakeAgent{}
+	err = runHook(t, a, "guest-1", noUUID)
+	if err == nil || !strings.HasPrefix(err.Error(), "domain guest-1 has no <uuid>") || !strings.Contains(err.Error(), "virsh define") || len(a.used) != 0 {
+		t.Fatalf("hook = %v (asked for %v); want a refusal saying how to give it one", err, a.used)
+	}
+}
