@@ -502,7 +502,7 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
 	defer cancel()
 	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		return api.Claim{}, fmt.Errorf("claim %s: committed on %s and %s by concurrent requests; releasing the copy on %s failed: %w", at.id, keep.t.name, t.name, t.name, err)
+		return api.Claim{}, annotate(err, "claim %[2]s: committed on %[3]s and %[4]s by concurrent requests; releasing the copy on %[4]s failed: %[1]s", at.id, keep.t.name, t.name)
 	}
 	return keep.c, nil
 }
