@@ -10,7 +10,11 @@
 # the hook's message; a refused start releases nothing; a domain without
 # GPUs starts while the agent is stopped; the claim is released at
 # `virsh destroy` only for the domain that marked it; libvirtd restarted
-# with a guest running calls reconnect and the guest survives.
+# with a guest running calls reconnect and the guest survives; gpuherd's
+# metadata re-serialised by Python's ElementTree (the namespace declared on
+# <domain> as ns0) survives libvirt's define and dumpxml and is read by the
+# hook, and a domain whose metadata libvirt does not hand over as gpuherd's
+# is refused with the virsh metadata command that fixes it, which works.
 #
 # Set GPUHERD_LIBVIRT_NO_APT=1 to skip apt-get (tools already installed).
 # Every missing tool is a failure, never a skip.
@@ -36,11 +40,11 @@ if [ -z "${GPUHERD_LIBVIRT_NO_APT:-}" ]; then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends \
 		libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 \
-		libvirt-clients libxml2-utils >/dev/null
+		libvirt-clients libxml2-utils python3 >/dev/null
 	rm -f /usr/sbin/policy-rc.d
 fi
-for t in libvirtd virsh virt-xml-validate qemu-system-x86_64; do
-	command -v "$t" >/dev/null || fail "$t not found (Debian: libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 libvirt-clients libxml2-utils)"
+for t in libvirtd virsh virt-xml-validate qemu-system-x86_64 python3; do
+	command -v "$t" >/dev/null || fail "$t not found (Debian: libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 libvirt-clients libxml2-utils python3)"
 done
 
 step "golden XML against libvirt's schema and parser"
@@ -69,7 +73,7 @@ agent_pid=""
 qemu_conf_saved=""
 cleanup() {
 	set +e
-	for d in guest-a guest-c plain vm-b bare; do
+	for d in guest-a guest-c plain vm-b bare guest-et guest-other; do
 		virsh destroy "$d" >/dev/null 2>&1
 		virsh undefine "$d" >/dev/null 2>&1
 	done
@@ -211,6 +215,53 @@ if out=$(virsh start bare 2>&1); then fail "a domain without metadata started on
 grep -qF "The following GPUs are not claimed by bare: $gpu" <<<"$out" || fail "virsh start bare: $out"
 grep -q '^vm-b release end' "$work/hook.log" || fail "libvirt did not call release after the refused start"
 [ "$(held_by)" = none ] || fail "a refused start changed vm-a: in use by $(held_by)"
+
+step "ElementTree's metadata through libvirt's define/dumpxml round trip"
+# hook_call NAME OP SUBOP FILE: the hook as libvirtd runs it, on FILE.
+hook_call() { "$bin" libvirt-hook --config "$work/gpuherd.yaml" -- "$1" "$2" "$3" - <"$4"; }
+ns=https://github.com/gpuherd/gpuherd/xmlns/libvirt/1
+domain guest-et vm-a no yes
+virsh undefine guest-et >/dev/null
+# A script that edits domains with ElementTree writes them back so: the
+# declaration moves to <domain>, the prefix becomes ns0.
+python3 - "$work/guest-et.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+t = ET.parse(sys.argv[1])
+t.write(sys.argv[1], encoding="unicode")
+PY
+grep -qF "<domain xmlns:ns0=\"$ns\"" "$work/guest-et.xml" || fail "ElementTree did not move the declaration: $(head -c 300 "$work/guest-et.xml")"
+virsh define "$work/guest-et.xml" >/dev/null
+virsh dumpxml guest-et >"$work/guest-et.dumped.xml"
+grep -qF "id=\"vm-a\"" "$work/guest-et.dumped.xml" || fail "libvirt dropped gpuherd's metadata at define: $(sed -n '/<metadata/,/<\/metadata>/p' "$work/guest-et.dumped.xml")"
+sed -n '/<metadata/,/<\/metadata>/p' "$work/guest-et.dumped.xml"
+out=$(hook_call guest-et prepare begin "$work/guest-et.dumped.xml" 2>&1) || fail "the hook refused the dumped domain of vm-a: $out"
+[ "$(held_by)" = guest-et ] || fail "the hook did not mark vm-a in use by guest-et: $(held_by)"
+hook_call guest-et release end "$work/guest-et.dumped.xml" || fail "release end failed"
+[ "$(held_by)" = none ] || fail "guest-et's release left vm-a in use by $(held_by)"
+# Through virsh start: the hook lets it through, libvirt's own host checks
+# stop it (the simulated GPU is not on this host's bus), and release follows.
+if out=$(virsh start guest-et 2>&1); then fail "guest-et started on a simulated GPU"; fi
+grep -qF "Hook script execution failed" <<<"$out" && fail "the hook refused guest-et under libvirtd: $out"
+grep -q '^guest-et prepare begin' "$work/hook.log" || fail "libvirtd did not call the hook for guest-et"
+[ "$(held_by)" = none ] || fail "the failed start left vm-a in use by $(held_by)"
+
+# The same element in another namespace is not gpuherd's: the domain is
+# judged by its name and the refusal says how to add the metadata.
+sed -e "s#<name>guest-et</name>#<name>guest-other</name>#" -e "s#$ns#urn:example:other#" \
+	-e '/<uuid>/d' "$work/guest-et.xml" >"$work/guest-other.xml"
+virsh define "$work/guest-other.xml" >/dev/null
+if out=$(virsh start guest-other 2>&1); then fail "guest-other started on vm-a's GPU"; fi
+echo "$out"
+grep -qF "guest-other passes this server's GPUs $gpu, $audio without gpuherd metadata" <<<"$out" || fail "the refusal does not say the metadata is missing: $out"
+fix=$(grep -o "virsh metadata guest-other [^']*'<claim id=\"vm-a\"/>'" <<<"$out") || fail "the refusal names no virsh metadata command for vm-a: $out"
+# The command as printed, through this script's virsh (qemu:///system).
+echo "+ $fix"
+eval "$fix" || fail "the printed fix failed: $fix"
+virsh dumpxml guest-other >"$work/guest-other.dumped.xml"
+out=$(hook_call guest-other prepare begin "$work/guest-other.dumped.xml" 2>&1) || fail "after the printed fix the hook still refuses: $out"
+[ "$(held_by)" = guest-other ] || fail "after the fix vm-a is in use by $(held_by), want guest-other"
+hook_call guest-other release end "$work/guest-other.dumped.xml" || fail "release end failed"
+[ "$(held_by)" = none ] || fail "guest-other's release left vm-a in use by $(held_by)"
 
 step "a domain without GPUs starts while the agent is stopped"
 stop_agent

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -197,7 +198,8 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		ranked = ranked[:maxOwnerRetries]
 	}
 	var (
-		lastErr  error // the last failure that was not a plain "no"
+		lastErr  error    // the last failure that was not a plain "no"
+		failures []string // each such failure, in words (ownerFailure)
 		refused  int
 		tried    []string
 		refusals []string // owners' reasons beyond "no" (unusable GPUs)
@@ -237,6 +239,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				at.lastRefusal.Store(at.now().UnixNano())
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
+				failures = append(failures, ownerFailure(name, err))
 			}
 			at.log.Debug("owner could not take the claim; next candidate", "claim", at.id, "node", name, "err", err)
 		}
@@ -248,7 +251,8 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		// Every server that should fit failed rather than said no (a full
 		// disk, a broken owner): "not available" would hide why.
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
-			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", at.id, lastErr)}
+			Message: fmt.Sprintf("claim %s was not placed: every server that could hold it failed to take it (%s); nothing was claimed: retry the claim, and if it keeps failing read the agent's log on those servers (journalctl -u gpuherd)",
+				at.id, strings.Join(failures, "; "))}
 	}
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
 }
@@ -504,7 +508,7 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
 	defer cancel()
 	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		return api.Claim{}, fmt.Errorf("claim %s: committed on %s and %s by concurrent requests; releasing the copy on %s failed: %w", at.id, keep.t.name, t.name, t.name, err)
+		return api.Claim{}, annotate(err, "claim %[2]s: committed on %[3]s and %[4]s by concurrent requests; releasing the copy on %[4]s failed: %[1]s", at.id, keep.t.name, t.name)
 	}
 	return keep.c, nil
 }
@@ -575,4 +579,21 @@ type notVouched struct {
 
 func (e *notVouched) Error() string {
 	return fmt.Sprintf("claim ID not vouched for by its home; reserved on %s meanwhile", e.t.name)
+}
+
+// ownerFailure says what went wrong when the owner name failed to take a
+// claim (rather than said no), in words that hold outside that server:
+// the owner speaks of "this server", and "not found" at a commit means
+// the reservation made a moment before was gone.
+func ownerFailure(name string, err error) string {
+	var e *api.Error
+	if errors.As(err, &e) {
+		switch e.Code {
+		case api.CodeNotFound, api.CodeLeaseExpired:
+			return fmt.Sprintf("on %s the reservation was gone before its commit (its lease expired, or that agent restarted)", name)
+		case api.CodeBindFailed:
+			return fmt.Sprintf("on %s a GPU could not be bound to vfio-pci (gpuherd status there shows it): %s", name, e.Message)
+		}
+	}
+	return fmt.Sprintf("%s: %v", name, err)
 }

@@ -276,7 +276,10 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 		cancel()
 		if err != nil && !isCode(err, api.CodeNotFound) {
 			at.abortReservation(ctx, t)
-			return api.Claim{}, fmt.Errorf("moving claim %s from %s to %s: releasing the old GPUs failed, nothing changed: %w", id, owner.name, name, err)
+			// annotate, not %w: the API answers the *api.Error inside,
+			// and its message alone (a release's advice) would not say
+			// that this was a resize, nor that nothing changed.
+			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the old GPUs could not be released (%[1]s); nothing changed, the claim stays on %[3]s: stop the VM that uses it, then resize again", id, owner.name, name)
 		}
 		co.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)
 		return at.commit(ctx, t)

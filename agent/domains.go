@@ -50,7 +50,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	named := o.managedAmong(req.PCIAddresses)
 	c, err := o.ledger.Get(id)
 	if err != nil || c.State != ledger.StateCommitted {
-		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, o.cfg.NodeName))
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, o.cfg.NodeName), false)
 	}
 	held := o.functionsOf(c.GPUs)
 	var foreign []string
@@ -60,7 +60,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 		}
 	}
 	if len(foreign) > 0 {
-		return api.Claim{}, o.notClaimed(id, foreign, fmt.Sprintf("claim %s holds %s on %s", id, strings.Join(c.GPUs, ", "), o.cfg.NodeName))
+		return api.Claim{}, o.notClaimed(id, foreign, fmt.Sprintf("claim %s holds %s on %s", id, strings.Join(c.GPUs, ", "), o.cfg.NodeName), true)
 	}
 
 	// Under the device locks no bind or release of these GPUs runs, so the
@@ -83,7 +83,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	}
 	if len(unbound) > 0 {
 		return api.Claim{}, &api.Error{Code: api.CodeNotBound, PCIAddresses: unbound,
-			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; see `gpuherd status` and the agent's log", id, strings.Join(drivers, ", "))}
+			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; something rebound them behind gpuherd (a managed='yes' domain, a manual bind): the agent binds them back within driver_check_interval (30 s by default) or at its restart (systemctl restart gpuherd), then start the domain again; `gpuherd status` and the agent's log say if they stay off", id, strings.Join(drivers, ", "))}
 	}
 	if req.CheckOnly {
 		return o.claimView(c), nil
@@ -97,7 +97,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 			Message: fmt.Sprintf("claim %s is in use by domain %s (%s) since %s; one domain runs on a claim at a time: stop that one first",
 				id, orNone(inUse.Use.Name), inUse.Use.Domain, inUse.Use.Since.Format("2006-01-02 15:04:05Z07:00"))}
 	case errors.Is(err, ledger.ErrNotFound):
-		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id))
+		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id), false)
 	case err != nil:
 		return api.Claim{}, o.apiError(err)
 	}
@@ -142,13 +142,47 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	return api.UseEnd{Claim: o.claimView(c), Released: true}, nil
 }
 
-// notClaimed is the refusal a VM start shows.
-func (o *owner) notClaimed(id string, addrs []string, why string) error {
-	msg := fmt.Sprintf("claim %s: %s", id, why)
-	if len(addrs) > 0 {
-		msg = api.NotClaimedMessage(id, addrs) + " (" + why + ")"
+// notClaimed is the refusal a VM start shows: what is wrong with claim
+// id (why; exists when the claim is held here, on other GPUs), which
+// claims of this server hold addrs instead (also in HeldBy, for the hook's
+// advice), and what to do.
+func (o *owner) notClaimed(id string, addrs []string, why string, exists bool) error {
+	if len(addrs) == 0 {
+		return &api.Error{Code: api.CodeNotClaimed, Message: fmt.Sprintf("claim %s: %s", id, why)}
 	}
-	return &api.Error{Code: api.CodeNotClaimed, Message: msg, PCIAddresses: addrs}
+	holders := o.holdersOf(addrs, id)
+	give := fmt.Sprintf("claim GPUs for %s on %s (gpuherd claim %s --gpu MODEL --prefer-node %s --same-node) and give the domain those (gpuherd get %s -o libvirt)",
+		id, o.cfg.NodeName, id, o.cfg.NodeName, id)
+	if exists {
+		give = fmt.Sprintf("give the domain the GPUs of claim %s (gpuherd get %s -o libvirt)", id, id)
+	}
+	todo := "no other claim holds them: " + give
+	if len(holders) > 0 {
+		todo = fmt.Sprintf("they are held by claim %s: run the domain on that claim (the id in its gpuherd metadata), or %s",
+			strings.Join(holders, ", claim "), give)
+	}
+	return &api.Error{Code: api.CodeNotClaimed, Message: api.NotClaimedMessage(id, addrs) + " (" + why + "; " + todo + ")",
+		PCIAddresses: addrs, HeldBy: holders}
+}
+
+// holdersOf lists the committed claims other than id that hold one of the
+// functions addrs, sorted.
+func (o *owner) holdersOf(addrs []string, id string) []string {
+	var out []string
+	for _, c := range o.ledger.List() {
+		if c.ID == id || c.State != ledger.StateCommitted {
+			continue
+		}
+		fns := o.functionsOf(c.GPUs)
+		for _, addr := range addrs {
+			if fns[addr] {
+				out = append(out, c.ID)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // managedAmong keeps the addresses that are this server's GPUs or their

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -26,15 +27,15 @@ func (a *Agent) apiError(err error) error {
 		return &api.Error{Code: api.CodeNotAvailable,
 			Message: api.NotAvailableMessage(missing), Missing: missing}
 	case errors.As(err, &conf):
-		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
+		return &api.Error{Code: api.CodeConflict, Message: a.here(err)}
 	case errors.As(err, &val):
 		return api.Invalid(val.Field, "%s", val.Error())
 	case errors.Is(err, ledger.ErrNotFound):
-		return &api.Error{Code: api.CodeNotFound, Message: err.Error()}
+		return &api.Error{Code: api.CodeNotFound, Message: a.here(err)}
 	case errors.Is(err, ledger.ErrLeaseExpired):
-		return &api.Error{Code: api.CodeLeaseExpired, Message: err.Error()}
+		return &api.Error{Code: api.CodeLeaseExpired, Message: a.here(err)}
 	case errors.Is(err, ledger.ErrCommitted):
-		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
+		return &api.Error{Code: api.CodeConflict, Message: a.here(err)}
 	}
 	var nr *notReadyFailure
 	if errors.As(err, &nr) {
@@ -45,6 +46,12 @@ func (a *Agent) apiError(err error) error {
 		return &api.Error{Code: api.CodeBindFailed, Message: err.Error()}
 	}
 	return err
+}
+
+// here is the ledger's message with "this server" named: an owner's
+// answer reaches a coordinator, and the operator, on another server.
+func (a *Agent) here(err error) string {
+	return strings.ReplaceAll(err.Error(), "this server", a.cfg.NodeName)
 }
 
 func isCode(err error, code string) bool {

@@ -132,7 +132,7 @@ func (a *Agent) LookupGroup(_ context.Context, name string) (api.GroupRecord, er
 	}
 	data, err := os.ReadFile(a.groupPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return api.GroupRecord{}, &api.Error{Code: api.CodeNotFound, Message: "no group " + name}
+		return api.GroupRecord{}, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("group %s not found on %s", name, a.cfg.NodeName)}
 	}
 	if err != nil {
 		return api.GroupRecord{}, err

@@ -120,7 +120,8 @@ func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items
 func (a *Agent) readGroupName(ctx context.Context, name string) (groupEntry, error) {
 	r, err := a.names.Lookup(ctx, names.Group(name), names.Linearizable)
 	if errors.Is(err, names.ErrNotFound) {
-		return groupEntry{}, &api.Error{Code: api.CodeNotFound, Message: "no group " + name}
+		return groupEntry{}, &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("group %s not found: the name registry holds no such group (gpuherd group create %s --nodes N --gpu MODEL[:COUNT] makes one)", name, name)}
 	}
 	if err != nil {
 		return groupEntry{}, registryError(err, "group "+name)

@@ -173,8 +173,9 @@ func testNodeReleasedDirectly(t *testing.T, a, b *Agent) {
 	if _, err := b.DeleteGroupClaims(ctx, "pool"); err != nil {
 		t.Fatalf("delete with a node released: %v", err)
 	}
-	if _, err := a.GetGroup(ctx, "pool"); apiErr(t, err).Code != api.CodeNotFound {
-		t.Fatalf("deleted group: %v, want not found", err)
+	if _, err := a.GetGroup(ctx, "pool"); apiErr(t, err).Code != api.CodeNotFound ||
+		!strings.Contains(err.Error(), "group pool not found") || !strings.Contains(err.Error(), "gpuherd group create pool --nodes N") {
+		t.Fatalf("deleted group: %v, want not found, saying how to make one", err)
 	}
 	if g, err := b.CreateGroup(ctx, "pool", api.GroupRequest{Nodes: 1, GPUs: two}); err != nil || len(g.Claims) != 1 {
 		t.Fatalf("the name again: %+v, %v", g, err)

@@ -257,8 +257,10 @@ func (a *Agent) CheckReturning(ctx context.Context) {
 }
 
 // annotateUse adds to a status what the ledger cannot say: which process
-// holds each GPU open, and the GPUs kept back while open.
-func (a *Agent) annotateUse(gpus []api.GPU) {
+// holds each GPU open, and the GPUs kept back while open. An error says
+// that /proc could not be read in full: who holds the GPUs is then not
+// known for every one.
+func (a *Agent) annotateUse(gpus []api.GPU) error {
 	open, err := a.openGroups()
 	if err != nil {
 		a.log.Warn("status: cannot tell which VMs use GPUs", "err", err)
@@ -276,6 +278,7 @@ func (a *Agent) annotateUse(gpus []api.GPU) {
 			g.Health = ""
 		}
 	}
+	return err
 }
 
 // adoptedID names the claim adopted for the VM o on node: the domain when

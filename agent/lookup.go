@@ -111,7 +111,7 @@ func unanswered(ctx context.Context, id, node string, err error) error {
 		return ctx.Err()
 	}
 	return &api.Error{Code: api.CodeUnavailable,
-		Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back", id, node, node, err)}
+		Message: fmt.Sprintf("claim %s is held on %s, and %s did not answer (%v); retry when it is back (if it will not come back, gpuherd members remove %s makes its claims lost)", id, node, node, err, node)}
 }
 
 // findOnEveryServer looks claim id up on every server of targets and
@@ -127,7 +127,7 @@ func (co *coordinator) findOnEveryServer(ctx context.Context, targets []target, 
 	if len(hits) == 0 {
 		if strict && len(unanswered) > 0 {
 			return api.Claim{}, target{}, &api.Error{Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer; retry when they are back", id, strings.Join(unanswered, ", "))}
+				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer, so it may be held there; retry when they are back (a server that will not come back: gpuherd members remove NODE)", id, strings.Join(unanswered, ", "))}
 		}
 		names := make([]string, len(targets))
 		for i, t := range targets {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/gossip"
 )
 
 var _ api.CapacityReader = (*Agent)(nil)
@@ -61,19 +62,27 @@ func (a *Agent) Members(context.Context) ([]api.Member, error) {
 			out[0].Addr, out[0].State = m.Addr, m.State
 			continue
 		}
-		v := api.Member{Name: m.Name, Addr: m.Addr, State: m.State, Drained: m.Summary.Drained,
-			AgentVersion: m.Summary.AgentVersion, Models: []api.ModelAvailability{},
-			NamesRole: m.Summary.Names.Role, NamesLeader: m.Summary.Names.Leader}
-		if m.SummaryErr != nil {
-			v.AgentVersion = "unreadable summary: " + m.SummaryErr.Error()
-		}
-		for _, mc := range m.Summary.Models {
-			v.Models = append(v.Models, modelAvail(mc.Model, ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}))
-		}
-		out = append(out, v)
+		out = append(out, memberView(m))
 	}
 	slices.SortFunc(out, func(x, y api.Member) int { return cmp.Compare(x.Name, y.Name) })
 	return out, nil
+}
+
+// memberView is another server as the members list shows it. A summary
+// that did not decode says nothing: its error goes in SummaryError and no
+// field of it is shown as if it were data.
+func memberView(m gossip.Member) api.Member {
+	v := api.Member{Name: m.Name, Addr: m.Addr, State: m.State, Models: []api.ModelAvailability{}}
+	if m.SummaryErr != nil {
+		v.SummaryError = m.SummaryErr.Error()
+		return v
+	}
+	v.Drained, v.AgentVersion = m.Summary.Drained, m.Summary.AgentVersion
+	v.NamesRole, v.NamesLeader = m.Summary.Names.Role, m.Summary.Names.Leader
+	for _, mc := range m.Summary.Models {
+		v.Models = append(v.Models, modelAvail(mc.Model, ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}))
+	}
+	return v
 }
 
 // self is this server as a member.

@@ -445,7 +445,7 @@ func claimNameError(id string, err error) error {
 			Message: fmt.Sprintf("claim %s is %s on %s under a different request; release it first or use another ID", id, state, holder)}
 	case names.CodeLost:
 		return &api.Error{Code: api.CodeConflict,
-			Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; release it first", id, holder)}
+			Message: fmt.Sprintf("claim %s was held on %s, which was removed from the cluster; release it first (gpuherd release %s) to free the ID, then claim it again", id, holder, id)}
 	case names.CodeNotFound:
 		return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("claim %s: %v", id, err)}
 	case names.CodeInvalid:

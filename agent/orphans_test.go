@@ -214,7 +214,8 @@ func TestUnansweredOwnerIsAServiceUnavailable(t *testing.T) {
 	ctx := context.Background()
 	down := fmt.Errorf("%w at b:1: the gpuherd agent on that server is down or cannot be reached (connection refused)", api.ErrAgentDown)
 	e := apiErr(t, unanswered(ctx, "vm-1", "b", down))
-	if e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "vm-1 is held on b, and b did not answer") || !strings.Contains(e.Message, "connection refused") {
+	if e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "vm-1 is held on b, and b did not answer") || !strings.Contains(e.Message, "connection refused") ||
+		!strings.Contains(e.Message, "gpuherd members remove b") {
 		t.Fatalf("unanswered owner: %s %q; want unavailable naming b and why", e.Code, e.Message)
 	}
 	fault := &api.Error{Code: api.CodeInternal, Message: "disk full"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/names"
@@ -64,6 +65,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 	}
 	var (
 		lastErr  error
+		failures []string
 		refused  int
 		refusals []string
 	)
@@ -90,6 +92,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 				refusals = append(refusals, refusalsOf(err)...)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
+				failures = append(failures, ownerFailure(name, err))
 			}
 			continue
 		}
@@ -129,7 +132,8 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 	}
 	if lastErr != nil && refused == 0 {
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
-			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v; nothing changed", at.id, lastErr)}
+			Message: fmt.Sprintf("claim %s was not moved: every server that could hold the new request failed to take it (%s); nothing changed, the claim stays on %s: retry the resize, and if it keeps failing read the agent's log on those servers (journalctl -u gpuherd)",
+				at.id, strings.Join(failures, "; "), from.name)}
 	}
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, all), refusals)
 }

@@ -94,7 +94,7 @@ func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequ
 		_, rerr := other.owner.Abort(actx, id)
 		cancel()
 		if rerr != nil && !isCode(rerr, api.CodeNotFound) {
-			return api.Claim{}, fmt.Errorf("claim %s must stay on %s but was placed on %s, and releasing it there failed (release it by hand): %w", id, node, c.Node, rerr)
+			return api.Claim{}, annotate(rerr, "claim %[2]s must stay on %[3]s but was placed on %[4]s, and releasing it there failed (%[1]s): release it (gpuherd release %[2]s), then claim it again with --prefer-node %[3]s --same-node", id, node, c.Node)
 		}
 	}
 	return api.Claim{}, refuse(at.recheck(ctx, []target{t}))

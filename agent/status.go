@@ -19,7 +19,9 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
-	a.annotateUse(st.GPUs)
+	if err := a.annotateUse(st.GPUs); err != nil {
+		st.InUseError = err.Error()
+	}
 	st.Names = a.registry.status()
 	return st, nil
 }
@@ -48,8 +50,9 @@ func (a *Agent) gpuView(addr string) (api.GPU, error) {
 // same moment.
 type gpuState struct {
 	ledger.GPUState
-	driver string
-	read   bool // false: the device could not be read, driver is ""
+	driver  string
+	read    bool  // false: the device could not be read, driver is ""
+	readErr error // why not
 }
 
 // gpuStates reads every GPU's ledger state and its driver as one
@@ -87,6 +90,8 @@ func (a *Agent) readStates() []gpuState {
 		out[i].GPUState = s
 		if d, err := a.pci.Device(s.GPU.Address); err == nil {
 			out[i].driver, out[i].read = d.Driver, true
+		} else {
+			out[i].readErr = err
 		}
 	}
 	return out
@@ -103,6 +108,7 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		NVMLMemoryBytes: g.NVMLMemoryBytes,
 		IOMMUGroup:      g.IOMMUGroup,
 		Driver:          s.driver, // read live: what a VM start will find
+		DriverError:     errString(s.readErr),
 		State:           string(s.Status),
 		Claim:           s.ClaimID,
 		ClaimLabels:     a.claimLabels(s.ClaimID),
@@ -163,4 +169,11 @@ func (a *Agent) claimLabels(id string) map[string]string {
 		return nil
 	}
 	return c.Labels
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

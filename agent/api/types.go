@@ -34,6 +34,9 @@ type GPU struct {
 	// Readiness is the passthrough verdict; nil when not taken (a GPU
 	// that cannot be read).
 	Readiness *Readiness `json:"readiness,omitempty"`
+	// DriverError says why the device could not be read; driver is then
+	// empty.
+	DriverError string `json:"driver_error,omitempty"`
 }
 
 // GPU states.
@@ -66,8 +69,12 @@ type Status struct {
 	Names *NamesStatus `json:"names,omitempty"`
 	// Generation counts this server's changes (claims, releases, drains,
 	// health and readiness): a watcher passes the last one it saw as
-	// `after` and is answered once the server moves past it.
+	// `after` and is answered once the generation is another.
 	Generation uint64 `json:"generation,omitempty"`
+	// InUseError says why the agent cannot tell which processes hold the
+	// GPUs' VFIO groups open (proc_root unreadable): in_use_by may then
+	// be missing on GPUs a VM uses.
+	InUseError string `json:"in_use_error,omitempty"`
 }
 
 // NamesStatus is an agent's view of the name registry.
@@ -246,6 +253,11 @@ type Member struct {
 	Drained      bool                `json:"drained"`
 	AgentVersion string              `json:"agent_version,omitempty"`
 	Models       []ModelAvailability `json:"models"`
+	// SummaryError says why the member's gossiped summary cannot be read
+	// (a newer or broken agent): its version, drain, registry role and
+	// capacity are then unknown and left empty, and no claim is placed
+	// there.
+	SummaryError string `json:"summary_error,omitempty"`
 	// NamesRole is the member's role in the name registry (voter,
 	// non-voter, standby, client), as it gossips it; NamesLeader marks the
 	// registry's leader.
@@ -306,6 +318,9 @@ type Error struct {
 	Alternatives []Alternative `json:"alternatives,omitempty"`
 	// PCIAddresses: the functions a not_claimed or not_bound error is about.
 	PCIAddresses []string `json:"pci_addresses,omitempty"`
+	// HeldBy: the claims of the server that hold the functions of a
+	// not_claimed error instead.
+	HeldBy []string `json:"held_by,omitempty"`
 	// Refusals: why owners refused GPUs their view had offered (a GPU found
 	// unusable before any driver change), one line per refusal.
 	Refusals []string `json:"refusals,omitempty"`

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -39,13 +40,18 @@ func ParseDomain(data []byte) (Guest, error) {
 		return Guest{}, fmt.Errorf("domain XML: %w", err)
 	}
 	g := Guest{Name: d.Name, UUID: d.UUID}
-	if d.Metadata != nil {
-		m, ok, err := parseMetadata(d.Metadata.XML)
-		if err != nil {
-			return Guest{}, fmt.Errorf("domain %s: %w", d.Name, err)
-		}
-		g.Metadata, g.HasMetadata = m, ok
+	// The metadata is read from the whole document, not from libvirtxml's
+	// inner XML of <metadata>: that text has lost the namespace
+	// declarations made above it.
+	m, ok, err := parseMetadata(d.Name, data)
+	var dup *DuplicateMetadataError
+	switch {
+	case errors.As(err, &dup):
+		return Guest{}, err
+	case err != nil:
+		return Guest{}, fmt.Errorf("domain %s: %w", d.Name, err)
 	}
+	g.Metadata, g.HasMetadata = m, ok
 	if d.Devices != nil {
 		for _, h := range d.Devices.Hostdevs {
 			if h.SubsysPCI == nil || h.SubsysPCI.Source == nil {

@@ -104,7 +104,11 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 		return problem(&Refusal{Msg: fmt.Sprintf("gpuherd cannot read the XML of domain %s: %v", name, rerr)})
 	}
 	g, err := ParseDomain(data)
-	if err != nil {
+	var dup *DuplicateMetadataError
+	switch {
+	case errors.As(err, &dup):
+		return problem(&Refusal{Msg: dup.Error()})
+	case err != nil:
 		return problem(&Refusal{Msg: fmt.Sprintf("gpuherd cannot read the XML of domain %s: %v", name, err)})
 	}
 	var managed []string
@@ -119,7 +123,7 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 	id := g.ClaimID()
 	if err := ledger.ValidateID(id); err != nil {
 		return problem(&Refusal{Msg: api.NotClaimedMessage(fmt.Sprintf("%q", id), managed) +
-			" (the domain's name is not a claim ID: add gpuherd's metadata naming the claim, see `gpuherd get ID -o libvirt`)"})
+			" (the domain's name is not a claim ID); " + metadataFix(g, managed, nil)})
 	}
 	var rebinds []string
 	for _, addr := range managed {
@@ -137,7 +141,7 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 		}
 	}
 	if g.UUID == "" {
-		return problem(&Refusal{Msg: fmt.Sprintf("domain %s has no UUID; gpuherd marks claims in use by it", g.Name)})
+		return problem(&Refusal{Msg: fmt.Sprintf("domain %s has no <uuid>, and gpuherd marks its claim in use by the domain's UUID: give the domain one (libvirt assigns it at define: virsh define the XML rather than pass it by hand)", g.Name)})
 	}
 
 	if mode == "release" {
@@ -169,10 +173,48 @@ func (h *Hook) Run(ctx context.Context, args []string, stdin io.Reader) error {
 func (h *Hook) agentError(g Guest, id string, err error) error {
 	var ae *api.Error
 	if errors.As(err, &ae) {
+		if ae.Code == api.CodeNotClaimed && !g.HasMetadata {
+			return &Refusal{Msg: ae.Message + "; " + metadataFix(g, ae.PCIAddresses, ae.HeldBy)}
+		}
 		return &Refusal{Msg: ae.Message}
 	}
 	if errors.Is(err, api.ErrAgentDown) {
 		return &Refusal{Msg: fmt.Sprintf("gpuherd cannot check the GPUs of domain %s (claim %s): the agent is not running (no answer on %s); start it: systemctl start gpuherd", g.Name, id, h.Socket)}
 	}
 	return &Refusal{Msg: fmt.Sprintf("gpuherd cannot check the GPUs of domain %s (claim %s): %v", g.Name, id, err)}
+}
+
+// metadataFix tells the operator of a domain that passes this server's
+// GPUs addrs without gpuherd's metadata (so its name was taken as the
+// claim ID) how to name the claim: virsh metadata with gpuherd's namespace
+// and the element it takes, or the <metadata> that gpuherd get prints.
+// The claim is the one that holds the GPUs when exactly one does.
+func metadataFix(g Guest, addrs, holders []string) string {
+	claim := "CLAIM"
+	if len(holders) == 1 {
+		claim = holders[0]
+	}
+	dom := shellQuote(g.Name)
+	fix := fmt.Sprintf("domain %s passes this server's GPUs %s without gpuherd metadata, so its name was taken as the claim ID; name the claim: virsh metadata %s --config --uri %s --key %s --set '<claim id=\"%s\"/>', or paste the <metadata> element of `gpuherd get %s -o libvirt` into the domain (virsh edit %s)",
+		dom, strings.Join(addrs, ", "), dom, Namespace, prefix, claim, claim, dom)
+	if claim == "CLAIM" {
+		fix += "; CLAIM is the ID the VM's GPUs were claimed under (gpuherd claims)"
+	}
+	return fix
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but
+// letters, digits and . _ - : (a domain name may hold spaces).
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-:", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -148,6 +148,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					}
 					w.Flush()
 					printReadiness(w, st.GPUs)
+					printStatusErrors(w, st)
 				})
 		},
 	}
@@ -567,4 +568,18 @@ func bytesGiB(b uint64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.0f GiB", float64(b)/(1<<30))
+}
+
+// printStatusErrors writes, under the status table, what the agent could
+// not read: a GPU's device (its DRIVER is "-"), and the processes holding
+// VFIO groups open (a VM's use may then be missing from STATE).
+func printStatusErrors(w io.Writer, st api.Status) {
+	for _, gp := range st.GPUs {
+		if gp.DriverError != "" {
+			fmt.Fprintf(w, "warning: %s: driver unknown, the device cannot be read: %s\n", esc(gp.PCIAddress), esc(gp.DriverError))
+		}
+	}
+	if st.InUseError != "" {
+		fmt.Fprintf(w, "warning: which VMs hold GPUs open is not known for every GPU: %s; check proc_root and the agent's permissions\n", esc(st.InUseError))
+	}
 }

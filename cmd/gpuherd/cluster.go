@@ -19,40 +19,7 @@ func newMembersCmd(g *globals) *cobra.Command {
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
-				func(w *tabwriter.Writer, ms []api.Member) {
-					head := "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION\tREGISTRY"
-					if g.wide() {
-						head += "\tADDRESS"
-					}
-					fmt.Fprintln(w, head)
-					for _, m := range ms {
-						var caps []string
-						for _, mc := range m.Models {
-							c := fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total)
-							if mc.Unusable > 0 {
-								c += fmt.Sprintf(" (%d unusable)", mc.Unusable)
-							}
-							caps = append(caps, c)
-						}
-						name := m.Name
-						if m.Self {
-							name += " (this)"
-						}
-						drained := "no"
-						if m.Drained {
-							drained = "yes"
-						}
-						role := m.NamesRole
-						if m.NamesLeader {
-							role += " (leader)"
-						}
-						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", esc(name), esc(m.State), drained, dash(esc(strings.Join(caps, ", "))), dash(esc(m.AgentVersion)), dash(esc(role)))
-						if g.wide() {
-							fmt.Fprintf(w, "\t%s", dash(esc(m.Addr)))
-						}
-						fmt.Fprintln(w)
-					}
-				})
+				func(w *tabwriter.Writer, ms []api.Member) { printMembers(w, ms, g.wide()) })
 		},
 	}
 	cmd.AddCommand(newMembersRemoveCmd(g))
@@ -106,4 +73,52 @@ everywhere and reload; remove the old line and reload.`,
 		},
 	})
 	return cmd
+}
+
+// printMembers writes the members table; a member whose gossip summary
+// cannot be read shows "-" for what it would have said, and its error on
+// a line under the table.
+func printMembers(w *tabwriter.Writer, ms []api.Member, wide bool) {
+	head := "SERVER\tSTATE\tDRAINED\tFREE/TOTAL\tVERSION\tREGISTRY"
+	if wide {
+		head += "\tADDRESS"
+	}
+	fmt.Fprintln(w, head)
+	for _, m := range ms {
+		var caps []string
+		for _, mc := range m.Models {
+			c := fmt.Sprintf("%s %d/%d", mc.Model, mc.Free, mc.Total)
+			if mc.Unusable > 0 {
+				c += fmt.Sprintf(" (%d unusable)", mc.Unusable)
+			}
+			caps = append(caps, c)
+		}
+		name := m.Name
+		if m.Self {
+			name += " (this)"
+		}
+		drained := "no"
+		if m.Drained {
+			drained = "yes"
+		}
+		if m.SummaryError != "" {
+			drained = "-"
+		}
+		role := m.NamesRole
+		if m.NamesLeader {
+			role += " (leader)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", esc(name), esc(m.State), drained, dash(esc(strings.Join(caps, ", "))), dash(esc(m.AgentVersion)), dash(esc(role)))
+		if wide {
+			fmt.Fprintf(w, "\t%s", dash(esc(m.Addr)))
+		}
+		fmt.Fprintln(w)
+	}
+	w.Flush()
+	for _, m := range ms {
+		if m.SummaryError != "" {
+			fmt.Fprintf(w, "warning: %s: its gossip summary cannot be read (%s): its capacity, version and drain are unknown and no claim is placed there; run the same gpuherd version on every server (gpuherd version there)\n",
+				esc(m.Name), esc(m.SummaryError))
+		}
+	}
 }

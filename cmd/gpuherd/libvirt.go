@@ -143,7 +143,10 @@ Otherwise every such hostdev must belong to the claim the metadata names (or
 the claim named like the domain), committed on this server, each GPU on
 vfio-pci, and the claim is marked in use by the domain's UUID; else the start
 is refused with one line, e.g. "The following GPUs are not claimed by vm-b:
-0000:41:00.0". started/reconnect begin mark the running domain (never fail).
+0000:41:00.0", which says what to do; a domain that passes this server's GPUs
+without gpuherd's metadata (found by its namespace URI, whatever the prefix)
+is told the virsh metadata command that adds it. started/reconnect begin
+mark the running domain (never fail).
 release end: when the metadata says release-on-stop, the claim is released,
 only if this domain marked it and started. migrate/restore begin refuse a
 domain whose GPUs are not claimed here. It never calls libvirt.

@@ -134,10 +134,20 @@ func TestLibvirtHookStartsOnlyClaimedGPUs(t *testing.T) {
 	e.wantExit(e.hook("plain.prepare.xml", "plain", "prepare", "begin"), 0, "")
 	// Metadata naming a claim that does not exist, on vm-a's GPU.
 	e.wantExit(e.hook("vm-b.prepare.xml", "vm-b", "prepare", "begin"), 1,
-		"The following GPUs are not claimed by vm-b: 0000:18:00.0, 0000:18:00.1 (claim vm-b is not held on gpu-17)")
-	// No metadata: the claim is the domain's name, and none is held.
-	e.wantExit(e.hook("bare-gpu.prepare.xml", "bare-gpu", "prepare", "begin"), 1,
-		"The following GPUs are not claimed by bare-gpu: 0000:18:00.0, 0000:18:00.1")
+		"The following GPUs are not claimed by vm-b: 0000:18:00.0, 0000:18:00.1 (claim vm-b is not held on gpu-17; they are held by claim vm-a: run the domain on that claim")
+	// No metadata: the claim is the domain's name, and none is held; the
+	// refusal says the metadata is missing and how to add it.
+	r := e.hook("bare-gpu.prepare.xml", "bare-gpu", "prepare", "begin")
+	e.wantExit(r, 1, "The following GPUs are not claimed by bare-gpu: 0000:18:00.0, 0000:18:00.1")
+	for _, want := range []string{
+		"domain bare-gpu passes this server's GPUs 0000:18:00.0, 0000:18:00.1 without gpuherd metadata",
+		`virsh metadata bare-gpu --config --uri https://github.com/gpuherd/gpuherd/xmlns/libvirt/1 --key gpuherd --set '<claim id="vm-a"/>'`,
+		"`gpuherd get vm-a -o libvirt`",
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("refusal of bare-gpu lacks %q:\n%s", want, r.stderr)
+		}
+	}
 	// libvirt calls release after the refused start: nothing changes.
 	e.wantExit(e.hook("vm-b.prepare.xml", "vm-b", "release", "end"), 0, "")
 	if got, ok := e.get("vm-a"); !ok || got.Domain != nil {
@@ -195,9 +205,54 @@ func TestLibvirtHookFailedStartKeepsClaim(t *testing.T) {
 	e.wantExit(e.hook("vm-a.prepare.xml", "vm-a", "prepare", "begin"), 0, "")
 }
 
+// The recorded domain of vm-a, written back by Python's ElementTree (the
+// namespace declared on <domain> as ns0), starts on its claim like the
+// original; the same domain with gpuherd's element in another namespace is
+// judged by its name and refused, saying the metadata is missing.
+func TestLibvirtHookElementTreeMetadata(t *testing.T) {
+	e := startHookEnv(t)
+	e.claimVMA()
+	data, err := os.ReadFile(filepath.Join("testdata", "libvirt-hook", "vm-a.prepare.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const decl = ` xmlns:gpuherd="https://github.com/gpuherd/gpuherd/xmlns/libvirt/1"`
+	et := strings.Replace(string(data), decl, "", 1)
+	et = strings.Replace(et, "<gpuherd:claim ", "<ns0:claim ", 1)
+	et = strings.Replace(et, "<domain ", "<domain"+strings.Replace(decl, "gpuherd=", "ns0=", 1)+" ", 1)
+	if et == string(data) || !strings.Contains(et, "<ns0:claim ") {
+		t.Fatal("the recording of vm-a has no gpuherd metadata to move")
+	}
+	write := func(name, doc string) string {
+		path, err := filepath.Abs(filepath.Join(t.TempDir(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	// A name that is no claim: only the metadata can name vm-a.
+	renamed := strings.Replace(et, "<name>vm-a</name>", "<name>guest-7</name>", 1)
+	e.wantExit(e.hookFile(write("et.xml", renamed), "guest-7", "prepare", "begin"), 0, "")
+	if got, _ := e.get("vm-a"); got.Domain == nil || got.Domain.Name != "guest-7" {
+		t.Fatalf("vm-a is in use by %+v, want guest-7", got.Domain)
+	}
+	e.wantExit(e.hookFile(write("et.xml", renamed), "guest-7", "release", "end"), 0, "")
+
+	other := strings.Replace(renamed, "xmlns:ns0=\"https://github.com/gpuherd/gpuherd/xmlns/libvirt/1\"", `xmlns:ns0="urn:example:other"`, 1)
+	r := e.hookFile(write("other.xml", other), "guest-7", "prepare", "begin")
+	e.wantExit(r, 1, "The following GPUs are not claimed by guest-7: 0000:18:00.0, 0000:18:00.1")
+	if !strings.Contains(r.stderr, "without gpuherd metadata") || !strings.Contains(r.stderr, `--set '<claim id="vm-a"/>'`) {
+		t.Fatalf("refusal does not say the metadata is missing and how to add it: %s", r.stderr)
+	}
+}
+
 func TestLibvirtHookMigrateAndRestoreCheckOnly(t *testing.T) {
 	e := startHookEnv(t)
-	e.wantExit(e.hook("vm-a.prepare.xml", "vm-a", "migrate", "begin"), 1, "The following GPUs are not claimed by vm-a: 0000:18:00.0, 0000:18:00.1")
+	e.wantExit(e.hook("vm-a.prepare.xml", "vm-a", "migrate", "begin"), 1,
+		"The following GPUs are not claimed by vm-a: 0000:18:00.0, 0000:18:00.1 (claim vm-a is not held on gpu-17; no other claim holds them: claim GPUs for vm-a on gpu-17 (gpuherd claim vm-a --gpu MODEL --prefer-node gpu-17 --same-node)")
 	e.wantExit(e.hook("vm-b.prepare.xml", "vm-b", "restore", "begin"), 1, "The following GPUs are not claimed by vm-b")
 	e.claimVMA()
 	e.wantExit(e.hook("vm-a.prepare.xml", "vm-a", "migrate", "begin"), 0, "")
