@@ -30,6 +30,7 @@ func newKubeletPluginCmd(g *globals) *cobra.Command {
 		k          agent.KubernetesConfig
 		nodeName   string
 		socket     string
+		metrics    string
 	)
 	cmd := &cobra.Command{
 		Use:   "kubelet-plugin",
@@ -69,7 +70,7 @@ and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
 				cfg.Socket = g.socket
 			}
 			set("agent-socket", &cfg.Socket, socket)
-			return runKubeletPlugin(cmd.Context(), g, cfg)
+			return runKubeletPlugin(cmd.Context(), g, cfg, metrics)
 		},
 	}
 	fl := cmd.Flags()
@@ -83,10 +84,11 @@ and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
 	fl.StringVar(&k.RegistrarDir, "registrar-dir", d.Kubernetes.RegistrarDir, "the kubelet's plugin registration directory")
 	fl.StringVar(&k.CDIDir, "cdi-dir", d.Kubernetes.CDIDir, "where the container runtime reads CDI specs")
 	fl.StringVar(&socket, "agent-socket", "", "the agent's unix socket (default: the config's socket, or --socket)")
+	fl.StringVar(&metrics, "metrics-addr", "", "HOST:PORT to serve the plugin's /metrics on (\"\" off)")
 	return cmd
 }
 
-func runKubeletPlugin(ctx context.Context, g *globals, cfg agent.Config) error {
+func runKubeletPlugin(ctx context.Context, g *globals, cfg agent.Config, metricsAddr string) error {
 	log := newLogger(g.stderr, cfg, slog.LevelInfo)
 	k := cfg.Kubernetes
 	node := k.NodeName
@@ -104,11 +106,17 @@ func runKubeletPlugin(ctx context.Context, g *globals, cfg agent.Config) error {
 	}
 	client := api.NewClient(cfg.Socket)
 	defer client.Close()
+	rec := newDRAMetrics()
+	if metricsAddr != "" {
+		if err := rec.serve(ctx, metricsAddr, log); err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w", metricsAddr, err)
+		}
+	}
 	notify := systemd.New(log)
 	d, err := dra.Start(ctx, dra.Config{
 		DriverName: k.DriverName, NodeName: node, KubeClient: kube, Agent: client,
 		PluginDataDir: k.PluginDir, RegistrarDir: k.RegistrarDir, CDIDir: k.CDIDir,
-		DevRoot: cfg.DevRoot, Log: log,
+		DevRoot: cfg.DevRoot, Log: log, Recorder: rec,
 	})
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -61,5 +62,23 @@ func TestKubernetesNodeGroup(t *testing.T) {
 	ok(t, e.cfg.Socket, "group", "repair", "tenant-a")
 	if out := ok(t, e.cfg.Socket, "get", "tenant-a.node-1", "-o", "kubevirt"); !strings.Contains(out, "kind: ResourceClaim") {
 		t.Errorf("repaired node is not for Kubernetes:\n%s", out)
+	}
+}
+
+// The plugin refuses to start on a kubeconfig it cannot read, naming the
+// key, and on a driver name Kubernetes would refuse.
+func TestKubeletPluginRefusesBadSettings(t *testing.T) {
+	dir := t.TempDir()
+	r := gpuherd(t, dir+"/none.sock", "kubelet-plugin", "--kubeconfig", dir+"/missing.conf")
+	if r.code != exitError || !strings.Contains(r.stderr, "config: kubernetes.kubeconfig: "+dir+"/missing.conf") {
+		t.Errorf("missing kubeconfig: %s", r)
+	}
+	kc := dir + "/kubeconfig"
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = gpuherd(t, dir+"/none.sock", "kubelet-plugin", "--kubeconfig", kc, "--driver-name", "GPU_driver")
+	if r.code != exitError || !strings.Contains(r.stderr, `driver name "GPU_driver"`) {
+		t.Errorf("bad driver name: %s", r)
 	}
 }
