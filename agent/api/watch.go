@@ -47,8 +47,9 @@ func watchParams(r *http.Request) (after uint64, wait time.Duration, ok bool, er
 	return after, wait, true, nil
 }
 
-// WatchStatus returns this server's status once its generation passes
-// after, or after wait with no change (the same generation): the loop
+// WatchStatus returns this server's status once its generation is
+// another than after, or after wait with no change (the same
+// generation): the loop
 // of a client that mirrors the server is Status, then WatchStatus with
 // the generation it got, again and again.
 func (c *Client) WatchStatus(ctx context.Context, after uint64, wait time.Duration) (Status, error) {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -48,7 +49,7 @@ func shortTemp(t testing.TB) string {
 
 func newRig(t *testing.T) *rig { return newRigTB(t) }
 
-func newRigTB(t testing.TB) *rig {
+func newRigTB(t testing.TB, opts ...agent.Option) *rig {
 	t.Helper()
 	dir := shortTemp(t)
 	p, err := sim.Load("dgx-h100")
@@ -65,7 +66,7 @@ func newRigTB(t testing.TB) *rig {
 	cfg.Socket = filepath.Join(dir, "api.sock")
 	cfg.IdleDriver = "nvidia"
 	log := slog.New(slog.DiscardHandler)
-	a, err := agent.New(context.Background(), cfg, log, agent.WithSysfs(m.Kernel, m.NVML))
+	a, err := agent.New(context.Background(), cfg, log, append([]agent.Option{agent.WithSysfs(m.Kernel, m.NVML)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,5 +530,35 @@ func TestDriverNames(t *testing.T) {
 		if err := validDriverName(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// A watch outlives the deadline for reading a request: a quiet server
+// answers after the whole wait with its unchanged status, and a change
+// during the wait is answered at once.
+func TestWatchOutlivesTheRequestReadDeadline(t *testing.T) {
+	r := newRigTB(t, agent.WithRequestReadTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	start := time.Now()
+	st, err := r.client.WatchStatus(ctx, r.st.Generation, 400*time.Millisecond)
+	if err != nil {
+		t.Fatalf("watch past the read deadline: %v", err)
+	}
+	if st.Generation != r.st.Generation || time.Since(start) < 400*time.Millisecond {
+		t.Fatalf("quiet watch: generation %d after %s, want %d after the whole wait", st.Generation, time.Since(start), r.st.Generation)
+	}
+	done := make(chan api.Status, 1)
+	go func() {
+		st, err := r.client.WatchStatus(ctx, r.st.Generation, time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- st
+	}()
+	if _, err := r.client.Drain(ctx, r.st.GPUs[0].PCIAddress, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-done; st.Generation == r.st.Generation || st.GPUs[0].State != api.StateDrained {
+		t.Fatalf("watch after a drain: generation %d, GPU %s", st.Generation, st.GPUs[0].State)
 	}
 }
