@@ -107,6 +107,7 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		// NVMLMemoryBytes: NVML's own figure, apart from the model's.
 		NVMLMemoryBytes: g.NVMLMemoryBytes,
 		IOMMUGroup:      g.IOMMUGroup,
+		PCIeRoot:        g.PCIeRoot,
 		Driver:          s.driver, // read live: what a VM start will find
 		DriverError:     errString(s.readErr),
 		State:           string(s.Status),

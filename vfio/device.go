@@ -14,6 +14,9 @@ type Device struct {
 	IOMMUGroup      int    `json:"iommu_group"`      // basename of the iommu_group link; -1 when none
 	NUMANode        int    `json:"numa_node"`        // numa_node; -1 when unknown
 	VirtualFunction bool   `json:"virtual_function"` // physfn link exists
+	// PCIeRoot is the PCI root complex the device hangs off ("pci0000:3a",
+	// from the devices link's target); "" when the link does not say.
+	PCIeRoot string `json:"pcie_root,omitempty"`
 }
 
 // PCI vendor IDs and class codes gpuherd cares about.

@@ -129,6 +129,27 @@ const MaxIOMMUGroup = 1 << 20
 
 // parseGroupLink takes the group number from the target of a device's
 // iommu_group link ("../../../kernel/iommu_groups/12").
+// pcieRoot is the root complex in a bus/pci/devices link's target
+// ("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0" names
+// "pci0000:3a"), or "" when none is there.
+func pcieRoot(target string) string {
+	for _, part := range strings.Split(target, "/") {
+		if len(part) == len("pci0000:00") && strings.HasPrefix(part, "pci") && part[7] == ':' && isHex(part[3:7]) && isHex(part[8:]) {
+			return part
+		}
+	}
+	return ""
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return s != ""
+}
+
 func parseGroupLink(target string) (int, error) {
 	return parseGroupName(linkBase(target))
 }

@@ -150,6 +150,11 @@ func (p *PCI) Device(addr string) (Device, error) {
 		return fail("read iommu_group link", err)
 	}
 	d.VirtualFunction = p.fs.Exists(devicePath(addr, "physfn"))
+	// Optional: a tree without the devices link (a fixture, a container)
+	// simply has no root to name.
+	if t, err := p.fs.Readlink(devicePath(addr, "")); err == nil {
+		d.PCIeRoot = pcieRoot(t)
+	}
 
 	// The directory may have gone while we read it; a half-read device
 	// must not be reported as present.

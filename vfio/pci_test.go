@@ -25,13 +25,16 @@ func TestDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The simulated tree hangs every device off one root complex per
+	// domain, as its bus/pci/devices links say.
+	const root = "pci0000:00"
 	want := []vfio.Device{
-		{Address: sw.Address, Vendor: 0x10de, Device: 0x22a3, Class: vfio.ClassNVSwitch, Driver: "nvidia", IOMMUGroup: 4, NUMANode: 0},
-		{Address: gpuA, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
-		{Address: audioA, Vendor: 0x10de, Device: 0x22ba, Class: vfio.ClassAudio, DriverOverride: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0},
-		{Address: nic, Vendor: 0x8086, Device: 0x10fb, Class: 0x020000, Driver: "ixgbe", IOMMUGroup: -1, NUMANode: 0},
-		{Address: gpuB, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: "nvidia", IOMMUGroup: 30, NUMANode: 0},
-		{Address: vf.Address, Vendor: 0x10de, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 1, VirtualFunction: true},
+		{Address: sw.Address, Vendor: 0x10de, Device: 0x22a3, Class: vfio.ClassNVSwitch, Driver: "nvidia", IOMMUGroup: 4, NUMANode: 0, PCIeRoot: root},
+		{Address: gpuA, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0, PCIeRoot: root},
+		{Address: audioA, Vendor: 0x10de, Device: 0x22ba, Class: vfio.ClassAudio, DriverOverride: vfio.DriverVFIO, IOMMUGroup: 12, NUMANode: 0, PCIeRoot: root},
+		{Address: nic, Vendor: 0x8086, Device: 0x10fb, Class: 0x020000, Driver: "ixgbe", IOMMUGroup: -1, NUMANode: 0, PCIeRoot: root},
+		{Address: gpuB, Vendor: 0x10de, Device: 0x2330, SubsystemVendor: 0x10de, SubsystemDevice: 0x16c1, Class: vfio.Class3D, Driver: "nvidia", IOMMUGroup: 30, NUMANode: 0, PCIeRoot: root},
+		{Address: vf.Address, Vendor: 0x10de, Device: 0x2330, Class: vfio.Class3D, IOMMUGroup: 31, NUMANode: 1, VirtualFunction: true, PCIeRoot: root},
 	}
 	if !slices.Equal(devs, want) {
 		t.Errorf("Devices() =\n%+v\nwant\n%+v", devs, want)

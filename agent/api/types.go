@@ -19,10 +19,13 @@ type GPU struct {
 	// NVMLMemoryBytes is what NVML last reported as the card's total; 0 never seen.
 	NVMLMemoryBytes uint64 `json:"nvml_memory_bytes,omitempty"`
 	NUMANode        int    `json:"numa_node"`
-	IOMMUGroup      int    `json:"iommu_group"`
-	Driver          string `json:"driver"`
-	State           string `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
-	Claim           string `json:"claim"`
+	// PCIeRoot is the PCI root complex of the GPU ("pci0000:3a"); absent
+	// when sysfs does not say.
+	PCIeRoot   string `json:"pcie_root,omitempty"`
+	IOMMUGroup int    `json:"iommu_group"`
+	Driver     string `json:"driver"`
+	State      string `json:"state"` // free, reserved, claimed, unhealthy, unusable, drained, returning
+	Claim      string `json:"claim"`
 	// ClaimLabels are the holder labels of the claim holding the GPU: who
 	// it is for (a Kubernetes ResourceClaim, a KubeVirt VM claimed first).
 	ClaimLabels map[string]string `json:"claim_labels,omitempty"`

@@ -16,6 +16,7 @@ import (
 const (
 	attrPCIBusID = resourceapi.QualifiedName("resource.kubernetes.io/pciBusID")
 	attrNUMANode = resourceapi.QualifiedName("resource.kubernetes.io/numaNode")
+	attrPCIeRoot = resourceapi.QualifiedName("resource.kubernetes.io/pcieRoot")
 )
 
 // gpuherd's own attributes, in the driver's domain (the DeviceClasses and
@@ -116,6 +117,9 @@ func attributes(g api.GPU, node, claim, driver string) map[resourceapi.Qualified
 	}
 	if g.NUMANode >= 0 {
 		attrs[attrNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.NUMANode))}
+	}
+	if g.PCIeRoot != "" {
+		attrs[attrPCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIeRoot)}
 	}
 	if g.UUID != "" {
 		attrs[own(attrUUID)] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}

@@ -229,6 +229,9 @@ func TestSliceFromTheLedger(t *testing.T) {
 		if v := d.Attributes[own(attrModel)].StringValue; v == nil || *v != "NVIDIA H100 80GB" {
 			t.Errorf("%s: model %v", d.Name, v)
 		}
+		if v := d.Attributes[attrPCIeRoot].StringValue; v == nil || *v != "pci0000:00" {
+			t.Errorf("%s: pcieRoot %v, want the simulated root pci0000:00", d.Name, v)
+		}
 		if d.Attributes[own(attrIOMMUGroup)].IntValue == nil || d.Attributes[attrNUMANode].IntValue == nil {
 			t.Errorf("%s: no IOMMU group or NUMA node: %v", d.Name, d.Attributes)
 		}

@@ -27,9 +27,10 @@ type GPU struct {
 	// NVMLMemoryBytes is the total NVML reported when it last saw the card
 	// (less than the marketed figure: 45 GiB on an L40S); 0 never seen.
 	NVMLMemoryBytes uint64   `json:"nvml_memory_bytes,omitempty"`
-	NUMANode        int      `json:"numa_node"`   // -1 unknown
-	IOMMUGroup      int      `json:"iommu_group"` // -1 none
-	Driver          string   `json:"driver"`      // "" when unbound
+	NUMANode        int      `json:"numa_node"`           // -1 unknown
+	PCIeRoot        string   `json:"pcie_root,omitempty"` // root complex, "pci0000:3a"; "" unknown
+	IOMMUGroup      int      `json:"iommu_group"`         // -1 none
+	Driver          string   `json:"driver"`              // "" when unbound
 	Companions      []string `json:"companions,omitempty"`
 	UUID            string   `json:"uuid,omitempty"`
 	Serial          string   `json:"serial,omitempty"`
@@ -218,6 +219,7 @@ func (inv *Inventory) describe(d vfio.Device, group []vfio.Device) GPU {
 		NUMANode:          d.NUMANode,
 		IOMMUGroup:        d.IOMMUGroup,
 		Driver:            d.Driver,
+		PCIeRoot:          d.PCIeRoot,
 	}
 	if d.IOMMUGroup >= 0 {
 		for _, o := range group {
