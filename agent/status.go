@@ -18,6 +18,9 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	}
 	a.annotateUse(st.GPUs)
 	st.Names = a.registry.status()
+	if ps := a.storage.problems(); len(ps) > 0 {
+		st.Storage = ps
+	}
 	return st, nil
 }
 

@@ -61,6 +61,20 @@ type Status struct {
 	// Names is this agent's part in the name registry; absent when it
 	// runs none (alone).
 	Names *NamesStatus `json:"names,omitempty"`
+	// Storage lists the agent's stores whose last write failed (a full
+	// disk, a read-only file system, an I/O error); absent when every
+	// store writes.
+	Storage []StorageProblem `json:"storage,omitempty"`
+}
+
+// StorageProblem is one of the agent's stores failing now.
+type StorageProblem struct {
+	Store  string    `json:"store"` // ledger, registry_log, registry_snapshots, members
+	Op     string    `json:"op"`    // the operation that failed last
+	Error  string    `json:"error"`
+	Cause  string    `json:"cause"` // "no space left on device", "read-only file system", "I/O error", ...
+	Since  time.Time `json:"since"` // the first failure since the store last wrote
+	Action string    `json:"action"`
 }
 
 // NamesStatus is an agent's view of the name registry.

@@ -121,6 +121,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 					if st.FabricWarning != "" {
 						fmt.Fprintf(w, "warning: %s\n", esc(st.FabricWarning))
 					}
+					for _, p := range st.Storage {
+						fmt.Fprintf(w, "warning: storage %s failing since %s (%s: %s): %s\n", esc(p.Store), p.Since.Format(time.RFC3339), esc(p.Op), esc(p.Cause), esc(p.Action))
+					}
 					head := "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM"
 					if g.wide() {
 						head += "\tUUID\tCOMPANIONS"
