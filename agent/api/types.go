@@ -229,18 +229,22 @@ type ModelAvailability struct {
 }
 
 // Availability lists every model of the platform, available or not, as the
-// answering agent sees it (its own ledger, the others' gossip).
+// answering agent sees it (its own ledger, the others' gossip). Partial is
+// true when the agent lacks a server's capacity (Unanswered names each):
+// the counts may then be short.
 type Availability struct {
-	Node    string              `json:"node"`
-	Servers int                 `json:"servers"`
-	Models  []ModelAvailability `json:"models"`
+	Node       string              `json:"node"`
+	Servers    int                 `json:"servers"`
+	Models     []ModelAvailability `json:"models"`
+	Partial    bool                `json:"partial"`
+	Unanswered []Unanswered        `json:"unanswered,omitempty"`
 }
 
 // Member is one server of the platform.
 type Member struct {
 	Name         string              `json:"name"`
 	Addr         string              `json:"addr,omitempty"` // gossip address
-	State        string              `json:"state"`          // alive, suspect, dead, left
+	State        string              `json:"state"`          // alive, suspect, dead, left, unknown (MemberUnknown)
 	Self         bool                `json:"self,omitempty"`
 	Drained      bool                `json:"drained"`
 	AgentVersion string              `json:"agent_version,omitempty"`
@@ -251,6 +255,11 @@ type Member struct {
 	NamesRole   string `json:"names_role,omitempty"`
 	NamesLeader bool   `json:"names_leader,omitempty"`
 }
+
+// MemberUnknown is the state of a server the answering agent has seen
+// before and whose state its gossip does not know now (not heard of since
+// the agent started, or gone for longer than gossip remembers).
+const MemberUnknown = "unknown"
 
 // ServerDrainRequest cordons a whole server.
 type ServerDrainRequest struct {

@@ -120,6 +120,43 @@ func TestCLIClaimsPartial(t *testing.T) {
 	t.Logf("partial: exit 5, warning %q", strings.SplitN(r.stderr, "\n", 2)[0])
 }
 
+// TestCLIAggregatesPartial: availability and members that lack a server
+// say so as claims does: a warning naming it, the JSON marking it, exit
+// 5; complete ones exit 0.
+func TestCLIAggregatesPartial(t *testing.T) {
+	t.Parallel()
+	f := &fakeAgent{
+		avail: api.Availability{Node: "gpu-1", Servers: 1, Models: []api.ModelAvailability{{Model: "NVIDIA L40S", Available: true, Free: 1, Total: 4}},
+			Partial: true, Unanswered: []api.Unanswered{{Node: "gpu-2", Reason: "not heard of since this agent started"}}},
+		members: []api.Member{{Name: "gpu-1", State: "alive", Self: true, Models: []api.ModelAvailability{}},
+			{Name: "gpu-2", State: api.MemberUnknown, Models: []api.ModelAvailability{}}},
+	}
+	sock := serveFake(t, f)
+	r := gpuherd(t, sock, "availability")
+	if r.code != exitUnavailable || !strings.Contains(r.stdout, "NVIDIA L40S") ||
+		!strings.Contains(r.stderr, "gpuherd: warning: gpu-2 did not answer: not heard of since this agent started") ||
+		!strings.Contains(r.stderr, "partial availability: 1 server(s) did not answer (gpu-2); their GPUs are not counted") {
+		t.Errorf("availability lacking gpu-2: %s; want the table, a warning naming gpu-2 and exit 5", r)
+	}
+	r = gpuherd(t, sock, "availability", "-o", "json")
+	var av api.Availability
+	if err := json.Unmarshal([]byte(r.stdout), &av); err != nil || !reflect.DeepEqual(av, f.avail) || r.code != exitUnavailable {
+		t.Errorf("availability -o json: %s (%v); want the partial answer and exit 5", r, err)
+	}
+	r = gpuherd(t, sock, "members")
+	if r.code != exitUnavailable || !strings.Contains(r.stdout, "unknown") ||
+		!strings.Contains(r.stderr, "partial member list: 1 server(s) did not answer (gpu-2)") {
+		t.Errorf("members with gpu-2 unknown: %s; want gpu-2 listed unknown, a warning and exit 5", r)
+	}
+	f.avail.Partial, f.avail.Unanswered = false, nil
+	f.members = f.members[:1]
+	for _, args := range [][]string{{"availability"}, {"members"}, {"availability", "-o", "json"}} {
+		if r := gpuherd(t, sock, args...); r.code != exitOK || r.stderr != "" {
+			t.Errorf("%s, complete: %s; want exit 0, nothing on stderr", strings.Join(args, " "), r)
+		}
+	}
+}
+
 // TestCLIJSONVocabulary: every command's JSON uses one vocabulary:
 // pci_address (never address) and PCI IDs as hex strings.
 func TestCLIJSONVocabulary(t *testing.T) {
