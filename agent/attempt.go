@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -244,7 +245,61 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: no server that fits could take it: %v", at.id, lastErr)}
 	}
+	if c, done, err := at.askSuspects(ctx, tried); done {
+		return c, err
+	}
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
+}
+
+// askSuspects is the last resort before "not available": the servers
+// gossip holds suspect that, by their last summary, could hold the
+// request, asked in rank order after every alive one. A suspect may be
+// alive and merely slow to answer probes (a loaded machine), and then it
+// takes the claim. One that does not answer makes the answer a retryable
+// 503 naming it: "not available" would say that no server can hold the
+// request, which nobody knows while a server that could is unheard. It
+// reports done=false when no suspect could hold it, or every one asked
+// said no.
+func (at *attempt) askSuspects(ctx context.Context, tried []string) (api.Claim, bool, error) {
+	if at.cluster == nil {
+		return api.Claim{}, false, nil
+	}
+	sus := at.cluster.suspects()
+	servers := make([]placement.Server, len(sus))
+	for i, t := range sus {
+		servers[i] = t.server
+	}
+	var silent []string
+	for _, name := range at.rank(servers) {
+		if slices.Contains(tried, name) {
+			continue
+		}
+		t, _ := targetNamed(sus, name)
+		c, err := at.ask(ctx, t)
+		if err == nil {
+			at.log.Info("claim placed on a server gossip holds suspect", "claim", at.id, "node", name)
+			if at.vouch != nil || at.named || at.rr.Token != 0 {
+				return c, true, nil
+			}
+			c, err = at.settle(ctx, c, t, append(tried, name))
+			return c, true, err
+		}
+		if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
+			isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+			(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) {
+			return api.Claim{}, true, err
+		}
+		if !isCode(err, api.CodeNotAvailable) {
+			silent = append(silent, name)
+		}
+		at.log.Debug("suspect server could not take the claim", "claim", at.id, "node", name, "err", err)
+	}
+	if len(silent) == 0 {
+		return api.Claim{}, false, nil
+	}
+	return api.Claim{}, true, &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: no server that answered can hold it; %s could by its last summary, but gossip holds it suspect (its probes go unanswered) and it did not answer: retry once it is back, or free GPUs elsewhere",
+			at.id, strings.Join(silent, ", "))}
 }
 
 // placeVouched places with vouch as the home's word, leaving at itself

@@ -209,19 +209,38 @@ func (c *clusterState) peers() []target {
 		if m.Self || !m.Usable() || m.Summary.PeerAddr == "" {
 			continue
 		}
-		t := target{
-			name:   m.Name,
-			owner:  c.client(m.Name, m.Summary.PeerAddr),
-			server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
-			caps:   map[string]ledger.ModelTotals{},
-		}
-		for _, mc := range m.Summary.Models {
-			t.server.Free[mc.Model] = int(mc.Free)
-			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
-		}
-		out = append(out, t)
+		out = append(out, c.targetOf(m))
 	}
 	return out
+}
+
+// suspects is every other server gossip holds suspect (its probes went
+// unanswered, it is not declared dead) whose last summary can be read: a
+// placement asks them after every alive server (attempt.askSuspects).
+func (c *clusterState) suspects() []target {
+	var out []target
+	for _, m := range c.g.Members() {
+		if m.Self || m.State != gossip.StateSuspect || m.SummaryErr != nil || m.Summary.PeerAddr == "" {
+			continue
+		}
+		out = append(out, c.targetOf(m))
+	}
+	return out
+}
+
+// targetOf is member m as a server to ask, with its gossiped capacity.
+func (c *clusterState) targetOf(m gossip.Member) target {
+	t := target{
+		name:   m.Name,
+		owner:  c.client(m.Name, m.Summary.PeerAddr),
+		server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
+		caps:   map[string]ledger.ModelTotals{},
+	}
+	for _, mc := range m.Summary.Models {
+		t.server.Free[mc.Model] = int(mc.Free)
+		t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
+	}
+	return t
 }
 
 // unasked names the other members gossip knows now, other than those that

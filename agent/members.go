@@ -54,10 +54,10 @@ func (a *Agent) Availability(context.Context) (api.Availability, error) {
 
 // capacityGaps are the servers whose capacity an aggregate of this
 // agent's view lacks: before gossip joined, every other; then those whose
-// summary cannot be read, and those this agent has seen before that its
+// summary cannot be read, those gossip holds suspect (not counted, though a
+// claim asks them last), and those this agent has seen before that its
 // gossip does not list now (knownmembers.go). A dead or departed server's
-// GPUs are not available, and a suspect's last summary still counts (a
-// claim tries it last): neither makes the aggregate partial.
+// GPUs are not available: it does not make the aggregate partial.
 func (a *Agent) capacityGaps() []api.Unanswered {
 	c := a.cluster
 	if c == nil {
@@ -68,8 +68,12 @@ func (a *Agent) capacityGaps() []api.Unanswered {
 		out = append(out, api.Unanswered{Node: notJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
 	}
 	for _, m := range c.g.Members() {
-		if !m.Self && m.SummaryErr != nil && (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) {
+		switch {
+		case m.Self:
+		case m.SummaryErr != nil && (m.State == gossip.StateAlive || m.State == gossip.StateSuspect):
 			out = append(out, api.Unanswered{Node: m.Name, Reason: "its gossip summary cannot be read: " + m.SummaryErr.Error()})
+		case m.State == gossip.StateSuspect:
+			out = append(out, api.Unanswered{Node: m.Name, Reason: "gossip holds it suspect (its probes go unanswered): its GPUs are not counted; a claim asks it last"})
 		}
 	}
 	for _, n := range c.unseenKnown() {
