@@ -230,6 +230,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				refused++
 				refusals = append(refusals, refusalsOf(err)...)
 				at.lastRefusal.Store(at.now().UnixNano())
+				at.refreshView(name)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
 			}
@@ -249,6 +250,16 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		return c, err
 	}
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
+}
+
+// refreshView has gossip fetch the current summary of a peer that refused
+// what this agent's view said it could hold: the view was stale, and every
+// later claim through this agent would rank that server by it until its
+// next re-advertisement or the next full-state exchange.
+func (at *attempt) refreshView(name string) {
+	if at.cluster != nil && name != at.cfg.NodeName {
+		at.cluster.g.Refresh(name)
+	}
 }
 
 // askSuspects is the last resort before "not available": the servers
