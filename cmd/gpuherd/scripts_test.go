@@ -24,7 +24,10 @@ type fakeAgent struct {
 	members     []api.Member
 	avail       api.Availability
 	claims      api.ClaimList
+	status      api.Status
 }
+
+func (f *fakeAgent) Status(context.Context) (api.Status, error) { return f.status, nil }
 
 func (f *fakeAgent) Members(context.Context) ([]api.Member, error)          { return f.members, nil }
 func (f *fakeAgent) Availability(context.Context) (api.Availability, error) { return f.avail, nil }
@@ -154,6 +157,32 @@ func TestCLIAggregatesPartial(t *testing.T) {
 		if r := gpuherd(t, sock, args...); r.code != exitOK || r.stderr != "" {
 			t.Errorf("%s, complete: %s; want exit 0, nothing on stderr", strings.Join(args, " "), r)
 		}
+	}
+}
+
+// TestCLIStatusShowsStorageFailures: a failing store is a warning line of
+// status, with the store, since when, the cause and what to do, and the
+// "storage" list in JSON.
+func TestCLIStatusShowsStorageFailures(t *testing.T) {
+	t.Parallel()
+	since := time.Date(2026, 12, 4, 19, 0, 0, 0, time.UTC)
+	f := &fakeAgent{status: api.Status{Node: "gpu-1", Version: "test", GPUs: []api.GPU{},
+		Storage: []api.StorageProblem{{Store: "registry_log", Op: "append", Error: "write names-log/1.seg: no space left on device",
+			Cause: "no space left on device", Since: since, Action: "free space on the data directory's file system"}}}}
+	sock := serveFake(t, f)
+	r := gpuherd(t, sock, "status")
+	want := "warning: storage registry_log failing since 2026-12-04T19:00:00Z (append: no space left on device): free space on the data directory's file system"
+	if r.code != exitOK || !strings.Contains(r.stdout, want) {
+		t.Errorf("status with the registry log failing: %s; want the line %q", r, want)
+	}
+	r = gpuherd(t, sock, "status", "-o", "json")
+	var st api.Status
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || !reflect.DeepEqual(st.Storage, f.status.Storage) {
+		t.Errorf("status -o json: %s (%v); want the storage problem", r, err)
+	}
+	f.status.Storage = nil
+	if r := gpuherd(t, sock, "status"); strings.Contains(r.stdout, "storage") {
+		t.Errorf("status with every store writing: %s; want no storage line", r)
 	}
 }
 
