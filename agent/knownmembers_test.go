@@ -78,8 +78,9 @@ func unansweredNodes(us []api.Unanswered) []string {
 // gossip, and its claim list left the claim out with "partial": false.
 // The list is judged against the servers the agent saw before its restart
 // (its known list, without a name registry) and against the owners the
-// registry records (with the known list lost): either way the cut-off
-// server is named and the list is partial.
+// registry records (with the known list lost), and against the known list
+// alone while the registry does not answer: each way the cut-off server is
+// named and the list is partial.
 func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -88,9 +89,12 @@ func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 		// keepKnown: the servers the restarted agent's known list keeps
 		// (nil keeps the file as it was).
 		keepKnown []string
+		// registryDown: the registry does not answer the listing.
+		registryDown bool
 	}{
 		{name: "known-list", registry: false},
 		{name: "registry", registry: true, keepKnown: []string{"d"}},
+		{name: "registry-down", registry: true, registryDown: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tc := newTestCluster(t)
@@ -124,6 +128,10 @@ func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 				}
 			}
 			a = tc.restartUnaware("a", "l40s-4", rewrite, "c", "d")
+			if tt.registryDown {
+				tc.names.SetDown(true)
+				defer tc.names.SetDown(false)
+			}
 
 			l, err := a.ListClaims(ctx)
 			if err != nil {
@@ -134,7 +142,12 @@ func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 				ids[i] = cl.ID
 			}
 			want := []string{"c", "d"}
-			if tt.registry {
+			switch {
+			case tt.registryDown:
+				// The known list decides alone, and the lost claims the
+				// registry would list are missing too.
+				want = []string{"c", "d", "name registry"}
+			case tt.registry:
 				// d holds nothing in the registry, which answered: it is
 				// no gap in a claim list.
 				want = []string{"c"}
@@ -143,7 +156,7 @@ func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 				t.Fatalf("claims through the restarted a: %+v; want vm-b, partial, naming %v", l, want)
 			}
 			for _, u := range l.Unanswered {
-				if !strings.Contains(u.Reason, "not asked") {
+				if u.Node != "name registry" && !strings.Contains(u.Reason, "not asked") {
 					t.Errorf("reason for %s: %q; want why it was not asked", u.Node, u.Reason)
 				}
 			}
