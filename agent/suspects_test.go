@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 
@@ -62,4 +64,49 @@ func TestClaimOnlyASuspectCouldHold(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRefusalRefreshesTheCoordinatorsView: an owner that refuses what the
+// coordinator's view said it could hold has its summary fetched at once,
+// so the next claim through that coordinator does not rank it by the
+// stale figures. Gossip from b to a is cut for the whole test and there is
+// no periodic exchange and no probing: only a pull by a can bring b's
+// change (the refusal's, or the one exchange gossip runs after the joins,
+// hence the count of refreshes).
+func TestRefusalRefreshesTheCoordinatorsView(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.tune = func(c *memberlist.Config) {
+		fastGossip(c)
+		c.ProbeInterval = time.Hour
+		c.PushPullInterval = time.Hour
+	}
+	a := tc.start("a", "a100-pcie-4")
+	b := tc.start("b", "l40s-4")
+	tc.converge("b's L40S", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
+	tc.gossip.Block(b.cluster.g.LocalAddr(), a.cluster.g.LocalAddr())
+	ctx := context.Background()
+	one := []api.Item{{Model: "L40S", Count: 1}}
+	// b takes GPUs a does not hear of. The exchange a runs once after the
+	// joins may still bring the first change: then the next one is missed.
+	stale := false
+	for i := 0; i < 3 && !stale; i++ {
+		if _, err := b.Claim(ctx, fmt.Sprintf("vm-b%d", i), api.ClaimRequest{GPUs: one, PreferNode: "b", SameNode: true}); err != nil {
+			t.Fatal(err)
+		}
+		stale = viewOf(a, "b", "NVIDIA L40S") == 4
+	}
+	if !stale {
+		t.Fatal("a's view of b kept up with b although b's gossip to a is cut")
+	}
+	want := localFree(b, "NVIDIA L40S")
+	before := a.cluster.g.Refreshes()
+	_, err := a.Claim(ctx, "vm-a", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 4}}})
+	if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
+		t.Fatalf("4 L40S with %d free on b: %+v; want not available", want, e)
+	}
+	if n := a.cluster.g.Refreshes() - before; n != 1 {
+		t.Fatalf("b refused a's claim and a refreshed its view %d times, want once", n)
+	}
+	took := waitFor(t, "a's view of b refreshed", 5*time.Second, func() bool { return viewOf(a, "b", "NVIDIA L40S") == want })
+	t.Logf("a's view of b: %d free, %v after the refusal", want, took)
 }

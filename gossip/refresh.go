@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,12 @@ type refresher struct {
 	last   map[string]time.Time // member → when its last refresh began
 	closed bool                 // drain has begun
 	wg     sync.WaitGroup
+	count  atomic.Int64 // refreshes started
 }
+
+// Refreshes is how many exchanges Refresh has started; for tests and
+// diagnostics.
+func (c *Cluster) Refreshes() int64 { return c.refresh.count.Load() }
 
 // Refresh runs, in the background, one full-state exchange with member
 // name so that its summary in this view is its current one; at most one a
@@ -54,6 +60,7 @@ func (c *Cluster) Refresh(name string) bool {
 		return false
 	}
 	r.last[name] = time.Now()
+	r.count.Add(1)
 	r.wg.Add(1)
 	r.mu.Unlock()
 	go func() {
