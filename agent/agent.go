@@ -77,6 +77,7 @@ type Agent struct {
 	drained *serverDrain // nil when the server takes new claims
 
 	metrics *metrics.Metrics
+	storage *storageHealth // every store's last write (storage.go)
 	tele    telemetry
 	ready   atomic.Bool // serving: /readyz says so
 	// lns are the sockets bound before any driver moves (listeners.go).
@@ -203,6 +204,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	}
 	a.setPhase(phaseChecking)
 	a.metrics.Registry().MustRegister(newPhaseCollector(a))
+	a.storage = newStorageHealth(a.now)
+	a.metrics.Registry().MustRegister(a.storage)
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
@@ -210,7 +213,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	// The ledger first: its lock keeps a second agent on this data directory
 	// from touching anything, the simulated machine included.
 	var err error
-	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim))
+	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim),
+		ledger.WithWriteResult(func(op string, err error) { a.storageResult(storeLedger, op, err) }))
 	if err != nil {
 		return nil, fmt.Errorf("opening the ledger: %w", err)
 	}

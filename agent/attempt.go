@@ -237,6 +237,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				refused++
 				refusals = append(refusals, refusalsOf(err)...)
 				at.lastRefusal.Store(at.now().UnixNano())
+				at.refreshView(name)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
 				failures = append(failures, ownerFailure(name, err))
@@ -254,7 +255,71 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			Message: fmt.Sprintf("claim %s was not placed: every server that could hold it failed to take it (%s); nothing was claimed: retry the claim, and if it keeps failing read the agent's log on those servers (journalctl -u gpuherd)",
 				at.id, strings.Join(failures, "; "))}
 	}
+	if c, done, err := at.askSuspects(ctx, tried); done {
+		return c, err
+	}
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
+}
+
+// refreshView has gossip fetch the current summary of a peer that refused
+// what this agent's view said it could hold: the view was stale, and every
+// later claim through this agent would rank that server by it until its
+// next re-advertisement or the next full-state exchange.
+func (at *attempt) refreshView(name string) {
+	if at.cluster != nil && name != at.cfg.NodeName {
+		at.cluster.g.Refresh(name)
+	}
+}
+
+// askSuspects is the last resort before "not available": the servers
+// gossip holds suspect that, by their last summary, could hold the
+// request, asked in rank order after every alive one. A suspect may be
+// alive and merely slow to answer probes (a loaded machine), and then it
+// takes the claim. One that does not answer makes the answer a retryable
+// 503 naming it: "not available" would say that no server can hold the
+// request, which nobody knows while a server that could is unheard. It
+// reports done=false when no suspect could hold it, or every one asked
+// said no.
+func (at *attempt) askSuspects(ctx context.Context, tried []string) (api.Claim, bool, error) {
+	if at.cluster == nil {
+		return api.Claim{}, false, nil
+	}
+	sus := at.cluster.suspects()
+	servers := make([]placement.Server, len(sus))
+	for i, t := range sus {
+		servers[i] = t.server
+	}
+	var silent []string
+	for _, name := range at.rank(servers) {
+		if slices.Contains(tried, name) {
+			continue
+		}
+		t, _ := targetNamed(sus, name)
+		c, err := at.ask(ctx, t)
+		if err == nil {
+			at.log.Info("claim placed on a server gossip holds suspect", "claim", at.id, "node", name)
+			if at.vouch != nil || at.named || at.rr.Token != 0 {
+				return c, true, nil
+			}
+			c, err = at.settle(ctx, c, t, append(tried, name))
+			return c, true, err
+		}
+		if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
+			isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+			(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) {
+			return api.Claim{}, true, err
+		}
+		if !isCode(err, api.CodeNotAvailable) {
+			silent = append(silent, name)
+		}
+		at.log.Debug("suspect server could not take the claim", "claim", at.id, "node", name, "err", err)
+	}
+	if len(silent) == 0 {
+		return api.Claim{}, false, nil
+	}
+	return api.Claim{}, true, &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: no server that answered can hold it; %s could by its last summary, but gossip holds it suspect (its probes go unanswered) and it did not answer: retry once it is back, or free GPUs elsewhere",
+			at.id, strings.Join(silent, ", "))}
 }
 
 // placeVouched places with vouch as the home's word, leaving at itself

@@ -43,6 +43,9 @@ type clusterState struct {
 	joined atomic.Bool
 	// names is this agent's part in the name registry, once it runs.
 	names atomic.Pointer[registryState]
+	// known is every server this agent has seen, kept on disk
+	// (knownmembers.go).
+	known *knownMembers
 }
 
 // PeerNetwork carries the peer API without sockets or TLS: an agent serves
@@ -69,7 +72,7 @@ func (a *Agent) startCluster() error {
 		return fmt.Errorf("peer API TLS: %w", err)
 	}
 	ln := a.lns.peer // bound before any driver moved (listeners.go)
-	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}}
+	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
 	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 
 	gcfg := gossip.Config{
@@ -138,7 +141,7 @@ func (a *Agent) startCluster() error {
 // a mutual-TLS listener.
 func (a *Agent) startClusterOn(files pki.Files) error {
 	cfg := a.cfg
-	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}}
+	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
 	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
 	gcfg := gossip.Config{
 		NodeName:      cfg.NodeName,
@@ -206,27 +209,47 @@ func (c *clusterState) peers() []target {
 		if m.Self || !m.Usable() || m.Summary.PeerAddr == "" {
 			continue
 		}
-		t := target{
-			name:   m.Name,
-			owner:  c.client(m.Name, m.Summary.PeerAddr),
-			server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
-			caps:   map[string]ledger.ModelTotals{},
-		}
-		for _, mc := range m.Summary.Models {
-			t.server.Free[mc.Model] = int(mc.Free)
-			t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
-		}
-		out = append(out, t)
+		out = append(out, c.targetOf(m))
 	}
 	return out
+}
+
+// suspects is every other server gossip holds suspect (its probes went
+// unanswered, it is not declared dead) whose last summary can be read: a
+// placement asks them after every alive server (attempt.askSuspects).
+func (c *clusterState) suspects() []target {
+	var out []target
+	for _, m := range c.g.Members() {
+		if m.Self || m.State != gossip.StateSuspect || m.SummaryErr != nil || m.Summary.PeerAddr == "" {
+			continue
+		}
+		out = append(out, c.targetOf(m))
+	}
+	return out
+}
+
+// targetOf is member m as a server to ask, with its gossiped capacity.
+func (c *clusterState) targetOf(m gossip.Member) target {
+	t := target{
+		name:   m.Name,
+		owner:  c.client(m.Name, m.Summary.PeerAddr),
+		server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
+		caps:   map[string]ledger.ModelTotals{},
+	}
+	for _, mc := range m.Summary.Models {
+		t.server.Free[mc.Model] = int(mc.Free)
+		t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
+	}
+	return t
 }
 
 // unasked names the other members gossip knows now, other than those that
 // left, that are not in asked: suspect or dead ones, and alive ones that
 // were not in the view when the lookup began (the view read at the start of
 // a lookup can be older than this one: an agent that just woke from a
-// freeze) or whose summary cannot be used. Any of them may hold a claim
-// nobody asked about.
+// freeze) or whose summary cannot be used; and the servers this agent has
+// seen before (knownmembers.go) that its gossip does not list now, as
+// after a restart. Any of them may hold a claim nobody asked about.
 func (c *clusterState) unasked(asked []string) []string {
 	var out []string
 	if !c.joined.Load() {
@@ -235,6 +258,11 @@ func (c *clusterState) unasked(asked []string) []string {
 	for _, m := range c.g.Members() {
 		if !m.Self && m.State != gossip.StateLeft && !slices.Contains(asked, m.Name) {
 			out = append(out, m.Name)
+		}
+	}
+	for _, n := range c.unseenKnown() {
+		if !slices.Contains(asked, n) {
+			out = append(out, n)
 		}
 	}
 	return out

@@ -198,7 +198,8 @@ func (c *phaseCollector) Collect(ch chan<- prometheus.Metric) {
 
 // readiness is what /readyz reports: 503 with the reason while the agent
 // starts, and again whenever it cannot serve claims (its ledger refuses
-// writes, or gossip has not joined the cluster).
+// writes, or gossip has not joined the cluster) or one of its stores
+// fails to write (storage.go).
 func (a *Agent) readiness() error {
 	if !a.ready.Load() {
 		if p := a.phase(); p == phaseStopping {
@@ -210,6 +211,9 @@ func (a *Agent) readiness() error {
 		if err := a.ledger.WriteError(); err != nil {
 			return fmt.Errorf("ledger unwritable: %w", err)
 		}
+	}
+	if err := a.storage.err(); err != nil {
+		return err
 	}
 	if c := a.cluster; c != nil && !c.joined.Load() {
 		return errors.New("gossip not joined: no seed has answered yet")

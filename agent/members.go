@@ -47,8 +47,48 @@ func (a *Agent) Availability(context.Context) (api.Availability, error) {
 		out.Models = append(out.Models, *v)
 	}
 	slices.SortFunc(out.Models, func(x, y api.ModelAvailability) int { return cmp.Compare(x.Model, y.Model) })
+	out.Unanswered = a.capacityGaps()
+	out.Partial = len(out.Unanswered) > 0
 	return out, nil
 }
+
+// capacityGaps are the servers whose capacity an aggregate of this
+// agent's view lacks: before gossip joined, every other; then those whose
+// summary cannot be read, those gossip holds suspect (not counted, though a
+// claim asks them last), and those this agent has seen before that its
+// gossip does not list now (knownmembers.go). A dead or departed server's
+// GPUs are not available: it does not make the aggregate partial.
+func (a *Agent) capacityGaps() []api.Unanswered {
+	c := a.cluster
+	if c == nil {
+		return nil
+	}
+	var out []api.Unanswered
+	if !c.joined.Load() {
+		out = append(out, api.Unanswered{Node: notJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
+	}
+	for _, m := range c.g.Members() {
+		switch {
+		case m.Self:
+		case m.SummaryErr != nil && (m.State == gossip.StateAlive || m.State == gossip.StateSuspect):
+			out = append(out, api.Unanswered{Node: m.Name, Reason: "its gossip summary cannot be read: " + m.SummaryErr.Error()})
+		case m.State == gossip.StateSuspect:
+			out = append(out, api.Unanswered{Node: m.Name, Reason: "gossip holds it suspect (its probes go unanswered): its GPUs are not counted; a claim asks it last"})
+		}
+	}
+	for _, n := range c.unseenKnown() {
+		out = append(out, api.Unanswered{Node: n, Reason: unseenReason})
+	}
+	slices.SortFunc(out, func(x, y api.Unanswered) int { return cmp.Compare(x.Node, y.Node) })
+	return out
+}
+
+// notJoinedNode stands for the servers an agent has not heard of because
+// its gossip has not joined yet.
+const notJoinedNode = "the rest of the cluster"
+
+// unseenReason is why a known server that gossip does not list is missing.
+const unseenReason = "not asked: this agent has seen it before and its gossip does not list it now (not heard of since this agent started, or gone for longer than gossip remembers); what it holds is missing"
 
 // Members lists the servers of the platform with their state and free
 // capacity; alone, just this one.
@@ -63,6 +103,11 @@ func (a *Agent) Members(context.Context) ([]api.Member, error) {
 			continue
 		}
 		out = append(out, memberView(m))
+	}
+	// The servers this agent has seen before and its gossip does not list
+	// now: a list without them would look complete.
+	for _, n := range a.cluster.unseenKnown() {
+		out = append(out, api.Member{Name: n, State: api.MemberUnknown, Models: []api.ModelAvailability{}})
 	}
 	slices.SortFunc(out, func(x, y api.Member) int { return cmp.Compare(x.Name, y.Name) })
 	return out, nil

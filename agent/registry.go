@@ -73,6 +73,13 @@ func (a *Agent) openRegistry(c *clusterState) error {
 		Discover:  rs.discover,
 		Timing:    registryTiming(),
 		Logger:    rs.log,
+		StorageResult: func(part, op string, err error) {
+			store := storeRegistryLog
+			if part == names.StorageSnapshots {
+				store = storeRegistrySnapshots
+			}
+			a.storageResult(store, op, err)
+		},
 	}
 	if cfg.runsRaft() {
 		trans, err := rs.transport()

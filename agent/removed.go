@@ -96,6 +96,8 @@ func (a *Agent) RemoveMember(ctx context.Context, node string, force bool) (api.
 	if state != gossip.StateAlive && state != gossip.StateSuspect {
 		a.cluster.g.Forget(node)
 	}
+	// Not a server of the cluster any more: listings stop waiting for it.
+	a.cluster.known.forget(node)
 	if state == "" && len(changed) == 0 && len(listing.Records) == 0 {
 		out.Warnings = append(out.Warnings, fmt.Sprintf("this agent's gossip does not know %s and the name registry holds no names on it: check the server's name", node))
 	}

@@ -38,6 +38,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		}()
 		go a.dirWorker(ctx)
 		go a.antiEntropyLoop(ctx)
+		go a.watchKnownMembers(ctx)
 		c.publish()
 	}
 	a.setPhase(phaseServing)

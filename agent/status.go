@@ -23,6 +23,9 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 		st.InUseError = err.Error()
 	}
 	st.Names = a.registry.status()
+	if ps := a.storage.problems(); len(ps) > 0 {
+		st.Storage = ps
+	}
 	return st, nil
 }
 

@@ -31,6 +31,9 @@ type Config struct {
 	RememberDeparted  time.Duration // how long Members lists dead and left members; default 1h
 	Log               *slog.Logger
 	Tune              func(*memberlist.Config) // last say over memberlist's config; for tests
+	// Rebroadcast is when a changed summary is advertised again after the
+	// change; nil is DefaultRebroadcast, an empty slice never.
+	Rebroadcast []time.Duration
 
 	catchUp catchUpTimings // zero: defaultCatchUp; for tests
 }
@@ -50,6 +53,7 @@ type Cluster struct {
 	ml      *memberlist.Memberlist
 	pub     *publisher
 	catchUp *catchUp
+	refresh refresher
 	// selfIP and selfPort are the advertised gossip address, read once at
 	// start: memberlist's LocalNode returns its live record, which it
 	// rewrites on every UpdateNode without a lock the caller could take.
@@ -163,7 +167,11 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	c.ml = ml
 	self := ml.LocalNode()
 	c.selfIP, c.selfPort = slices.Clone(self.Addr), self.Port
-	c.pub = startPublisher(c, mc.GossipInterval, log)
+	again := cfg.Rebroadcast
+	if again == nil {
+		again = DefaultRebroadcast
+	}
+	c.pub = startPublisher(c, mc.GossipInterval, again, log)
 	c.catchUp.start()
 	log.Info("gossip started", "node", mc.Name, "addr", c.LocalAddr(), "encrypted", c.keyring != nil)
 	return c, nil
@@ -259,6 +267,7 @@ func (c *Cluster) Shutdown() error {
 	c.catchUp.stop()
 	err := c.ml.Shutdown()
 	c.catchUp.wait() // an exchange in flight fails now that memberlist is down
+	c.refresh.drain()
 	if err != nil {
 		return fmt.Errorf("gossip: shutdown: %w", err)
 	}

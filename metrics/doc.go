@@ -109,6 +109,25 @@
 //	gpuherd_ledger_file_size_bytes
 //	    gauge: size of the ledger file.
 //
+// # Storage
+//
+// Registered by the agent (agent/storage.go). store: ledger (ledger.db),
+// registry_log (the name registry's raft log and stable store),
+// registry_snapshots (its raft snapshots), members (members.json, the
+// servers this agent has seen).
+//
+//	gpuherd_storage_errors_total{store,op}
+//	    counter: writes to a store that failed (a full disk, a read-only
+//	    file system, an I/O error); op: write, remember_released, facts
+//	    (ledger), append, compact, stable (registry_log), create, write
+//	    (registry_snapshots), write, read (members). A series appears with
+//	    its first error.
+//	gpuherd_storage_failing{store}
+//	    gauge: 1 from a store's first failed write until a write to it
+//	    succeeds again, 0 otherwise; one series per store from the start.
+//	    /readyz answers 503 and `gpuherd status` names the store, the cause
+//	    and what to do meanwhile.
+//
 // # vfio
 //
 //	gpuherd_vfio_operation_duration_seconds{op}

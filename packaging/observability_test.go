@@ -50,6 +50,8 @@ var metricLabels = map[string][]string{
 	"gpuherd_names_registries":                  {},
 	"gpuherd_ledger_claims":                     {"state"},
 	"gpuherd_ledger_file_size_bytes":            {},
+	"gpuherd_storage_errors_total":              {"store", "op"},
+	"gpuherd_storage_failing":                   {"store"},
 	"gpuherd_gpu_temperature_celsius":           {"pci_address", "model"},
 	"gpuherd_gpu_power_watts":                   {"pci_address", "model"},
 	"gpuherd_gpu_energy_joules_total":           {"pci_address", "model"},
@@ -154,7 +156,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdClaimDuplicates", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNameRegistryNoLeader", "GpuherdNameRegistrySplit", "GpuherdNoReadiness"}
+	want := []string{"GpuherdAgentDown", "GpuherdBindFailures", "GpuherdClaimDuplicates", "GpuherdDriverChangedBehindLedger", "GpuherdGPUUnhealthy", "GpuherdGPUUnusable", "GpuherdGossipMembersDead", "GpuherdModelExhausted", "GpuherdNameRegistryNoLeader", "GpuherdNameRegistrySplit", "GpuherdNoReadiness", "GpuherdStorageFailing"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts = %v, want %v", alerts, want)
 	}

@@ -78,6 +78,20 @@ type Status struct {
 	// GPUs' VFIO groups open (proc_root unreadable): in_use_by may then
 	// be missing on GPUs a VM uses.
 	InUseError string `json:"in_use_error,omitempty"`
+	// Storage lists the agent's stores whose last write failed (a full
+	// disk, a read-only file system, an I/O error); absent when every
+	// store writes.
+	Storage []StorageProblem `json:"storage,omitempty"`
+}
+
+// StorageProblem is one of the agent's stores failing now.
+type StorageProblem struct {
+	Store  string    `json:"store"` // ledger, registry_log, registry_snapshots, members
+	Op     string    `json:"op"`    // the operation that failed last
+	Error  string    `json:"error"`
+	Cause  string    `json:"cause"` // "no space left on device", "read-only file system", "I/O error", ...
+	Since  time.Time `json:"since"` // the first failure since the store last wrote
+	Action string    `json:"action"`
 }
 
 // NamesStatus is an agent's view of the name registry.
@@ -240,18 +254,22 @@ type ModelAvailability struct {
 }
 
 // Availability lists every model of the platform, available or not, as the
-// answering agent sees it (its own ledger, the others' gossip).
+// answering agent sees it (its own ledger, the others' gossip). Partial is
+// true when the agent lacks a server's capacity (Unanswered names each):
+// the counts may then be short.
 type Availability struct {
-	Node    string              `json:"node"`
-	Servers int                 `json:"servers"`
-	Models  []ModelAvailability `json:"models"`
+	Node       string              `json:"node"`
+	Servers    int                 `json:"servers"`
+	Models     []ModelAvailability `json:"models"`
+	Partial    bool                `json:"partial"`
+	Unanswered []Unanswered        `json:"unanswered,omitempty"`
 }
 
 // Member is one server of the platform.
 type Member struct {
 	Name         string              `json:"name"`
 	Addr         string              `json:"addr,omitempty"` // gossip address
-	State        string              `json:"state"`          // alive, suspect, dead, left
+	State        string              `json:"state"`          // alive, suspect, dead, left, unknown (MemberUnknown)
 	Self         bool                `json:"self,omitempty"`
 	Drained      bool                `json:"drained"`
 	AgentVersion string              `json:"agent_version,omitempty"`
@@ -267,6 +285,11 @@ type Member struct {
 	NamesRole   string `json:"names_role,omitempty"`
 	NamesLeader bool   `json:"names_leader,omitempty"`
 }
+
+// MemberUnknown is the state of a server the answering agent has seen
+// before and whose state its gossip does not know now (not heard of since
+// the agent started, or gone for longer than gossip remembers).
+const MemberUnknown = "unknown"
 
 // ServerDrainRequest cordons a whole server.
 type ServerDrainRequest struct {

@@ -41,9 +41,12 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 	switch {
 	case errors.Is(err, errUnchanged):
 	case err != nil:
-		return fmt.Errorf("ledger %s: write facts of GPU %s: %w", l.path, addr, err)
+		err = fmt.Errorf("ledger %s: write facts of GPU %s: %w", l.path, addr, err)
+		l.wrote(OpFacts, err)
+		return err
 	default:
 		l.syncs.Add(1)
+		l.wrote(OpFacts, nil)
 	}
 	return nil
 }

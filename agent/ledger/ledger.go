@@ -45,6 +45,21 @@ type Option func(*options)
 type options struct {
 	maxGPUs     int
 	lockTimeout time.Duration
+	writeResult func(op string, err error)
+}
+
+// Write operations, as WithWriteResult names them.
+const (
+	OpWrite    = "write"             // claims, reservations' commits, drains
+	OpRemember = "remember_released" // a released claim's record
+	OpFacts    = "facts"             // what NVML told of a GPU
+)
+
+// WithWriteResult has fn told the outcome of every write to the file (nil
+// when it was acknowledged), so that the agent can report a store that
+// fails; fn must be quick and must not call the ledger.
+func WithWriteResult(fn func(op string, err error)) Option {
+	return func(o *options) { o.writeResult = fn }
 }
 
 // WithMaxGPUs sets the most GPUs one claim may hold (default DefaultMaxGPUs).
@@ -92,6 +107,15 @@ type Ledger struct {
 	writeErr atomic.Pointer[error]
 	// syncs counts the write transactions committed since Open (Syncs).
 	syncs atomic.Uint64
+	// writeResult is told every file write's outcome (WithWriteResult).
+	writeResult func(op string, err error)
+}
+
+// wrote tells the write observer, if any, of one write's outcome.
+func (l *Ledger) wrote(op string, err error) {
+	if l.writeResult != nil {
+		l.writeResult(op, err)
+	}
 }
 
 // Open opens (creating it with mode 0600 if needed) the ledger file at path.
@@ -130,11 +154,12 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		return nil, err
 	}
 	return &Ledger{
-		path:    path,
-		db:      db,
-		maxGPUs: o.maxGPUs,
-		dropped: dropped,
-		state:   st,
+		path:        path,
+		db:          db,
+		maxGPUs:     o.maxGPUs,
+		dropped:     dropped,
+		state:       st,
+		writeResult: o.writeResult,
 	}, nil
 }
 
@@ -395,10 +420,12 @@ func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed 
 	case err != nil:
 		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
 		l.writeErr.Store(&err)
+		l.wrote(OpWrite, err)
 		return err
 	}
 	l.syncs.Add(1)
 	l.writeErr.Store(nil)
+	l.wrote(OpWrite, nil)
 	l.publish(next)
 	return fnErr
 }

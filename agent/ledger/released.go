@@ -58,9 +58,12 @@ func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 		return forgetReleased(b, now, keep)
 	})
 	if err != nil {
-		return fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
+		err = fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
+		l.wrote(OpRemember, err)
+		return err
 	}
 	l.syncs.Add(1)
+	l.wrote(OpRemember, nil)
 	return nil
 }
 

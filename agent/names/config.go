@@ -108,6 +108,10 @@ type Config struct {
 	Limits Limits
 	Timing Timing
 	Logger *slog.Logger
+	// StorageResult, when set, is told the outcome of every write to the
+	// raft log, the stable store and the snapshots (part StorageLog or
+	// StorageSnapshots; err nil when it succeeded); it must be quick.
+	StorageResult func(part, op string, err error)
 }
 
 // DefaultLease matches the owners' reservation lease.

@@ -83,6 +83,9 @@ func Open(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("name registry snapshots in %s: %w", cfg.DataDir, err)
 		}
 		r.store, logs, stable, snaps = st, st, st, fs
+		if rep := cfg.StorageResult; rep != nil {
+			logs, stable, snaps = observedLog{st, rep}, observedStable{st, rep}, observedSnapshots{fs, rep}
+		}
 	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.Node)

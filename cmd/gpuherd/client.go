@@ -105,6 +105,23 @@ func call[T any](g *globals, cmd *cobra.Command, req func(context.Context, *api.
 	return g.show(v, func(w *tabwriter.Writer) { table(w, v) })
 }
 
+// callPartial is call for a listing that may lack servers: after the
+// answer is shown, check says whether it is complete.
+func callPartial[T any](g *globals, cmd *cobra.Command, req func(context.Context, *api.Client) (T, error), check func(T) error, table func(*tabwriter.Writer, T)) error {
+	ctx, cancel := withTimeout(cmd)
+	defer cancel()
+	c := g.client()
+	defer c.Close()
+	v, err := req(ctx, c)
+	if err != nil {
+		return g.fail(err)
+	}
+	if err := g.show(v, func(w *tabwriter.Writer) { table(w, v) }); err != nil {
+		return err
+	}
+	return check(v)
+}
+
 func newStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
@@ -120,6 +137,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "NODE %s: %d GPUs%s\n", esc(st.Node), len(st.GPUs), fabric)
 					if st.FabricWarning != "" {
 						fmt.Fprintf(w, "warning: %s\n", esc(st.FabricWarning))
+					}
+					for _, p := range st.Storage {
+						fmt.Fprintf(w, "warning: storage %s failing since %s (%s: %s): %s\n", esc(p.Store), p.Since.Format(time.RFC3339), esc(p.Op), esc(p.Cause), esc(p.Action))
 					}
 					head := "PCI ADDRESS\tMODEL\tMEMORY\tNUMA\tGROUP\tDRIVER\tSTATE\tCLAIM"
 					if g.wide() {
@@ -399,26 +419,46 @@ YAML) and the exit code is 5, so that a shorter list never looks complete.`,
 			if !l.Partial {
 				return nil
 			}
-			names := make([]string, len(l.Unanswered))
-			for i, u := range l.Unanswered {
-				names[i] = u.Node
-				if !structured(g.output) {
-					fmt.Fprintf(g.stderr, "gpuherd: warning: %s did not answer: %s\n", esc(u.Node), esc(u.Reason))
-				}
-			}
-			return &api.Error{Code: api.CodeUnavailable,
-				Message: fmt.Sprintf("partial list: %d server(s) did not answer (%s); their claims are missing", len(names), strings.Join(names, ", "))}
+			return partial(g, "list", "their claims are missing", l.Unanswered)
 		},
 	}
+}
+
+// partial is the end of a listing that lacks servers: a warning on stderr
+// naming each (in the table format; "partial" and "unanswered" carry them
+// in JSON and YAML), and an unavailable error, exit 5, so that a script
+// never takes a shorter answer for a complete one.
+func partial(g *globals, what, missing string, unanswered []api.Unanswered) error {
+	names := make([]string, len(unanswered))
+	for i, u := range unanswered {
+		names[i] = u.Node
+		if !structured(g.output) {
+			fmt.Fprintf(g.stderr, "gpuherd: warning: %s did not answer: %s\n", esc(u.Node), esc(u.Reason))
+		}
+	}
+	return &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("partial %s: %d server(s) did not answer (%s); %s", what, len(names), strings.Join(names, ", "), missing)}
 }
 
 func newAvailabilityCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "availability",
 		Short: "Every GPU model of the catalog and how many are free",
-		Args:  exactArgs(0, "no arguments"),
+		Long: `List every GPU model of the platform and how many are free, as this agent
+sees the servers (its own ledger, the others' gossip). When the agent lacks a
+server's capacity (gossip not joined yet, a summary it cannot read, a server
+it has seen before that its gossip does not list now), the counts may be
+short: the answer is marked partial (a warning on stderr naming each server;
+"partial": true and "unanswered" in JSON and YAML) and the exit code is 5.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Availability, error) { return c.Availability(ctx) },
+			return callPartial(g, cmd, func(ctx context.Context, c *api.Client) (api.Availability, error) { return c.Availability(ctx) },
+				func(av api.Availability) error {
+					if !av.Partial {
+						return nil
+					}
+					return partial(g, "availability", "their GPUs are not counted", av.Unanswered)
+				},
 				func(w *tabwriter.Writer, av api.Availability) {
 					fmt.Fprintf(w, "As seen by %s (%d server(s))\n", esc(av.Node), av.Servers)
 					head := "MODEL\tAVAILABLE\tFREE\tTOTAL\tMOST ON ONE SERVER"

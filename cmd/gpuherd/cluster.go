@@ -16,9 +16,27 @@ func newMembersCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "members",
 		Short: "The servers of the platform, their state and free capacity",
-		Args:  exactArgs(0, "no arguments"),
+		Long: `List the servers of the platform with their state and free capacity. A
+server this agent has seen before but whose state its gossip does not know
+now (not heard of since the agent started, or gone for longer than gossip
+remembers) is listed with state "unknown": the list is then partial (a
+warning on stderr naming it) and the exit code is 5. members remove NODE
+takes a server that is gone for good off the list.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
+			return callPartial(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
+				func(ms []api.Member) error {
+					var unknown []api.Unanswered
+					for _, m := range ms {
+						if m.State == api.MemberUnknown {
+							unknown = append(unknown, api.Unanswered{Node: m.Name, Reason: "its state is unknown to this agent's gossip (not heard of since the agent started, or gone for longer than gossip remembers)"})
+						}
+					}
+					if len(unknown) == 0 {
+						return nil
+					}
+					return partial(g, "member list", "their state and capacity are unknown", unknown)
+				},
 				func(w *tabwriter.Writer, ms []api.Member) { printMembers(w, ms, g.wide()) })
 		},
 	}

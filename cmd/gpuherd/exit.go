@@ -26,7 +26,8 @@ const (
 const exitCodesHelp = `Exit codes: 0 ok; 1 error; 2 usage (bad input, nothing changed); 3 not
 available (no server can hold the request; alternatives follow); 4 not found
 (or lost with a removed server); 5 unavailable (an agent or server did not
-answer: retry); 6 conflict (the ID is held under another request, or the GPU
+answer, or a listing lacks a server: claims, availability and members then
+print what they have and name the missing servers; retry); 6 conflict (the ID is held under another request, or the GPU
 is in use by a VM).`
 
 type apiError = api.Error

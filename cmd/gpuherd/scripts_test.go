@@ -24,7 +24,10 @@ type fakeAgent struct {
 	members     []api.Member
 	avail       api.Availability
 	claims      api.ClaimList
+	status      api.Status
 }
+
+func (f *fakeAgent) Status(context.Context) (api.Status, error) { return f.status, nil }
 
 func (f *fakeAgent) Members(context.Context) ([]api.Member, error)          { return f.members, nil }
 func (f *fakeAgent) Availability(context.Context) (api.Availability, error) { return f.avail, nil }
@@ -118,6 +121,69 @@ func TestCLIClaimsPartial(t *testing.T) {
 		t.Errorf("claims -o json stderr %q (%v): want an unavailable error", r.stderr, err)
 	}
 	t.Logf("partial: exit 5, warning %q", strings.SplitN(r.stderr, "\n", 2)[0])
+}
+
+// TestCLIAggregatesPartial: availability and members that lack a server
+// say so as claims does: a warning naming it, the JSON marking it, exit
+// 5; complete ones exit 0.
+func TestCLIAggregatesPartial(t *testing.T) {
+	t.Parallel()
+	f := &fakeAgent{
+		avail: api.Availability{Node: "gpu-1", Servers: 1, Models: []api.ModelAvailability{{Model: "NVIDIA L40S", Available: true, Free: 1, Total: 4}},
+			Partial: true, Unanswered: []api.Unanswered{{Node: "gpu-2", Reason: "not heard of since this agent started"}}},
+		members: []api.Member{{Name: "gpu-1", State: "alive", Self: true, Models: []api.ModelAvailability{}},
+			{Name: "gpu-2", State: api.MemberUnknown, Models: []api.ModelAvailability{}}},
+	}
+	sock := serveFake(t, f)
+	r := gpuherd(t, sock, "availability")
+	if r.code != exitUnavailable || !strings.Contains(r.stdout, "NVIDIA L40S") ||
+		!strings.Contains(r.stderr, "gpuherd: warning: gpu-2 did not answer: not heard of since this agent started") ||
+		!strings.Contains(r.stderr, "partial availability: 1 server(s) did not answer (gpu-2); their GPUs are not counted") {
+		t.Errorf("availability lacking gpu-2: %s; want the table, a warning naming gpu-2 and exit 5", r)
+	}
+	r = gpuherd(t, sock, "availability", "-o", "json")
+	var av api.Availability
+	if err := json.Unmarshal([]byte(r.stdout), &av); err != nil || !reflect.DeepEqual(av, f.avail) || r.code != exitUnavailable {
+		t.Errorf("availability -o json: %s (%v); want the partial answer and exit 5", r, err)
+	}
+	r = gpuherd(t, sock, "members")
+	if r.code != exitUnavailable || !strings.Contains(r.stdout, "unknown") ||
+		!strings.Contains(r.stderr, "partial member list: 1 server(s) did not answer (gpu-2)") {
+		t.Errorf("members with gpu-2 unknown: %s; want gpu-2 listed unknown, a warning and exit 5", r)
+	}
+	f.avail.Partial, f.avail.Unanswered = false, nil
+	f.members = f.members[:1]
+	for _, args := range [][]string{{"availability"}, {"members"}, {"availability", "-o", "json"}} {
+		if r := gpuherd(t, sock, args...); r.code != exitOK || r.stderr != "" {
+			t.Errorf("%s, complete: %s; want exit 0, nothing on stderr", strings.Join(args, " "), r)
+		}
+	}
+}
+
+// TestCLIStatusShowsStorageFailures: a failing store is a warning line of
+// status, with the store, since when, the cause and what to do, and the
+// "storage" list in JSON.
+func TestCLIStatusShowsStorageFailures(t *testing.T) {
+	t.Parallel()
+	since := time.Date(2026, 12, 4, 19, 0, 0, 0, time.UTC)
+	f := &fakeAgent{status: api.Status{Node: "gpu-1", Version: "test", GPUs: []api.GPU{},
+		Storage: []api.StorageProblem{{Store: "registry_log", Op: "append", Error: "write names-log/1.seg: no space left on device",
+			Cause: "no space left on device", Since: since, Action: "free space on the data directory's file system"}}}}
+	sock := serveFake(t, f)
+	r := gpuherd(t, sock, "status")
+	want := "warning: storage registry_log failing since 2026-12-04T19:00:00Z (append: no space left on device): free space on the data directory's file system"
+	if r.code != exitOK || !strings.Contains(r.stdout, want) {
+		t.Errorf("status with the registry log failing: %s; want the line %q", r, want)
+	}
+	r = gpuherd(t, sock, "status", "-o", "json")
+	var st api.Status
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || !reflect.DeepEqual(st.Storage, f.status.Storage) {
+		t.Errorf("status -o json: %s (%v); want the storage problem", r, err)
+	}
+	f.status.Storage = nil
+	if r := gpuherd(t, sock, "status"); strings.Contains(r.stdout, "storage") {
+		t.Errorf("status with every store writing: %s; want no storage line", r)
+	}
 }
 
 // TestCLIJSONVocabulary: every command's JSON uses one vocabulary:

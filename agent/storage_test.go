@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/internal/testdisk"
+)
+
+// sample is the value of metric name with labels in reg, and whether the
+// series exists.
+func sample(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			return value(m), true
+		}
+	}
+	return 0, false
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	}
+	return 0
+}
+
+// checkStorage asserts what every place an operator looks says of the
+// ledger store: failing (with cause), or not.
+func checkStorage(t *testing.T, a *Agent, when string, failing bool, cause string) {
+	t.Helper()
+	reg := a.metrics.Registry()
+	v, ok := sample(t, reg, "gpuherd_storage_failing", map[string]string{"store": storeLedger})
+	st, _ := a.Status(context.Background())
+	ready := a.readiness()
+	if !failing {
+		if !ok || v != 0 || len(st.Storage) != 0 || ready != nil {
+			t.Errorf("%s: failing gauge %v (%v), status storage %+v, readiness %v; want 0, none, ready", when, v, ok, st.Storage, ready)
+		}
+		return
+	}
+	if !ok || v != 1 {
+		t.Errorf("%s: gpuherd_storage_failing{store=ledger} = %v (%v), want 1", when, v, ok)
+	}
+	if len(st.Storage) != 1 || st.Storage[0].Store != storeLedger || st.Storage[0].Cause != cause || st.Storage[0].Action == "" || st.Storage[0].Since.IsZero() {
+		t.Errorf("%s: status storage %+v; want the ledger failing with %q and what to do", when, st.Storage, cause)
+	}
+	if ready == nil || !strings.Contains(ready.Error(), "ledger") || !strings.Contains(ready.Error(), cause) {
+		t.Errorf("%s: readiness %v; want the ledger named with %q", when, ready, cause)
+	}
+}
+
+// TestStorageFailureIsReported: a data disk that fills up under a running
+// agent shows in the metrics (a counter of
+// failed writes by store and operation, a gauge of the store failing
+// now), in /readyz and in gpuherd status, with the cause and what to do;
+// and clears once a write succeeds again.
+func TestStorageFailureIsReported(t *testing.T) {
+	dir := t.TempDir()
+	disk := testdisk.Mount(t, 1<<20)
+	cfg := testConfig(t, dir)
+	cfg.DataDir = filepath.Join(disk, "data")
+	a := startAgent(t, cfg, machine(t, "dgx-h100", dir), nil)
+	defer a.Close()
+	runAgent(t, a)
+	ctx := context.Background()
+	checkStorage(t, a, "before the disk fills", false, "")
+
+	filler := testdisk.Fill(t, disk)
+	labels := map[string]string{"k": strings.Repeat("v", 200)}
+	failed := false
+	for i := range 8 {
+		if _, err := a.Claim(ctx, fmt.Sprintf("vm-%d", i), api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels}); err != nil {
+			failed = true
+			break
+		}
+	}
+	if !failed {
+		t.Fatal("no claim failed on a full disk")
+	}
+	checkStorage(t, a, "disk full", true, "no space left on device")
+	if n, _ := sample(t, a.metrics.Registry(), "gpuherd_storage_errors_total", map[string]string{"store": storeLedger, "op": "write"}); n < 1 {
+		t.Errorf("gpuherd_storage_errors_total{store=ledger,op=write} = %v, want at least 1", n)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Claim(ctx, "vm-again", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	checkStorage(t, a, "space freed, a claim written", false, "")
+}
+
+// TestStorageCauses: each class of storage error gets its words and its
+// advice, through any wrapping.
+func TestStorageCauses(t *testing.T) {
+	for _, tt := range []struct {
+		err   error
+		cause string
+		act   string
+	}{
+		{fmt.Errorf("ledger x: %w", &fs.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC}), "no space left on device", "free space"},
+		{fmt.Errorf("wal: %w", syscall.EDQUOT), "no space left on device", "free space"},
+		{&fs.PathError{Op: "open", Path: "x", Err: syscall.EROFS}, "read-only file system", "read-only"},
+		{fmt.Errorf("sync: %w", syscall.EIO), "I/O error", "replace the disk"},
+		{&fs.PathError{Op: "open", Path: "x", Err: syscall.EACCES}, "permission denied", "owner and mode"},
+		{errors.New("something else"), "something else", "log"},
+	} {
+		if c, a := storageCause(tt.err), storageAction(tt.err); c != tt.cause || !strings.Contains(a, tt.act) {
+			t.Errorf("%v: cause %q, action %q; want %q and advice about %q", tt.err, c, a, tt.cause, tt.act)
+		}
+	}
+}
