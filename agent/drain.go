@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -82,7 +83,7 @@ func (a *Agent) DrainServer(_ context.Context, reason string) (api.Member, error
 	}
 	d := serverDrain{Reason: reason, Since: a.now().UTC()}
 	data, _ := json.Marshal(d)
-	if err := writeFileAtomic(filepath.Join(a.cfg.DataDir, serverDrainFile), data); err != nil {
+	if err := atomicfile.Write(filepath.Join(a.cfg.DataDir, serverDrainFile), data, 0o600); err != nil {
 		return api.Member{}, err
 	}
 	a.drainMu.Lock()
@@ -105,34 +106,4 @@ func (a *Agent) UndrainServer(context.Context) (api.Member, error) {
 	a.log.Info("server undrained")
 	a.changed()
 	return a.self(), nil
-}
-
-// writeFileAtomic replaces path with data durably: a crash leaves the old
-// file or the new one, never half of one.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -195,7 +196,7 @@ func (a *Agent) createGroupFile(ctx context.Context, rec api.GroupRecord) (group
 		return groupEntry{}, err
 	}
 	data, _ := json.Marshal(rec)
-	if err := writeFileAtomic(a.groupPath(rec.Name), data); err != nil {
+	if err := atomicfile.Write(a.groupPath(rec.Name), data, 0o600); err != nil {
 		return groupEntry{}, fmt.Errorf("writing group record: %w", err)
 	}
 	self, _ := targetNamed(a.targets(), a.cfg.NodeName)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -47,7 +48,7 @@ type knownMembersDoc struct {
 // logged and replaced at the next change: the list only ever widens what a
 // listing waits for, and an agent must not refuse to start over it.
 func (a *Agent) openKnownMembers() *knownMembers {
-	k := &knownMembers{path: filepath.Join(a.cfg.DataDir, knownMembersFile), write: writeFileAtomic, names: map[string]bool{}}
+	k := &knownMembers{path: filepath.Join(a.cfg.DataDir, knownMembersFile), write: func(path string, data []byte) error { return atomicfile.Write(path, data, 0o600) }, names: map[string]bool{}}
 	k.failed = func(op string, err error) { a.storageResult(storeMembers, op, err) }
 	data, err := os.ReadFile(k.path)
 	switch {

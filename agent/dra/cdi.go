@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"os"
 	"path/filepath"
 
@@ -52,7 +53,10 @@ func (d *Driver) writeCDISpec(claimUID string, gpus []api.ClaimGPU) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(d.cdiSpecPath(claimUID), data)
+	if err := os.MkdirAll(d.cfg.CDIDir, 0o755); err != nil {
+		return err
+	}
+	return atomicfile.Write(d.cdiSpecPath(claimUID), data, 0o644)
 }
 
 // hostDev is where a /dev path is on this host: under dev_root when the
@@ -73,41 +77,4 @@ func (d *Driver) removeCDISpec(claimUID string) error {
 		return fmt.Errorf("removing the CDI spec of ResourceClaim %s: %w", claimUID, err)
 	}
 	return nil
-}
-
-// writeAtomic replaces path with data: a crash leaves the old file or the
-// new one, never half of one.
-func writeAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"sync"
@@ -110,7 +111,7 @@ func (cp *checkpoint) save() error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(cp.path, data); err != nil {
+	if err := atomicfile.Write(cp.path, data, 0o600); err != nil {
 		return fmt.Errorf("writing the checkpoint of prepared claims %s: %w", cp.path, err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -53,7 +54,7 @@ func Start(p *Profile, stateDir string) (*Machine, error) {
 		return nil, foreignState(stateDir, owner, p.Name)
 	}
 	writeMark := func() error {
-		if err := writeFileAtomic(markPath, []byte(p.Name+"\n")); err != nil {
+		if err := atomicfile.Write(markPath, []byte(p.Name+"\n"), 0o600); err != nil {
 			return fmt.Errorf("simulation: %w", err)
 		}
 		return nil
@@ -138,26 +139,4 @@ func readHexID(k vfio.FS, addr, file string) (uint16, error) {
 		return 0, fmt.Errorf("%s/%s: %w", addr, file, err)
 	}
 	return uint16(v), nil
-}
-
-// writeFileAtomic replaces name with data so that a crash leaves either the
-// old or the new content.
-func writeFileAtomic(name string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // after a successful rename there is nothing left to remove
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), name)
 }

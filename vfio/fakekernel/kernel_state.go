@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -99,43 +100,7 @@ func (k *Kernel) save() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(k.path, append(b, '\n'))
-}
-
-func writeFileAtomic(path string, data []byte) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, base+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	// The rename is only durable once the directory entry is.
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(k.path, append(b, '\n'), 0o600)
 }
 
 // removeStaleTemps deletes temporary files a killed process left behind.
