@@ -25,6 +25,9 @@ type prepared struct {
 	// Domain is what the claim's use is marked with (the pod's UID).
 	Domain  string   `json:"domain,omitempty"`
 	Devices []string `json:"devices"` // PCI addresses
+	// Prepared: the kubelet prepared it; false for a claim taken at
+	// allocation (allocations.go) whose pod was not prepared yet.
+	Prepared bool `json:"prepared,omitempty"`
 }
 
 // checkpoint is the prepared claims by UID, in one JSON file of the
@@ -65,6 +68,17 @@ func openCheckpoint(dir string) (*checkpoint, error) {
 		cp.m = body.Prepared
 	}
 	return cp, nil
+}
+
+// uids lists the ResourceClaims remembered.
+func (cp *checkpoint) uids() []string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	out := make([]string, 0, len(cp.m))
+	for uid := range cp.m {
+		out = append(out, uid)
+	}
+	return out
 }
 
 func (cp *checkpoint) get(uid string) (prepared, bool) {

@@ -130,8 +130,14 @@ type Driver struct {
 	helper *kubeletplugin.Helper
 	pub    publisher // the helper; a fake in benchmarks
 
+	ctx    context.Context // until Stop
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// work runs prepares, unprepares and the allocation watcher's
+	// adoptions one at a time: each reads the checkpoint and then acts.
+	work     sync.Mutex
+	watching chan struct{} // closed once the allocation watcher caught up
 
 	mu        sync.Mutex
 	published []resourceapi.Device
@@ -178,6 +184,7 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d.helper, d.pub = helper, helper
 	d.startPublishing(ctx)
+	d.watchAllocations(d.ctx)
 	d.log.Info("kubelet plugin started", "node", cfg.NodeName, "plugin_dir", cfg.PluginDataDir, "registrar_dir", cfg.RegistrarDir, "cdi_dir", cfg.CDIDir)
 	return d, nil
 }
@@ -195,7 +202,7 @@ func newDriver(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("kubernetes driver: %w", err)
 	}
 	return &Driver{cfg: cfg, agent: cfg.Agent, log: cfg.Log.With("driver", cfg.DriverName), rec: recorder{cfg.Recorder},
-		state: state, done: make(chan struct{}), synced: make(chan struct{})}, nil
+		state: state, done: make(chan struct{}), synced: make(chan struct{}), watching: make(chan struct{})}, nil
 }
 
 // publisher takes this node's devices to the API server.
@@ -205,9 +212,13 @@ type publisher interface {
 
 func (d *Driver) startPublishing(ctx context.Context) {
 	wctx, cancel := context.WithCancel(ctx)
-	d.cancel = cancel
+	d.ctx, d.cancel = wctx, cancel
 	go d.publishLoop(wctx)
 }
+
+// WatchingAllocations is closed once the allocation watcher has caught up
+// with the API server (never, when it cannot run).
+func (d *Driver) WatchingAllocations() <-chan struct{} { return d.watching }
 
 // Stop stops publishing and serving; the ResourceSlice stays (the kubelet
 // removes it when the plugin does not come back).

@@ -565,3 +565,39 @@ func TestWatchOutlivesTheRequestReadDeadline(t *testing.T) {
 		t.Fatalf("watch after a drain: generation %d, GPU %s", st.Generation, st.GPUs[0].State)
 	}
 }
+
+// An allocation seen by the watcher is claimed before its prepare; one
+// that goes away unprepared is released, a prepared one is left to
+// unprepare; a claim made first is not the watcher's.
+func TestAllocationsAdoptedAndDropped(t *testing.T) {
+	r := newRig(t)
+	r.d.ctx = context.Background()
+	ctx := context.Background()
+	a0, a1 := r.st.GPUs[0].PCIAddress, r.st.GPUs[1].PCIAddress
+	early := allocation("early", "00000000-0000-4000-8000-0000000000e1", DeviceName(a0))
+	r.d.adopt(ctx, early)
+	if g := r.gpu(t, a0); g.Claim != ClaimID("vms", "early", early.UID) {
+		t.Fatalf("after the allocation was seen %s is held by %q", a0, g.Claim)
+	}
+	r.d.adopt(ctx, early) // the informer's resync: nothing new
+	if res := r.prepare(t, early); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	r.d.drop(ctx, string(early.UID)) // prepared: the kubelet's to unprepare
+	if g := r.gpu(t, a0); g.Claim == "" {
+		t.Fatal("a prepared claim was released by the watcher")
+	}
+
+	gone := allocation("gone", "00000000-0000-4000-8000-0000000000e2", DeviceName(a1))
+	r.d.adopt(ctx, gone)
+	if g := r.gpu(t, a1); g.Claim == "" {
+		t.Fatal("the second allocation was not adopted")
+	}
+	r.d.drop(ctx, string(gone.UID))
+	if g := r.gpu(t, a1); g.Claim != "" || g.State != api.StateFree {
+		t.Fatalf("an allocation gone before its prepare kept %s (%s, %q)", a1, g.State, g.Claim)
+	}
+	if _, ok := r.d.state.get(string(gone.UID)); ok {
+		t.Error("the dropped claim is still in the checkpoint")
+	}
+}

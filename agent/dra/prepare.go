@@ -85,6 +85,8 @@ func (d *Driver) ours(c *resourceapi.ResourceClaim) ([]allocated, error) {
 // device metadata (kubeletplugin.DRAPlugin). Idempotent: a retry finds the
 // claim made and answers the same.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.work.Lock()
+	defer d.work.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		devs, err := d.prepare(ctx, c)
@@ -108,25 +110,17 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if err != nil {
 		return nil, refusal(c, "the gpuherd agent did not answer (%v); the kubelet retries", err)
 	}
-	gpus := map[string]api.GPU{}
-	for _, g := range st.GPUs {
-		gpus[g.PCIAddress] = g
+	addrs, gpus, err := d.addresses(c, st, allocs)
+	if err != nil {
+		return nil, err
 	}
-	addrs := make([]string, 0, len(allocs))
-	for _, a := range allocs {
-		if _, ok := gpus[a.addr]; !ok {
-			return nil, refusal(c, "device %s: %s has no GPU at %s (see `gpuherd status`)", a.device, st.Node, a.addr)
-		}
-		addrs = append(addrs, a.addr)
-	}
-	slices.Sort(addrs)
 
 	uid := string(c.UID)
 	var claim api.Claim
 	if first := c.Annotations[api.AnnotationClaim]; first != "" {
 		claim, err = d.prepareFirst(ctx, c, first, addrs, gpus)
 	} else {
-		claim, err = d.prepareNew(ctx, c, addrs, gpus)
+		claim, err = d.prepareNew(ctx, c, addrs, gpus, true)
 	}
 	if err != nil {
 		return nil, err
@@ -164,10 +158,29 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	return devs, nil
 }
 
+// addresses are the PCI addresses of a claim's allocated devices, sorted,
+// each a GPU of this server, with the server's GPUs by address.
+func (d *Driver) addresses(c *resourceapi.ResourceClaim, st api.Status, allocs []allocated) ([]string, map[string]api.GPU, error) {
+	gpus := map[string]api.GPU{}
+	for _, g := range st.GPUs {
+		gpus[g.PCIAddress] = g
+	}
+	addrs := make([]string, 0, len(allocs))
+	for _, a := range allocs {
+		if _, ok := gpus[a.addr]; !ok {
+			return nil, nil, refusal(c, "device %s: %s has no GPU at %s (see `gpuherd status`)", a.device, st.Node, a.addr)
+		}
+		addrs = append(addrs, a.addr)
+	}
+	slices.Sort(addrs)
+	return addrs, gpus, nil
+}
+
 // prepareNew makes the gpuherd claim of a ResourceClaim the scheduler
 // allocated from the generic pool: exactly its devices, under the ID
-// derived from it.
-func (d *Driver) prepareNew(ctx context.Context, c *resourceapi.ResourceClaim, addrs []string, gpus map[string]api.GPU) (api.Claim, error) {
+// derived from it. prepared says whether the kubelet asked (or the
+// allocation watcher, ahead of it).
+func (d *Driver) prepareNew(ctx context.Context, c *resourceapi.ResourceClaim, addrs []string, gpus map[string]api.GPU, isPrepared bool) (api.Claim, error) {
 	id := ClaimID(c.Namespace, c.Name, c.UID)
 	var taken []string
 	for _, a := range addrs {
@@ -178,7 +191,7 @@ func (d *Driver) prepareNew(ctx context.Context, c *resourceapi.ResourceClaim, a
 	if len(taken) > 0 {
 		return api.Claim{}, refusal(c, "The following GPUs are not available: %s; the allocation is stale: delete the pod so that the scheduler allocates other GPUs", strings.Join(taken, ", "))
 	}
-	if err := d.state.put(string(c.UID), prepared{Namespace: c.Namespace, Name: c.Name, Claim: id, Devices: addrs}); err != nil {
+	if err := d.state.put(string(c.UID), prepared{Namespace: c.Namespace, Name: c.Name, Claim: id, Devices: addrs, Prepared: isPrepared}); err != nil {
 		return api.Claim{}, refusal(c, "%v", err)
 	}
 	claim, err := d.agent.Claim(ctx, id, api.ClaimRequest{
@@ -213,7 +226,7 @@ func (d *Driver) prepareFirst(ctx context.Context, c *resourceapi.ResourceClaim,
 		}
 	}
 	domain := podOf(c)
-	if err := d.state.put(string(c.UID), prepared{Namespace: c.Namespace, Name: c.Name, Claim: id, First: true, Domain: domain, Devices: addrs}); err != nil {
+	if err := d.state.put(string(c.UID), prepared{Namespace: c.Namespace, Name: c.Name, Claim: id, First: true, Domain: domain, Devices: addrs, Prepared: true}); err != nil {
 		return api.Claim{}, refusal(c, "%v", err)
 	}
 	var fns []string
@@ -255,6 +268,8 @@ func podName(c *resourceapi.ResourceClaim) string {
 // first only stops being used by the pod. Idempotent: an unknown claim is
 // already unprepared.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.work.Lock()
+	defer d.work.Unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		err := d.unprepare(ctx, c)
@@ -280,29 +295,17 @@ func (d *Driver) unprepare(ctx context.Context, c kubeletplugin.NamespacedObject
 		if _, err := d.agent.EndUse(ctx, p.Claim, p.Domain, false); err != nil && !isCode(err, api.CodeNotFound) {
 			return fmt.Errorf("%s: ending its pod's use of gpuherd claim %s: %w", what, p.Claim, err)
 		}
-	} else {
-		held, err := d.agent.Get(ctx, p.Claim)
-		switch {
-		case isCode(err, api.CodeNotFound):
-			// Released already (a retry), or never claimed.
-		case err != nil:
-			return fmt.Errorf("%s: looking up gpuherd claim %s: %w", what, p.Claim, err)
-		case held.Labels[api.LabelResourceClaimUID] != uid:
-			d.log.Warn("gpuherd claim of a ResourceClaim's name was not made for it; left alone", "claim", p.Claim, "uid", uid)
-		default:
-			if _, err := d.agent.Release(ctx, p.Claim); err != nil && !isCode(err, api.CodeNotFound) {
-				if isCode(err, api.CodeInUse) {
-					return fmt.Errorf("%s: its GPUs are still in use, the VM's QEMU holds their VFIO groups open (%w); the kubelet retries once it exits", what, err)
-				}
-				return fmt.Errorf("%s: releasing gpuherd claim %s: %w", what, p.Claim, err)
-			}
+		if err := d.removeCDISpec(uid); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-	}
-	if err := d.removeCDISpec(uid); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if err := d.state.remove(uid); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		if err := d.state.remove(uid); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	} else if err := d.release(ctx, uid, p); err != nil {
+		if isCode(err, api.CodeInUse) {
+			return fmt.Errorf("%s: its GPUs are still in use, the VM's QEMU holds their VFIO groups open (%w); the kubelet retries once it exits", what, err)
+		}
+		return fmt.Errorf("%s: releasing gpuherd claim %s: %w", what, p.Claim, err)
 	}
 	d.log.Info("ResourceClaim unprepared", "namespace", c.Namespace, "name", c.Name, "uid", uid, "claim", p.Claim)
 	return nil

@@ -220,38 +220,42 @@ func TestKubeVirtVMsOnGpuherd(t *testing.T) {
 	}
 
 	// A libvirt VM takes a GPU of the other node: it leaves that node's
-	// slice; a stale allocation of it is refused at prepare.
+	// slice.
 	other := r.hv2
 	if plain.NodeName == r.hv2.Name {
 		other = r.hv1
 	}
+	libvirt, err := other.Client.Claim(r.ctx, "libvirt-vm", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WaitSlice(r.ctx, r.cp, other.Name, func(d []resourceapi.Device) bool { _, ok := Has(d, libvirt.GPUs[0].PCIAddress); return !ok }); err != nil {
+		t.Fatalf("%s's slice still offers %s after a libvirt VM took it: %v", other.Name, libvirt.GPUs[0].PCIAddress, err)
+	}
+
+	// An allocation is in gpuherd's ledger before its pod is prepared:
+	// from then on nothing else can claim its GPU.
+	<-other.Driver.WatchingAllocations()
 	one := controlplane.Claim(ns, "one-h100", controlplane.Requests("gpu", dra.DefaultDriverName, 1, `device.attributes["gpu.gpuherd.io"].node == "`+other.Name+`"`)...)
 	if _, err := r.cp.Client.ResourceV1().ResourceClaims(ns).Create(r.ctx, one, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	stale := r.launch(t, "vm-stale", controlplane.PodClaim{Name: "gpus", ResourceClaimName: "one-h100"})
 	_, staleAddrs := Allocated(stale.Claims[0])
-	if _, err := other.Client.Claim(r.ctx, "libvirt-vm", api.ClaimRequest{Devices: staleAddrs}); err != nil {
-		t.Fatal(err)
+	oneID := dra.ClaimID(ns, "one-h100", stale.Claims[0].UID)
+	if err := waitGPU(r.ctx, other, staleAddrs[0], func(g api.GPU) bool { return g.Claim == oneID }); err != nil {
+		t.Fatalf("the allocation of %s never reached the ledger before its prepare: %v", staleAddrs[0], err)
 	}
-	if _, err := WaitSlice(r.ctx, r.cp, other.Name, func(d []resourceapi.Device) bool { _, ok := Has(d, staleAddrs[0]); return !ok }); err != nil {
-		t.Fatalf("%s's slice still offers %s after a libvirt VM took it: %v", other.Name, staleAddrs[0], err)
-	}
-	res, err := other.Kubelet.Prepare(r.ctx, stale.Claims[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if msg := res[stale.Claims[0].UID].Err; !strings.Contains(msg, "The following GPUs are not available: "+staleAddrs[0]+" (held by gpuherd claim libvirt-vm)") {
-		t.Fatalf("prepare of a stale allocation: %q", msg)
+	_, err = other.Client.Claim(r.ctx, "libvirt-late", api.ClaimRequest{Devices: staleAddrs})
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeNotAvailable {
+		t.Fatalf("a libvirt claim of a GPU Kubernetes allocated: %v, want not available", err)
 	}
 
 	// The agent restarts between allocation and prepare: prepare fails
 	// while it is down, and the kubelet's retry succeeds.
-	if _, err := other.Client.Release(r.ctx, "libvirt-vm"); err != nil {
-		t.Fatal(err)
-	}
 	other.StopAgent()
-	res, err = other.Kubelet.Prepare(r.ctx, stale.Claims[0])
+	res, err := other.Kubelet.Prepare(r.ctx, stale.Claims[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,8 +264,29 @@ func TestKubeVirtVMsOnGpuherd(t *testing.T) {
 	}
 	other.StartAgent(t)
 	r.prepare(t, stale)
-	if _, err := other.Client.Get(r.ctx, dra.ClaimID(ns, "one-h100", stale.Claims[0].UID)); err != nil {
+	if _, err := other.Client.Get(r.ctx, oneID); err != nil {
 		t.Fatalf("the retried prepare claimed nothing: %v", err)
+	}
+
+	// A pod deleted before its prepare: its claim, deleted, is released.
+	gone := controlplane.Claim(ns, "gone", controlplane.Requests("gpu", dra.DefaultDriverName, 1, `device.attributes["gpu.gpuherd.io"].node == "`+other.Name+`"`)...)
+	if _, err := r.cp.Client.ResourceV1().ResourceClaims(ns).Create(r.ctx, gone, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pending := r.launch(t, "vm-gone", controlplane.PodClaim{Name: "gpus", ResourceClaimName: "gone"})
+	_, goneAddrs := Allocated(pending.Claims[0])
+	goneID := dra.ClaimID(ns, "gone", pending.Claims[0].UID)
+	if err := waitGPU(r.ctx, other, goneAddrs[0], func(g api.GPU) bool { return g.Claim == goneID }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cp.DeletePod(r.ctx, pending.Pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cp.Client.ResourceV1().ResourceClaims(ns).Delete(r.ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitGPU(r.ctx, other, goneAddrs[0], func(g api.GPU) bool { return g.Claim == "" }); err != nil {
+		t.Fatalf("a claim deleted before its prepare kept %s: %v", goneAddrs[0], err)
 	}
 
 	// Unprepare frees: the pod's claim is released in gpuherd's ledger,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -206,4 +207,24 @@ func Allocated(c *resourceapi.ResourceClaim) (node string, addrs []string) {
 	}
 	slices.Sort(addrs)
 	return node, addrs
+}
+
+// waitGPU waits, through the agent's change feed, until the GPU at addr
+// satisfies ok.
+func waitGPU(ctx context.Context, s *Server, addr string, ok func(api.GPU) bool) error {
+	st, err := s.Client.Status(ctx)
+	for {
+		if err != nil {
+			return err
+		}
+		for _, g := range st.GPUs {
+			if g.PCIAddress == addr && ok(g) {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		st, err = s.Client.WatchStatus(ctx, st.Generation, 30*time.Second)
+	}
 }
