@@ -25,6 +25,7 @@ targets=(
 	"./vfio FuzzKernelFS"             # the fake kernel's file system
 	"./agent/inventory FuzzMatch"     # the model-name matcher
 	"./agent/handoff FuzzParseDomain" # domain XML libvirt hands the hook
+	"./agent/dra FuzzClaimFromTheAPIServer" # ResourceClaims the API server hands the DRA driver
 )
 
 only=" $* "

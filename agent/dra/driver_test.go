@@ -398,6 +398,20 @@ func TestPrepareRefusals(t *testing.T) {
 		t.Errorf("%d GPUs held after the refusals, want 2 (vm-libvirt and twice)", held)
 	}
 
+	// Garbage from the API server: an identity it never writes is not
+	// used to build a path or an ID.
+	for _, c := range []*resourceapi.ResourceClaim{
+		allocation("bad-uid", "../../../etc/passwd", g(3)),
+		allocation("Bad_Name", "00000000-0000-4000-8000-000000000010", g(3)),
+	} {
+		if res := r.prepare(t, c); res.Err == nil || !strings.Contains(res.Err.Error(), "not a namespace, name and UID the API server makes") {
+			t.Errorf("prepare of %s (%s): %v", c.Name, c.UID, res.Err)
+		}
+		if err := r.unprepare(t, c); err == nil {
+			t.Errorf("unprepare of %s (%s) accepted", c.Name, c.UID)
+		}
+	}
+
 	// A device of another driver is not this driver's business.
 	foreign := allocation("nic", "00000000-0000-4000-8000-000000000009", "eth0")
 	foreign.Status.Allocation.Devices.Results[0].Driver = "sriov.example.com"

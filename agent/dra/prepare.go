@@ -49,9 +49,44 @@ func refusal(c *resourceapi.ResourceClaim, format string, args ...any) error {
 	return fmt.Errorf("ResourceClaim %s/%s: %s", c.Namespace, c.Name, fmt.Sprintf(format, args...))
 }
 
+// validUID reports whether uid looks like what the API server assigns
+// (a UUID): it names files (the CDI spec) and the claim ID, so nothing
+// else may reach a path.
+func validUID(uid types.UID) bool {
+	if len(uid) == 0 || len(uid) > 64 {
+		return false
+	}
+	for i := 0; i < len(uid); i++ {
+		c := uid[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// validObjectName reports whether s is a DNS subdomain, as the API server
+// makes namespaces and ResourceClaim names: it goes into the claim ID.
+func validObjectName(s string) bool {
+	if s == "" || len(s) > 253 || s[0] == '-' || s[0] == '.' || s[len(s)-1] == '-' || s[len(s)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
 // ours reads the devices of c's allocation that belong to this driver,
-// refusing any that is not a GPU of this node.
+// refusing any that is not a GPU of this node, and a claim whose identity
+// is not what the API server writes.
 func (d *Driver) ours(c *resourceapi.ResourceClaim) ([]allocated, error) {
+	if !validUID(c.UID) || !validObjectName(c.Namespace) || !validObjectName(c.Name) {
+		return nil, fmt.Errorf("ResourceClaim %.80q/%.80q (UID %.80q): not a namespace, name and UID the API server makes; refused", c.Namespace, c.Name, c.UID)
+	}
 	if c.Status.Allocation == nil {
 		return nil, refusal(c, "is not allocated")
 	}
@@ -285,6 +320,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 }
 
 func (d *Driver) unprepare(ctx context.Context, c kubeletplugin.NamespacedObject) error {
+	if !validUID(c.UID) || !validObjectName(c.Namespace) || !validObjectName(c.Name) {
+		return fmt.Errorf("ResourceClaim %.80q/%.80q (UID %.80q): not a namespace, name and UID the API server makes; nothing to unprepare", c.Namespace, c.Name, c.UID)
+	}
 	uid := string(c.UID)
 	p, ok := d.state.get(uid)
 	if !ok {
