@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
+	"github.com/gpuherd/gpuherd/internal/testport"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,15 +26,15 @@ type clusterNode struct {
 
 // freePort finds a port nothing listens on: --gossip-addr :0 would not tell
 // the others where to --join, and a restarted agent must come back on the
-// same ports.
+// same ports. Taken below the ephemeral range (internal/testport), so that
+// no agent's own port-0 listener can be handed it first.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := testport.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports[0]
 }
 
 // pollUntil retries f with a short pause until it returns true or within

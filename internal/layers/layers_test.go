@@ -37,7 +37,7 @@ var layers = [][]string{
 	{"agent/names"},                                          // cluster: the name registry (raft)
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
-	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers"}, // tests and their helpers
+	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
 }
 
 // protocolFiles are the files of package agent that hold the claim

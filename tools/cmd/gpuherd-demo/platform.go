@@ -6,18 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/internal/testport"
 )
 
 // Bounds of the waits. The whole demo takes a few seconds; these only
@@ -135,7 +134,7 @@ func (p *platform) start(ctx context.Context) error {
 			return fmt.Errorf("socket path %s is %d bytes, longer than unix sockets allow (%d); set TMPDIR to a shorter directory", s.socket, len(s.socket), maxSocketPath)
 		}
 	}
-	ports, err := freePorts(2 * len(p.servers))
+	ports, err := testport.Free(2 * len(p.servers))
 	if err != nil {
 		return fmt.Errorf("finding free loopback ports: %w", err)
 	}
@@ -394,66 +393,4 @@ func (p *platform) stop(w io.Writer) {
 			<-s.exited
 		}
 	}
-}
-
-// freePorts returns n distinct loopback ports that are free for both TCP and
-// UDP (memberlist uses both on its port). They are held while searching so
-// that no two are the same, and released before returning. They are taken
-// below the kernel's ephemeral range: the agents bind other listeners on
-// port 0 (the name registry's raft), and the kernel hands those out of the
-// ephemeral range only, so it never gives one of them a port picked here
-// in the moment between its release and the agent's bind.
-func freePorts(n int) ([]int, error) {
-	var (
-		ports   []int
-		closers []io.Closer
-	)
-	defer func() {
-		for _, c := range closers {
-			c.Close()
-		}
-	}()
-	lo, hi := 10000, ephemeralLow()
-	if hi-lo < 100*n {
-		lo = 1024
-	}
-	for attempts := 0; len(ports) < n; attempts++ {
-		if attempts > 100*n {
-			return nil, errors.New("no free port pair after many attempts")
-		}
-		port := lo + rand.IntN(hi-lo)
-		if slices.Contains(ports, port) {
-			continue
-		}
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue // taken: try another
-		}
-		closers = append(closers, ln)
-		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue // UDP side taken: try another
-		}
-		closers = append(closers, pc)
-		ports = append(ports, port)
-	}
-	return ports, nil
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
-// net.ipv4.ip_local_port_range; 32768 when it cannot be read).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return 32768
-	}
-	n, err := strconv.Atoi(f[0])
-	if err != nil || n <= 1024 {
-		return 32768
-	}
-	return n
 }
