@@ -82,8 +82,12 @@ type Config struct {
 	// WatchWait bounds one wait for the agent's next change (the agent
 	// is asked again then even when nothing changed).
 	WatchWait time.Duration
-	Log       *slog.Logger
-	Recorder  Recorder
+	// ClaimAtPrepareOnly turns the allocation watcher off: a GPU is
+	// claimed when the kubelet prepares its pod, not when the scheduler
+	// allocates it (allocations.go).
+	ClaimAtPrepareOnly bool
+	Log                *slog.Logger
+	Recorder           Recorder
 }
 
 func (c *Config) defaults() error {
@@ -184,7 +188,9 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d.helper, d.pub = helper, helper
 	d.startPublishing(ctx)
-	d.watchAllocations(d.ctx)
+	if !cfg.ClaimAtPrepareOnly {
+		d.watchAllocations(d.ctx)
+	}
 	d.log.Info("kubelet plugin started", "node", cfg.NodeName, "plugin_dir", cfg.PluginDataDir, "registrar_dir", cfg.RegistrarDir, "cdi_dir", cfg.CDIDir)
 	return d, nil
 }

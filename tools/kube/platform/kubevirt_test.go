@@ -289,6 +289,30 @@ func TestKubeVirtVMsOnGpuherd(t *testing.T) {
 		t.Fatalf("a claim deleted before its prepare kept %s: %v", goneAddrs[0], err)
 	}
 
+	// A node whose driver claims at prepare only (credentials that may
+	// not list ResourceClaims): a libvirt VM takes the allocated GPU in
+	// between, and the stale allocation is refused with gpuherd's sentence.
+	hv3 := StartServerWith(t, r.cp, "hv-3", "dgx-h100", quiet(), Options{ClaimAtPrepareOnly: true})
+	if _, err := WaitSlice(r.ctx, r.cp, hv3.Name, func(d []resourceapi.Device) bool { return len(d) == 8 }); err != nil {
+		t.Fatal(err)
+	}
+	late := controlplane.Claim(ns, "late", controlplane.Requests("gpu", dra.DefaultDriverName, 1, `device.attributes["gpu.gpuherd.io"].node == "hv-3"`)...)
+	if _, err := r.cp.Client.ResourceV1().ResourceClaims(ns).Create(r.ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stale3 := r.launch(t, "vm-late", controlplane.PodClaim{Name: "gpus", ResourceClaimName: "late"})
+	_, lateAddrs := Allocated(stale3.Claims[0])
+	if _, err := hv3.Client.Claim(r.ctx, "libvirt-between", api.ClaimRequest{Devices: lateAddrs}); err != nil {
+		t.Fatalf("a libvirt claim before the prepare, on a node that claims at prepare: %v", err)
+	}
+	res, err = hv3.Kubelet.Prepare(r.ctx, stale3.Claims[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := res[stale3.Claims[0].UID].Err; !strings.Contains(msg, "The following GPUs are not available: "+lateAddrs[0]+" (held by gpuherd claim libvirt-between)") {
+		t.Fatalf("prepare of a stale allocation: %q", msg)
+	}
+
 	// Unprepare frees: the pod's claim is released in gpuherd's ledger,
 	// and its GPUs are offered again.
 	errs, err := r.server(plain.NodeName).Kubelet.Unprepare(r.ctx, claim)

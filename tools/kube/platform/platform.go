@@ -49,6 +49,19 @@ type Server struct {
 // published.
 func StartServer(tb controlplane.TB, cp *controlplane.ControlPlane, name, profile string, log *slog.Logger) *Server {
 	tb.Helper()
+	return StartServerWith(tb, cp, name, profile, log, Options{})
+}
+
+// Options change how a server's driver runs.
+type Options struct {
+	// ClaimAtPrepareOnly: as a driver whose credentials may not list
+	// ResourceClaims, which claims a GPU only when its pod is prepared.
+	ClaimAtPrepareOnly bool
+}
+
+// StartServerWith is StartServer with opts.
+func StartServerWith(tb controlplane.TB, cp *controlplane.ControlPlane, name, profile string, log *slog.Logger, opts Options) *Server {
+	tb.Helper()
 	ctx := context.Background()
 	if _, err := cp.AddNode(ctx, name); err != nil {
 		tb.Fatalf("node %s: %v", name, err)
@@ -79,7 +92,7 @@ func StartServer(tb controlplane.TB, cp *controlplane.ControlPlane, name, profil
 	s.Driver, err = dra.Start(ctx, dra.Config{
 		NodeName: name, KubeClient: cp.Client, Agent: s.Client,
 		PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry"), CDIDir: s.CDIDir,
-		Log: s.log,
+		Log: s.log, ClaimAtPrepareOnly: opts.ClaimAtPrepareOnly,
 	})
 	if err != nil {
 		tb.Fatalf("%s: %v", name, err)
