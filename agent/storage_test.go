@@ -104,6 +104,11 @@ func TestStorageFailureIsReported(t *testing.T) {
 	for i := range 8 {
 		if _, err := a.Claim(ctx, fmt.Sprintf("vm-%d", i), api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels}); err != nil {
 			failed = true
+			// The refusal names the disk: "not available" would send the
+			// operator to look for a full server.
+			if isCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
+				t.Errorf("a claim on a full disk answered %v; want the disk named, not \"not available\"", err)
+			}
 			break
 		}
 	}
