@@ -8,6 +8,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 )
 
@@ -130,19 +131,11 @@ func attributes(g api.GPU, node, claim, driver string) map[resourceapi.Qualified
 // validDriverName checks the driver name as Kubernetes will: a DNS
 // subdomain in lower case, which also names the attribute domain.
 func validDriverName(name string) error {
-	if name == "" || len(name) > 63 {
-		return fmt.Errorf("driver name %q: must be 1 to 63 characters", name)
+	if len(name) > resourceapi.DriverNameMaxLength {
+		return fmt.Errorf("driver name %q: at most %d characters", name, resourceapi.DriverNameMaxLength)
 	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || label[0] == '-' || label[len(label)-1] == '-' {
-			return fmt.Errorf("driver name %q: must be a DNS subdomain such as gpu.gpuherd.io", name)
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-				return fmt.Errorf("driver name %q: only lower-case letters, digits, '-' and '.'", name)
-			}
-		}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("driver name %q: must be a DNS subdomain such as gpu.gpuherd.io (%s)", name, strings.Join(errs, "; "))
 	}
 	if !strings.Contains(name, ".") {
 		return fmt.Errorf("driver name %q: must be a domain the operator owns, such as gpu.gpuherd.io", name)

@@ -129,7 +129,7 @@ type Driver struct {
 	cfg    Config
 	agent  Agent
 	log    *slog.Logger
-	rec    recorder
+	rec    Recorder
 	state  *checkpoint
 	helper *kubeletplugin.Helper
 	pub    publisher // the helper; a fake in benchmarks
@@ -207,7 +207,7 @@ func newDriver(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes driver: %w", err)
 	}
-	return &Driver{cfg: cfg, agent: cfg.Agent, log: cfg.Log.With("driver", cfg.DriverName), rec: recorder{cfg.Recorder},
+	return &Driver{cfg: cfg, agent: cfg.Agent, log: cfg.Log.With("driver", cfg.DriverName), rec: cfg.Recorder,
 		state: state, done: make(chan struct{}), synced: make(chan struct{}), watching: make(chan struct{})}, nil
 }
 
@@ -343,11 +343,6 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
 	return kubeletplugin.ErrHealthNotSupported
 }
-
-type recorder struct{ Recorder }
-
-func (r recorder) prepared(result string)   { r.Prepared(result) }
-func (r recorder) unprepared(result string) { r.Unprepared(result) }
 
 type nopRecorder struct{}
 

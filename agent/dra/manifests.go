@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // ClaimedClass names the DeviceClass of GPUs held by gpuherd claims made
@@ -100,13 +101,11 @@ type ManifestOptions struct {
 // says why it cannot be one.
 func ResourceClaimName(id string) (string, error) {
 	n := strings.ToLower(strings.ReplaceAll(id, "_", "-"))
-	if n == "" || len(n) > 63 || !isAlnum(n[0]) || !isAlnum(n[len(n)-1]) {
+	if len(n) > 63 || len(validation.IsDNS1123Subdomain(n)) > 0 {
 		return "", fmt.Errorf("claim %s does not make a Kubernetes name (lower case, digits, '-' and '.', at most 63, starting and ending alphanumeric): give one with --name", id)
 	}
 	return n, nil
 }
-
-func isAlnum(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
 
 // PinnedClaim is the ResourceClaim of a gpuherd claim made first for a
 // KubeVirt VM: one request per GPU (KubeVirt takes one device per

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
@@ -67,18 +68,7 @@ func validUID(uid types.UID) bool {
 
 // validObjectName reports whether s is a DNS subdomain, as the API server
 // makes namespaces and ResourceClaim names: it goes into the claim ID.
-func validObjectName(s string) bool {
-	if s == "" || len(s) > 253 || s[0] == '-' || s[0] == '.' || s[len(s)-1] == '-' || s[len(s)-1] == '.' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
+func validObjectName(s string) bool { return len(validation.IsDNS1123Subdomain(s)) == 0 }
 
 // ours reads the devices of c's allocation that belong to this driver,
 // refusing any that is not a GPU of this node, and a claim whose identity
@@ -127,9 +117,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		devs, err := d.prepare(ctx, c)
 		if err != nil {
 			d.log.Warn("ResourceClaim not prepared", "namespace", c.Namespace, "name", c.Name, "uid", c.UID, "err", err)
-			d.rec.prepared("refused")
+			d.rec.Prepared("refused")
 		} else {
-			d.rec.prepared("prepared")
+			d.rec.Prepared("prepared")
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devs}
 	}
@@ -310,9 +300,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		err := d.unprepare(ctx, c)
 		if err != nil {
 			d.log.Warn("ResourceClaim not unprepared", "namespace", c.Namespace, "name", c.Name, "uid", c.UID, "err", err)
-			d.rec.unprepared("refused")
+			d.rec.Unprepared("refused")
 		} else {
-			d.rec.unprepared("unprepared")
+			d.rec.Unprepared("unprepared")
 		}
 		out[c.UID] = err
 	}
