@@ -55,8 +55,11 @@ type Agent struct {
 	rec         Recorder
 	cluster     *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
-	gossipTune  func(*memberlist.Config)
-	onChange    func()
+	gossipTune func(*memberlist.Config)
+	onChange   func()
+	// onGroupStep, when set (tests), runs before a group operation
+	// changes a node (groups_fence.go).
+	onGroupStep func(group, node string)
 	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default

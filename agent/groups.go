@@ -58,6 +58,8 @@ type groupEntry struct {
 	nodes []string
 	// token is the registry's grant of the group name; 0 for a file.
 	token uint64
+	// index is the registry record's Index as read (groups_fence.go).
+	index uint64
 	// where keeps the record file.
 	where target
 	// kubernetes: the nodes are KubeVirt VMs (api.GroupRequest.Kubernetes),
@@ -259,10 +261,11 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 		a.log.Info("group created without GPUs", "group", name, "nodes", req.Nodes)
 		return g, nil
 	}
-	claims, err := a.placeGroupNodes(ctx, e, e.nodes, items)
+	claims, err := a.placeGroupNodes(ctx, a.fenceOf(e), e, e.nodes, items)
 	if err != nil {
 		if errors.As(err, new(*nodesKept)) {
-			// Nodes stay placed: the record stays, for group delete.
+			// Nodes stay placed (or the group is another operation's
+			// now): the record stays, for group delete.
 			return api.Group{}, err
 		}
 		if ferr := a.forgetGroup(context.WithoutCancel(ctx), e); ferr != nil {
@@ -281,20 +284,31 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 // this agent's view), then places them one after the other; when one
 // cannot be placed it releases those it placed. The error is the node's,
 // with the alternatives every node could have.
-func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string, items []api.Item) ([]api.Claim, error) {
+func (a *Agent) placeGroupNodes(ctx context.Context, f *groupFence, e groupEntry, ids []string, items []api.Item) ([]api.Claim, error) {
 	want := itemWants(items)
 	servers := serversOf(a.targets())
 	if placement.Copies(servers, want) < len(ids) {
 		return nil, a.refuseGroup(e.rec.Name, items, len(ids), servers, nil)
 	}
 	var placed []api.Claim
+	stop := func(err error) error {
+		return &nodesKept{err: asAPIError(f.stopped(ctx, err, fmt.Sprintf("%d of %d nodes placed", len(placed), len(ids)), placed))}
+	}
 	for i, id := range ids {
+		a.groupStep(e.rec.Name, id)
+		if err := f.check(ctx); err != nil {
+			return nil, stop(err)
+		}
 		// any_node: a node of an earlier group of this name is remembered
 		// where it ran, which must not pin the new group's nodes there.
 		c, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
 		if err == nil {
 			placed = append(placed, c)
 			continue
+		}
+		if ferr := f.check(ctx); ferr != nil {
+			// Not this operation's group to roll back any more.
+			return nil, stop(ferr)
 		}
 		a.log.Warn("group nodes not placed; releasing those placed", "group", e.rec.Name, "node", id, "err", err)
 		var kept []string
@@ -319,7 +333,26 @@ func (a *Agent) placeGroupNodes(ctx context.Context, e groupEntry, ids []string,
 		}
 		return nil, fmt.Errorf("group %s: node %s: %w; nothing was kept", e.rec.Name, id, err)
 	}
+	if err := f.check(ctx); err != nil {
+		return nil, stop(err)
+	}
 	return placed, nil
+}
+
+// asAPIError is err as the *api.Error it carries, or an internal one.
+func asAPIError(err error) *api.Error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return &api.Error{Code: api.CodeInternal, Message: err.Error()}
+}
+
+// groupStep runs the test hook before a group operation changes a node.
+func (a *Agent) groupStep(group, node string) {
+	if a.onGroupStep != nil {
+		a.onGroupStep(group, node)
+	}
 }
 
 // nodesKept is placeGroupNodes' failure when nodes it placed could not
@@ -419,6 +452,12 @@ func (a *Agent) readGroupState(ctx context.Context, name string) (groupState, er
 	if err != nil {
 		return groupState{}, err
 	}
+	return a.readNodes(ctx, e)
+}
+
+// readNodes reads the claim of each node of group e.
+func (a *Agent) readNodes(ctx context.Context, e groupEntry) (groupState, error) {
+	name := e.rec.Name
 	s := groupState{e: e, claims: map[string]api.Claim{}}
 	for _, id := range e.nodes {
 		c, err := a.Get(ctx, id)
@@ -459,7 +498,12 @@ func (a *Agent) RepairGroup(ctx context.Context, name string) (api.Group, error)
 }
 
 func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error) {
-	s, err := a.readGroupState(ctx, e.rec.Name)
+	fresh, f, err := a.beginGroupOp(ctx, e)
+	if err != nil {
+		return api.Group{}, err
+	}
+	fresh.kubernetes = fresh.kubernetes || e.kubernetes
+	s, err := a.readNodes(ctx, fresh)
 	if err != nil {
 		return api.Group{}, err
 	}
@@ -472,7 +516,7 @@ func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error
 			Message: fmt.Sprintf("group %s: no node holds GPUs and its record does not say which it had; give it GPUs with group resize %s --gpu MODEL[:COUNT]", e.rec.Name, e.rec.Name)}
 	}
 	s.e.kubernetes = s.e.kubernetes || e.kubernetes || kubernetesNodes(s.claims)
-	if _, err := a.placeGroupNodes(ctx, s.e, g.Missing, g.GPUs); err != nil {
+	if _, err := a.placeGroupNodes(ctx, f, s.e, g.Missing, g.GPUs); err != nil {
 		return api.Group{}, err
 	}
 	a.log.Info("group repaired", "group", e.rec.Name, "placed", g.Missing)
@@ -485,7 +529,20 @@ func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error
 func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, error) {
 	ctx, cancel := groupContext(ctx)
 	defer cancel()
-	s, err := a.readGroupState(ctx, name)
+	if err := validateGroupName(name); err != nil {
+		return api.Group{}, err
+	}
+	e, err := a.readGroup(ctx, name)
+	if err != nil {
+		return api.Group{}, err
+	}
+	// Stamped first: an older operation on the group still running
+	// (its client gave up) stops at its next node, and releases what it
+	// placed once it finds the group gone.
+	if e, _, err = a.beginGroupOp(ctx, e); err != nil {
+		return api.Group{}, err
+	}
+	s, err := a.readNodes(ctx, e)
 	if err != nil {
 		return api.Group{}, err
 	}

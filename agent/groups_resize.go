@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -21,7 +22,24 @@ import (
 func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
 	ctx, cancel := groupContext(ctx)
 	defer cancel()
-	s, err := a.readGroupState(ctx, name)
+	if err := validateGroupName(name); err != nil {
+		return api.Group{}, err
+	}
+	e, err := a.readGroup(ctx, name)
+	if err != nil {
+		return api.Group{}, err
+	}
+	if !e.rec.WithGPUs {
+		return api.Group{}, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("group %s was created without GPUs and can never get one; create a new group with GPUs", name)}
+	}
+	// Stamped before the nodes are read: an older operation on the group
+	// still running stops at its next node (groups_fence.go).
+	e, f, err := a.beginGroupOp(ctx, e)
+	if err != nil {
+		return api.Group{}, err
+	}
+	s, err := a.readNodes(ctx, e)
 	if err != nil {
 		return api.Group{}, err
 	}
@@ -41,8 +59,14 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 		return api.Group{}, err
 	}
 	var done []groupStep
-	for _, id := range s.e.nodes {
+	for i, id := range s.e.nodes {
 		before, held := s.claims[id]
+		if !held || !sameItems(before.Items, items) {
+			a.groupStep(name, id)
+			if err := f.check(ctx); err != nil {
+				return api.Group{}, a.resizeStopped(ctx, f, s, items, done, err, id, fmt.Sprintf("%d of %d nodes resized", i, len(s.e.nodes)))
+			}
+		}
 		var err error
 		switch {
 		case !held:
@@ -55,11 +79,14 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 			_, err = a.Resize(ctx, id, api.ResizeRequest{GPUs: items})
 		}
 		if err != nil {
-			return api.Group{}, a.restoreGroup(ctx, s, items, done, id, err)
+			return api.Group{}, a.restoreGroup(ctx, f, s, items, done, id, err)
 		}
 		done = append(done, groupStep{id: id, before: before, held: held})
 	}
-	a.noteGroupGPUs(ctx, s.e, items)
+	if err := f.check(ctx); err != nil {
+		return api.Group{}, a.resizeStopped(ctx, f, s, items, done, err, "the group's record", "every node resized")
+	}
+	a.noteGroupGPUs(ctx, f, s.e, items)
 	if len(done) > 0 {
 		a.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
 	}
@@ -107,11 +134,16 @@ func (a *Agent) groupFits(ctx context.Context, s groupState, items []api.Item) e
 // changed (done), newest first, then reads every node again and compares
 // it with what it was. failed is the node that could not be resized,
 // cause why.
-func (a *Agent) restoreGroup(ctx context.Context, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
+func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
 	name := s.e.rec.Name
 	rctx := context.WithoutCancel(ctx)
 	for i := len(done) - 1; i >= 0; i-- {
 		st := done[i]
+		if err := f.check(rctx); err != nil {
+			// Not this operation's group to put back any more.
+			a.log.Warn("group resize failed, and another operation took the group over before its nodes were put back", "group", name, "node", failed, "err", cause)
+			return f.stopped(rctx, err, fmt.Sprintf("node %s could not be resized (%v), %d nodes not put back", failed, cause, i+1), nil)
+		}
 		var err error
 		if !st.held {
 			_, err = a.Release(rctx, st.id)
@@ -149,6 +181,18 @@ func (a *Agent) restoreGroup(ctx context.Context, s groupState, items []api.Item
 	a.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
 	return &api.Error{Code: api.CodeInternal,
 		Message: fmt.Sprintf("group %s: node %s could not be resized (%v), and these nodes are not as they were: %v; see group get %s, then resize the group again", name, failed, cause, off, name)}
+}
+
+// resizeStopped answers a resize that found, between two nodes, that it
+// may not go on (err, from the fence). Overtaken by a newer operation, it
+// leaves every node as it is, for that operation; stopped for any other
+// reason (the registry did not answer), it puts back the nodes it changed,
+// as for a node that failed.
+func (a *Agent) resizeStopped(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, err error, next, progress string) error {
+	if errors.As(err, new(*groupOvertaken)) {
+		return f.stopped(ctx, err, progress, nil)
+	}
+	return a.restoreGroup(ctx, f, s, items, done, next, err)
 }
 
 // nodesOff compares each node claim now with before (absent: no server

@@ -129,3 +129,10 @@ func TestClaimMoveUndoneWhenTheOldGPUsStay(t *testing.T) {
 		t.Fatalf("vm-1 on a after the undone move: %+v, %v", now, err)
 	}
 }
+
+func (n *testNames) Stamp(ctx context.Context, key names.Key, token uint64) (names.Record, error) {
+	if err := n.unavailable(names.OpStamp, key); err != nil {
+		return names.Record{}, err
+	}
+	return n.reg.Stamp(ctx, key, token)
+}

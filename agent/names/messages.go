@@ -24,6 +24,7 @@ const (
 	messageMove         messageType = 7
 	messageSetRequest   messageType = 8
 	messageHold         messageType = 9
+	messageStamp        messageType = 10
 )
 
 func (t messageType) String() string {
@@ -46,6 +47,8 @@ func (t messageType) String() string {
 		return "set-request"
 	case messageHold:
 		return "hold"
+	case messageStamp:
+		return "stamp"
 	}
 	return fmt.Sprintf("message type %d", uint8(t))
 }
@@ -176,6 +179,14 @@ type setRequestMessage struct {
 	Request string `json:"request"`
 }
 
+// stampMessage marks a held group's record as changed, under its token,
+// without changing anything else: a group operation's start, which every
+// older operation on the group sees (its Index moves) and stops at.
+type stampMessage struct {
+	Key   Key    `json:"key"`
+	Token uint64 `json:"token"`
+}
+
 func encodeMessage(t messageType, body any) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteByte(codecVersion)
@@ -215,6 +226,8 @@ func decodeMessage(b []byte) (messageType, any, error) {
 		body = new(setRequestMessage)
 	case messageHold:
 		body = new(holdMessage)
+	case messageStamp:
+		body = new(stampMessage)
 	default:
 		return t, nil, fmt.Errorf("unknown %s", t)
 	}
@@ -380,6 +393,19 @@ func (m *moveMessage) check() error {
 	}
 	if m.Lease <= 0 || m.Now.IsZero() {
 		return fmt.Errorf("%s: move carries no time or lease", m.Key)
+	}
+	return nil
+}
+
+func (m *stampMessage) check() error {
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if m.Key.Kind != KindGroup {
+		return fmt.Errorf("%s: only a group's record is stamped", m.Key)
+	}
+	if m.Token == 0 {
+		return fmt.Errorf("%s: stamp needs the group's token", m.Key)
 	}
 	return nil
 }

@@ -227,3 +227,37 @@ func TestConfirmForAnotherNode(t *testing.T) {
 		t.Fatalf("after the coordinator's confirm: %+v", r)
 	}
 }
+
+// A stamp moves a held group's Index under its token and changes nothing
+// else; a group operation that read the Index before it sees the change.
+func TestStamp(t *testing.T) {
+	x := newFx(t)
+	stamp := func(k Key, token uint64) Result {
+		t.Helper()
+		return x.run(messageStamp, &stampMessage{Key: k, Token: token})
+	}
+	g := Group("pool")
+	want(t, stamp(g, 3), CodeNotFound)
+	p := want(t, x.acquire(g, "node-a", "r1", "pool.node-0"), CodeOK).Record
+	want(t, stamp(g, p.Token), CodeConflict, "pending")
+	c := want(t, x.confirm(g, p.Token, "node-a"), CodeOK).Record
+	want(t, stamp(g, p.Token+1), CodeStale)
+	r := want(t, stamp(g, p.Token), CodeOK).Record
+	if r.Index <= c.Index {
+		t.Fatalf("stamp left the Index at %d (was %d)", r.Index, c.Index)
+	}
+	c.Index = r.Index
+	if !reflect.DeepEqual(r, c) {
+		t.Fatalf("stamp changed more than the Index:\n got %+v\nwant %+v", r, c)
+	}
+	again := want(t, stamp(g, p.Token), CodeOK).Record
+	if again.Index <= r.Index {
+		t.Fatalf("a second stamp left the Index at %d", again.Index)
+	}
+	if _, _, err := decodeMessageOf(t, messageStamp, &stampMessage{Key: Claim("vm"), Token: 3}); err == nil {
+		t.Error("stamp of a claim decoded")
+	}
+	if _, _, err := decodeMessageOf(t, messageStamp, &stampMessage{Key: g}); err == nil {
+		t.Error("stamp without a token decoded")
+	}
+}

@@ -342,6 +342,16 @@ func (r *Registry) SetRequest(ctx context.Context, key Key, token uint64, reques
 	return r.record(ctx, Request{Op: OpSetRequest, Key: key, Token: token, Request: request})
 }
 
+// Stamp marks a held group's record under its token as changed now: its
+// Index becomes this write's raft index, nothing else changes. A group
+// operation stamps the group as it begins and reads the Index back
+// between its steps: an operation that finds another Index than its own
+// was overtaken by a newer one (a client's retry through another agent)
+// and stops, instead of acting on the group behind the newer one's back.
+func (r *Registry) Stamp(ctx context.Context, key Key, token uint64) (Record, error) {
+	return r.record(ctx, Request{Op: OpStamp, Key: key, Token: token})
+}
+
 // ReadMode says how fresh a lookup must be.
 type ReadMode bool
 
@@ -671,6 +681,8 @@ func (r *Registry) command(req Request) (messageType, any, error) {
 		return messageSetMembers, &setMembersMessage{Key: req.Key, Token: req.Token, Members: req.Members, Limits: r.cfg.Limits}, nil
 	case OpSetRequest:
 		return messageSetRequest, &setRequestMessage{Key: req.Key, Token: req.Token, Request: req.Request}, nil
+	case OpStamp:
+		return messageStamp, &stampMessage{Key: req.Key, Token: req.Token}, nil
 	case OpMove:
 		return messageMove, &moveMessage{Key: req.Key, Token: req.Token, From: req.Owner, To: req.To, Caller: req.Caller,
 			Now: now, Lease: r.cfg.Lease}, nil

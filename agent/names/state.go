@@ -100,6 +100,8 @@ func (s *state) apply(idx uint64, t messageType, body any) Result {
 		return s.move(idx, m)
 	case *setRequestMessage:
 		return s.setRequest(idx, m)
+	case *stampMessage:
+		return s.stamp(idx, m)
 	case *holdMessage:
 		return s.hold(idx, m)
 	}
@@ -399,18 +401,42 @@ func (s *state) setMembers(idx uint64, m *setMembersMessage) Result {
 	return withRecord(CodeOK, r)
 }
 
-// setRequest replaces a held group's request digest under its token.
-func (s *state) setRequest(idx uint64, m *setRequestMessage) Result {
-	r, ok := s.get(m.Key)
+// heldGroup is key's record when it is a group held under token, else
+// the refusal: not found, stale, or (still pending) a conflict saying
+// that only a held group does what (e.g. "is stamped").
+func (s *state) heldGroup(key Key, token uint64, what string) (Record, *Result) {
+	r, ok := s.get(key)
 	switch {
 	case !ok:
-		return Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", m.Key)}
-	case r.Token != m.Token:
-		return Result{Code: CodeStale, Record: ptr(r.clone()),
-			Detail: fmt.Sprintf("%s token %d is not its current token %d", m.Key, m.Token, r.Token)}
+		return r, &Result{Code: CodeNotFound, Detail: fmt.Sprintf("%s is not held", key)}
+	case r.Token != token:
+		return r, &Result{Code: CodeStale, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s token %d is not its current token %d", key, token, r.Token)}
 	case r.State != StateHeld:
-		return Result{Code: CodeConflict, Record: ptr(r.clone()),
-			Detail: fmt.Sprintf("%s is %s; only a held group's request changes", m.Key, r.State)}
+		return r, &Result{Code: CodeConflict, Record: ptr(r.clone()),
+			Detail: fmt.Sprintf("%s is %s; only a held group%s", key, r.State, what)}
+	}
+	return r, nil
+}
+
+// stamp moves a held group's Index to idx under its token: the start of
+// a group operation (Registry.Stamp).
+func (s *state) stamp(idx uint64, m *stampMessage) Result {
+	r, refusal := s.heldGroup(m.Key, m.Token, " is stamped")
+	if refusal != nil {
+		return *refusal
+	}
+	r.Index = idx
+	s.put(r)
+	return withRecord(CodeOK, r)
+}
+
+// setRequest replaces a held group's request digest under its token.
+func (s *state) setRequest(idx uint64, m *setRequestMessage) Result {
+	r, refusal := s.heldGroup(m.Key, m.Token, "'s request changes")
+	switch {
+	case refusal != nil:
+		return *refusal
 	case r.Request == m.Request:
 		return withRecord(CodeSame, r)
 	}

@@ -19,6 +19,7 @@ const (
 	OpSetMembers   Op = "set_members"
 	OpMove         Op = "move"
 	OpSetRequest   Op = "set_request"
+	OpStamp        Op = "stamp"
 	OpRemoveMember Op = "remove_member"
 	OpExpire       Op = "expire"
 	OpAddVoter     Op = "add_voter"
