@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
@@ -388,7 +389,7 @@ func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why strin
 		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false
 	}
-	a.rec.Reservation(ReservationReleased)
+	a.rec.Reservation(events.ReservationReleased)
 	a.metrics.ClaimDuplicateReleased()
 	a.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
 	// The pass's context ends with the agent; a driver move, once begun,

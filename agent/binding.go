@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -42,7 +43,7 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 	mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
 	res, err := a.binder.Bind(mctx, addr)
 	cancel()
-	a.rec.VFIOOperation(VFIOBind, time.Since(start), err)
+	a.rec.VFIOOperation(events.VFIOBind, time.Since(start), err)
 	if errors.Is(err, vfio.ErrGroupNotViable) {
 		// Refused before any write: the group changed since it was
 		// looked at. Unusable, not broken. (The device lock is held:
@@ -76,7 +77,7 @@ func (a *Agent) toIdleScanned(ctx context.Context, why string, addrs []string, s
 		mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
 		res, err := a.binder.Release(mctx, addr, a.policy)
 		cancel()
-		a.rec.VFIOOperation(VFIORelease, time.Since(start), err)
+		a.rec.VFIOOperation(events.VFIORelease, time.Since(start), err)
 		if err != nil {
 			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))
 			continue

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
@@ -71,19 +72,19 @@ func outcome(err error) string {
 	var e *api.Error
 	switch {
 	case err == nil:
-		return ClaimGranted
+		return events.ClaimGranted
 	case !errors.As(err, &e):
-		return ClaimError
+		return events.ClaimError
 	case e.Code == api.CodeNotAvailable:
-		return ClaimNotAvailable
+		return events.ClaimNotAvailable
 	case e.Code == api.CodeInvalid || e.Code == api.CodeUnknownModel:
-		return ClaimInvalid
+		return events.ClaimInvalid
 	case e.Code == api.CodeConflict:
-		return ClaimConflict
+		return events.ClaimConflict
 	case e.Code == api.CodeBindFailed:
-		return ClaimBindFailed
+		return events.ClaimBindFailed
 	}
-	return ClaimError
+	return events.ClaimError
 }
 
 // coordinate runs the steps of docs/protocol.md, "Placing a claim", on one
@@ -118,10 +119,10 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 	// where it is.
 	if co.cluster != nil {
 		if c, done, err := at.lookUp(ctx); done {
-			co.rec.ClaimLookup(LookupDirectory)
+			co.rec.ClaimLookup(events.LookupDirectory)
 			return c, err
 		}
-		co.rec.ClaimLookup(LookupEveryServer)
+		co.rec.ClaimLookup(events.LookupEveryServer)
 	}
 
 	// Idempotency across the platform, the slow way: the claim may already

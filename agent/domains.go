@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -131,7 +132,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 		o.log.Info("domain stopped; claim kept", "claim", id, "domain_uuid", domainUUID, "release_asked", release)
 		return api.UseEnd{Claim: o.claimView(c), Reason: reason}, nil
 	}
-	o.rec.Reservation(ReservationReleased)
+	o.rec.Reservation(events.ReservationReleased)
 	o.dirNote(id, api.DirOpGone)
 	o.releasedName(ctx, c)
 	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")

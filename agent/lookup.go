@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
@@ -61,7 +62,7 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 		c, err := op(octx, self)
 		cancel()
 		if err == nil || !isCode(err, api.CodeNotFound) {
-			co.rec.ClaimLookup(LookupLocal)
+			co.rec.ClaimLookup(events.LookupLocal)
 			return homeAnswer{done: true, claim: c, on: self}, unanswered(ctx, id, self.name, err)
 		}
 	}
@@ -88,13 +89,13 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 				c, err := op(octx, t)
 				cancel()
 				if err == nil || !isCode(err, api.CodeNotFound) {
-					co.rec.ClaimLookup(LookupDirectory)
+					co.rec.ClaimLookup(events.LookupDirectory)
 					return homeAnswer{done: true, claim: c, on: t}, unanswered(ctx, id, t.name, err)
 				}
 			}
 		}
 	}
-	co.rec.ClaimLookup(LookupEveryServer)
+	co.rec.ClaimLookup(events.LookupEveryServer)
 	return homeAnswer{unseen: unseen}, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
 
@@ -94,7 +95,7 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 				return c, err
 			}
 		} else {
-			at.rec.ClaimLookup(LookupRegistry) // the owner's hold reads it
+			at.rec.ClaimLookup(events.LookupRegistry) // the owner's hold reads it
 		}
 		if !gotLast {
 			select {
@@ -212,7 +213,7 @@ func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c
 		rec, err := at.names.Lookup(lctx, key, mode)
 		cancel()
 		if !fresh && mode == names.Stale && !names.IsUnavailable(err) {
-			at.rec.ClaimLookup(LookupRegistry) // once per claim
+			at.rec.ClaimLookup(events.LookupRegistry) // once per claim
 		}
 		switch {
 		case errors.Is(err, names.ErrNotFound):
@@ -338,7 +339,7 @@ func (co *coordinator) findNamed(ctx context.Context, targets []target, id strin
 		co.log.Info("name registry unavailable; looking the claim up on the servers", "claim", id, "err", err)
 		return api.Claim{}, target{}, rec, false, nil
 	}
-	co.rec.ClaimLookup(LookupRegistry)
+	co.rec.ClaimLookup(events.LookupRegistry)
 	switch {
 	case errors.Is(err, names.ErrNotFound):
 		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,

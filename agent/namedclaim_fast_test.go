@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 )
 
 // bindCounter counts the GPUs bound to vfio-pci by every agent it is given
@@ -19,7 +20,7 @@ type bindCounter struct {
 }
 
 func (r *bindCounter) VFIOOperation(op string, _ time.Duration, _ error) {
-	if op == VFIOBind {
+	if op == events.VFIOBind {
 		r.binds.Add(1)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
@@ -215,7 +216,7 @@ func TestClusterNamedUnknownIDWithDeadMemberIsNotFound(t *testing.T) {
 	if _, err := a.Release(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
 		t.Errorf("release of an unknown ID with c dead: %v; want not found", err)
 	}
-	if reg, every := lookupsOf(t, a, LookupRegistry), lookupsOf(t, a, LookupEveryServer); reg != 2 || every != 0 {
+	if reg, every := lookupsOf(t, a, events.LookupRegistry), lookupsOf(t, a, events.LookupEveryServer); reg != 2 || every != 0 {
 		t.Errorf("lookups answered by the registry %v, by every server %v; want 2 and 0", reg, every)
 	}
 }

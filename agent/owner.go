@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
@@ -63,10 +64,10 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 				o.log.Warn("retrying reservation on other GPUs", "claim", id, "attempt", attempt, "err", err)
 				continue
 			}
-			o.rec.Reservation(ReservationFailed)
+			o.rec.Reservation(events.ReservationFailed)
 			return api.Claim{}, o.refusedError(err, refused)
 		}
-		o.rec.Reservation(ReservationReserved)
+		o.rec.Reservation(events.ReservationReserved)
 		if rr.Commit {
 			return o.commitAtOnce(ctx, id, c, rr.Recall, early)
 		}
@@ -243,12 +244,12 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 			o.releaseName(ctx, pending)
 		}
 		if errors.Is(err, ledger.ErrLeaseExpired) {
-			o.rec.Reservation(ReservationExpired)
+			o.rec.Reservation(events.ReservationExpired)
 			o.log.Warn("reservation expired before commit", "claim", id)
 		}
 		return api.Claim{}, o.apiError(err)
 	}
-	o.rec.Reservation(ReservationCommitted)
+	o.rec.Reservation(events.ReservationCommitted)
 	o.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
 	o.dirNote(id, api.DirOpHeld)
 	o.changed()
@@ -312,9 +313,9 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// take a while, and GPUs a VM still holds are kept back already.
 	unlock()
 	if c.State == ledger.StateReserved {
-		o.rec.Reservation(ReservationAborted)
+		o.rec.Reservation(events.ReservationAborted)
 	} else {
-		o.rec.Reservation(ReservationReleased)
+		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
 		o.remember(c)
 		o.releasedName(ctx, c)
@@ -447,7 +448,7 @@ func (o *owner) Sweep(ctx context.Context) {
 	}
 	for _, c := range expired {
 		o.bound.Delete(c.ID)
-		o.rec.Reservation(ReservationExpired)
+		o.rec.Reservation(events.ReservationExpired)
 		o.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
 		unlock := o.locks.lock(c.GPUs...)
 		o.toIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")

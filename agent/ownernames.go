@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -144,7 +145,7 @@ func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why e
 		}
 		return
 	}
-	o.rec.Reservation(ReservationAborted)
+	o.rec.Reservation(events.ReservationAborted)
 	o.log.Info("reservation dropped: the name registry did not confirm its claim ID", "claim", pending.ID, "token", pending.NameToken, "gpus", c.GPUs, "why", why)
 	o.toIdleLocked(context.WithoutCancel(ctx), "reservation "+pending.ID+" not confirmed", c.GPUs, "")
 	o.changed()

@@ -102,8 +102,9 @@
 //	    for a claim placed at once, the owner's hold decided).
 //	    All present from the start at 0.
 //	gpuherd_reservations_total{outcome}
-//	    counter: reservation events. outcome: reserved, committed, expired,
-//	    released, aborted (all present from the start at 0).
+//	    counter: reservation events. outcome: reserved, failed (no GPUs, or
+//	    they would not bind), committed, expired, released, aborted (all
+//	    present from the start at 0).
 //	gpuherd_ledger_claims{state}
 //	    gauge: claims in the local ledger; state: reserved, committed.
 //	gpuherd_ledger_file_size_bytes
@@ -135,7 +136,8 @@
 //	    or back to the idle driver (op="release"), failures included;
 //	    buckets from 1 ms to 30 s.
 //	gpuherd_vfio_operation_errors_total{op}
-//	    counter: binds and releases that failed.
+//	    counter: binds and releases that failed. op: bind, release (both
+//	    present from the start at 0).
 //
 // # VMs using GPUs
 //

@@ -15,13 +15,11 @@ const namespace = "gpuherd"
 // Recorder. It is safe for concurrent use.
 type Metrics struct {
 	reg    *prometheus.Registry
-	events *events
+	events *eventMetrics
 	vm     *vmEvents
 	names  *nameEvents
 	log    *slog.Logger
 }
-
-var _ Recorder = (*Metrics)(nil)
 
 // Option configures New.
 type Option func(*config)

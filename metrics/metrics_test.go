@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/gpuherd/gpuherd/agent/events"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.prom from the current output")
@@ -76,12 +78,12 @@ func fixture() Snapshot {
 
 // recordFixtureEvents feeds one of each event.
 func recordFixtureEvents(m *Metrics) {
-	m.ClaimDone(ClaimGranted, 120*time.Millisecond)
-	m.ClaimDone(ClaimNotAvailable, 3*time.Millisecond)
-	m.Reservation(ReservationReserved)
-	m.Reservation(ReservationCommitted)
-	m.VFIOOperation(VFIOBind, 40*time.Millisecond, nil)
-	m.VFIOOperation(VFIORelease, 2*time.Second, errors.New("unbind timed out"))
+	m.ClaimDone(events.ClaimGranted, 120*time.Millisecond)
+	m.ClaimDone(events.ClaimNotAvailable, 3*time.Millisecond)
+	m.Reservation(events.ReservationReserved)
+	m.Reservation(events.ReservationCommitted)
+	m.VFIOOperation(events.VFIOBind, 40*time.Millisecond, nil)
+	m.VFIOOperation(events.VFIORelease, 2*time.Second, errors.New("unbind timed out"))
 	m.XID("0000:18:00.0", "NVIDIA H100 80GB", 79)
 	m.XID("0000:18:00.0", "NVIDIA H100 80GB", 79)
 	m.XID("0000:18:00.0", "NVIDIA H100 80GB", 48)

@@ -4,71 +4,16 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Recorder is how the agent reports events as they happen. Metrics
-// implements it; Nop discards. Implementations are safe for concurrent use.
-type Recorder interface {
-	// ClaimDone records a finished claim request: its outcome (Claim…
-	// constants) and how long it took, from request to answer.
-	ClaimDone(outcome string, d time.Duration)
-	// Reservation records one step of a reservation's life (Reservation…
-	// constants).
-	Reservation(outcome string)
-	// VFIOOperation records one bind or release (VFIOBind, VFIORelease) of
-	// a GPU's IOMMU group, with its duration and its error, if any.
-	VFIOOperation(op string, d time.Duration, err error)
-	// XID records one XID error NVML reported on a GPU.
-	XID(pciAddress, model string, xid uint64)
-	// ClaimLookup records how a claim ID was looked up by this agent as
-	// coordinator (Lookup… constants).
-	ClaimLookup(path string)
-}
+// Metrics implements the protocol's Recorder; every value of its
+// vocabulary (agent/events) is a label value, pre-created at 0.
+var _ events.Recorder = (*Metrics)(nil)
 
-// Claim outcomes, the values of gpuherd_claims_total's outcome label.
-const (
-	ClaimGranted      = "granted"       // the claim holds its GPUs
-	ClaimNotAvailable = "not_available" // no server could hold the whole request
-	ClaimInvalid      = "invalid"       // the request was malformed
-	ClaimConflict     = "conflict"      // the ID is in use with a different request
-	ClaimBindFailed   = "bind_failed"   // GPUs were found but could not be moved to vfio-pci
-	ClaimError        = "error"         // anything else
-)
-
-// Reservation outcomes, the values of gpuherd_reservations_total's outcome
-// label.
-const (
-	ReservationReserved  = "reserved"  // a reservation was taken
-	ReservationCommitted = "committed" // its coordinator committed it
-	ReservationExpired   = "expired"   // its lease ran out uncommitted
-	ReservationReleased  = "released"  // it was released before commit
-	ReservationAborted   = "aborted"   // taking it failed half-way and was undone
-)
-
-// Claim-ID lookups, the values of gpuherd_claim_lookups_total's path label.
-const (
-	LookupLocal       = "local"        // this server holds the claim
-	LookupDirectory   = "directory"    // the ID's home answered for it
-	LookupEveryServer = "every_server" // the home could not vouch: every server was asked
-	LookupRegistry    = "registry"     // the name registry answered for it, or the owner's hold decided
-)
-
-// VFIO operations, the values of the op label.
-const (
-	VFIOBind    = "bind"
-	VFIORelease = "release"
-)
-
-var (
-	claimOutcomes       = []string{ClaimGranted, ClaimNotAvailable, ClaimInvalid, ClaimConflict, ClaimBindFailed, ClaimError}
-	reservationOutcomes = []string{ReservationReserved, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted}
-	vfioOps             = []string{VFIOBind, VFIORelease}
-	lookupPaths         = []string{LookupLocal, LookupDirectory, LookupEveryServer, LookupRegistry}
-)
-
-// events holds the metrics fed by Recorder calls.
-type events struct {
+// eventMetrics holds the metrics fed by Recorder calls.
+type eventMetrics struct {
 	claims        *prometheus.CounterVec
 	claimDuration prometheus.Histogram
 	reservations  *prometheus.CounterVec
@@ -78,8 +23,8 @@ type events struct {
 	lookups       *prometheus.CounterVec
 }
 
-func newEvents() *events {
-	e := &events{
+func newEvents() *eventMetrics {
+	e := &eventMetrics{
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "claims_total",
 			Help: "Claim requests answered by this agent, by outcome.",
@@ -118,38 +63,38 @@ func newEvents() *events {
 	// Every known label value exists from the start at 0, so that rate()
 	// and increase() see the first event instead of a series appearing
 	// with it.
-	for _, o := range claimOutcomes {
+	for _, o := range events.ClaimOutcomes() {
 		e.claims.WithLabelValues(o)
 	}
-	for _, o := range reservationOutcomes {
+	for _, o := range events.ReservationOutcomes() {
 		e.reservations.WithLabelValues(o)
 	}
-	for _, p := range lookupPaths {
+	for _, p := range events.LookupPaths() {
 		e.lookups.WithLabelValues(p)
 	}
-	for _, op := range vfioOps {
+	for _, op := range events.VFIOOps() {
 		e.vfioDuration.WithLabelValues(op)
 		e.vfioErrors.WithLabelValues(op)
 	}
 	return e
 }
 
-func (e *events) collectors() []prometheus.Collector {
+func (e *eventMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{e.claims, e.claimDuration, e.reservations, e.vfioDuration, e.vfioErrors, e.xids, e.lookups}
 }
 
-// ClaimDone implements Recorder.
+// ClaimDone implements events.Recorder.
 func (m *Metrics) ClaimDone(outcome string, d time.Duration) {
 	m.events.claims.WithLabelValues(outcome).Inc()
 	m.events.claimDuration.Observe(d.Seconds())
 }
 
-// Reservation implements Recorder.
+// Reservation implements events.Recorder.
 func (m *Metrics) Reservation(outcome string) {
 	m.events.reservations.WithLabelValues(outcome).Inc()
 }
 
-// VFIOOperation implements Recorder.
+// VFIOOperation implements events.Recorder.
 func (m *Metrics) VFIOOperation(op string, d time.Duration, err error) {
 	m.events.vfioDuration.WithLabelValues(op).Observe(d.Seconds())
 	if err != nil {
@@ -157,12 +102,12 @@ func (m *Metrics) VFIOOperation(op string, d time.Duration, err error) {
 	}
 }
 
-// ClaimLookup implements Recorder.
+// ClaimLookup implements events.Recorder.
 func (m *Metrics) ClaimLookup(path string) {
 	m.events.lookups.WithLabelValues(path).Inc()
 }
 
-// XID implements Recorder.
+// XID implements events.Recorder.
 func (m *Metrics) XID(pciAddress, model string, xid uint64) {
 	c, err := m.events.xids.GetMetricWithLabelValues(pciAddress, model, strconv.FormatUint(xid, 10))
 	if err != nil {
@@ -173,15 +118,3 @@ func (m *Metrics) XID(pciAddress, model string, xid uint64) {
 	}
 	c.Inc()
 }
-
-// Nop returns a Recorder that discards everything, for code run without
-// metrics (tests, the CLI's offline commands).
-func Nop() Recorder { return nop{} }
-
-type nop struct{}
-
-func (nop) ClaimDone(string, time.Duration)            {}
-func (nop) Reservation(string)                         {}
-func (nop) VFIOOperation(string, time.Duration, error) {}
-func (nop) ClaimLookup(string)                         {}
-func (nop) XID(string, string, uint64)                 {}
