@@ -529,20 +529,10 @@ func (a *Agent) repairGroup(ctx context.Context, e groupEntry) (api.Group, error
 func (a *Agent) DeleteGroupClaims(ctx context.Context, name string) (api.Group, error) {
 	ctx, cancel := groupContext(ctx)
 	defer cancel()
-	if err := validateGroupName(name); err != nil {
-		return api.Group{}, err
-	}
-	e, err := a.readGroup(ctx, name)
-	if err != nil {
-		return api.Group{}, err
-	}
 	// Stamped first: an older operation on the group still running
 	// (its client gave up) stops at its next node, and releases what it
 	// placed once it finds the group gone.
-	if e, _, err = a.beginGroupOp(ctx, e); err != nil {
-		return api.Group{}, err
-	}
-	s, err := a.readNodes(ctx, e)
+	s, _, err := a.startGroupOp(ctx, name)
 	if err != nil {
 		return api.Group{}, err
 	}

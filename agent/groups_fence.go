@@ -59,7 +59,7 @@ func (a *Agent) fenceOf(e groupEntry) *groupFence {
 // fence. Every older operation on the group stops at its next step.
 func (a *Agent) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *groupFence, error) {
 	st, ok := a.names.(groupStamper)
-	if a.names == nil || e.token == 0 || !ok {
+	if !ok || e.token == 0 {
 		return e, &groupFence{a: a, name: e.rec.Name}, nil
 	}
 	r, err := st.Stamp(ctx, names.Group(e.rec.Name), e.token)
@@ -79,14 +79,30 @@ func (a *Agent) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *gr
 	return fresh, &groupFence{a: a, name: e.rec.Name, token: r.Token, index: r.Index}, nil
 }
 
+// startGroupOp reads group name, stamps it for an operation that begins
+// now and reads its nodes: the start of a resize or a delete.
+func (a *Agent) startGroupOp(ctx context.Context, name string) (groupState, *groupFence, error) {
+	if err := validateGroupName(name); err != nil {
+		return groupState{}, nil, err
+	}
+	e, err := a.readGroup(ctx, name)
+	if err != nil {
+		return groupState{}, nil, err
+	}
+	e, f, err := a.beginGroupOp(ctx, e)
+	if err != nil {
+		return groupState{}, nil, err
+	}
+	s, err := a.readNodes(ctx, e)
+	return s, f, err
+}
+
 // groupOvertaken is the error of an operation that found its group
 // changed by a newer operation (or deleted) between two of its steps.
 type groupOvertaken struct {
 	name string
 	// gone: the group was deleted (or deleted and created again).
 	gone bool
-	// by is the record as it is now (zero when gone).
-	by names.Record
 }
 
 func (e *groupOvertaken) Error() string {
@@ -112,17 +128,9 @@ func (f *groupFence) check(ctx context.Context) error {
 	case r.Token != f.token:
 		return &groupOvertaken{name: f.name, gone: true}
 	case r.Index != f.index:
-		return &groupOvertaken{name: f.name, by: r}
+		return &groupOvertaken{name: f.name}
 	}
 	return nil
-}
-
-// wrote takes a write of this operation's own to the group's record (a
-// resize noting its GPUs) as its new stamp.
-func (f *groupFence) wrote(r names.Record) {
-	if f != nil && f.index != 0 && r.Token == f.token {
-		f.index = r.Index
-	}
 }
 
 // stopped is the answer of an operation that stops at a failed check

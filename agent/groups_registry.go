@@ -151,17 +151,14 @@ var _ groupRequester = (*names.Registry)(nil)
 // now has, so that the record says so even when no node is left to ask
 // (all released directly: repair places them with these). A record that
 // cannot be updated is logged: the nodes have their GPUs either way.
-func (a *Agent) noteGroupGPUs(ctx context.Context, f *groupFence, e groupEntry, items []api.Item) {
+func (a *Agent) noteGroupGPUs(ctx context.Context, e groupEntry, items []api.Item) {
 	if a.names == nil || sameItems(e.gpus, items) {
 		return
 	}
 	spec, err := groupSpec(e.rec.Nodes, items)
 	if err == nil {
 		if gr, ok := a.names.(groupRequester); ok {
-			var r names.Record
-			if r, err = gr.SetRequest(ctx, names.Group(e.rec.Name), e.token, spec); err == nil {
-				f.wrote(r)
-			}
+			_, err = gr.SetRequest(ctx, names.Group(e.rec.Name), e.token, spec)
 		} else {
 			err = errors.New("the name authority cannot change a group's request")
 		}

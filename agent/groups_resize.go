@@ -22,24 +22,9 @@ import (
 func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
 	ctx, cancel := groupContext(ctx)
 	defer cancel()
-	if err := validateGroupName(name); err != nil {
-		return api.Group{}, err
-	}
-	e, err := a.readGroup(ctx, name)
-	if err != nil {
-		return api.Group{}, err
-	}
-	if !e.rec.WithGPUs {
-		return api.Group{}, &api.Error{Code: api.CodeConflict,
-			Message: fmt.Sprintf("group %s was created without GPUs and can never get one; create a new group with GPUs", name)}
-	}
 	// Stamped before the nodes are read: an older operation on the group
 	// still running stops at its next node (groups_fence.go).
-	e, f, err := a.beginGroupOp(ctx, e)
-	if err != nil {
-		return api.Group{}, err
-	}
-	s, err := a.readNodes(ctx, e)
+	s, f, err := a.startGroupOp(ctx, name)
 	if err != nil {
 		return api.Group{}, err
 	}
@@ -86,7 +71,7 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 	if err := f.check(ctx); err != nil {
 		return api.Group{}, a.resizeStopped(ctx, f, s, items, done, err, "the group's record", "every node resized")
 	}
-	a.noteGroupGPUs(ctx, f, s.e, items)
+	a.noteGroupGPUs(ctx, s.e, items)
 	if len(done) > 0 {
 		a.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
 	}
@@ -139,8 +124,11 @@ func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, i
 	rctx := context.WithoutCancel(ctx)
 	for i := len(done) - 1; i >= 0; i-- {
 		st := done[i]
-		if err := f.check(rctx); err != nil {
-			// Not this operation's group to put back any more.
+		if err := f.check(rctx); errors.As(err, new(*groupOvertaken)) {
+			// Not this operation's group to put back any more. (A
+			// registry that does not answer the check does not stop the
+			// putting back: each step then fails or not on its own, and
+			// the nodes are compared below.)
 			a.log.Warn("group resize failed, and another operation took the group over before its nodes were put back", "group", name, "node", failed, "err", cause)
 			return f.stopped(rctx, err, fmt.Sprintf("node %s could not be resized (%v), %d nodes not put back", failed, cause, i+1), nil)
 		}
