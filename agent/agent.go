@@ -21,6 +21,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/metrics"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -36,7 +37,7 @@ type Agent struct {
 
 	cfg    Config
 	log    *slog.Logger
-	now    func() time.Time
+	clk    clock.Clock // every lease, timer and deadline (internal/clock)
 	policy vfio.IdlePolicy
 
 	pci    *vfio.PCI
@@ -118,7 +119,7 @@ var _ api.Service = (*Agent)(nil)
 type Option func(*options)
 
 type options struct {
-	now         func() time.Time
+	clk         clock.Clock
 	wall        func() time.Time
 	fs          vfio.FS
 	nvml        nvml.Interface
@@ -150,23 +151,19 @@ func WithPeerNetwork(n PeerNetwork) Option { return func(o *options) { o.peerNet
 // WithGossipTune adjusts memberlist's configuration; tests shorten timers.
 func WithGossipTune(f func(*memberlist.Config)) Option { return func(o *options) { o.gossipTune = f } }
 
-// WithClock replaces the agent's clock (leases, expiry) outright; tests
-// move it by hand.
-func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+// WithClock replaces the Now of the agent's clock (leases, expiry); its
+// timers stay the runtime's. Tests move leases by hand with it.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.clk = clock.WithNow(now) }
+}
+
+// WithTimeSource replaces the agent's whole clock, its timers included (a
+// clock.Manual in tests and the simulation).
+func WithTimeSource(c clock.Clock) Option { return func(o *options) { o.clk = c } }
 
 // WithWallClock replaces the wall clock the agent's clock starts from (see
-// monotonicClock); fault tests step it to play a clock step.
+// clock.Monotonic); fault tests step it to play a clock step.
 func WithWallClock(wall func() time.Time) Option { return func(o *options) { o.wall = wall } }
-
-// monotonicClock reads the wall clock once, at start, and then advances with
-// the monotonic clock: a step of the wall clock while the agent runs (NTP
-// catching up, an operator) can neither stretch nor cut a lease. A step
-// takes effect at the next start, when reconcile drops every reservation.
-func monotonicClock(wall func() time.Time) func() time.Time {
-	start := wall().Round(0) // the wall reading only
-	mono := time.Now()
-	return func() time.Time { return start.Add(time.Since(mono)) }
-}
 
 // WithSysfs runs the agent on the given sysfs (and NVML, may be nil) instead
 // of the configured one; tests pass a fakekernel.Kernel.
@@ -183,16 +180,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	}
 	cat, _ := cfg.Catalog()
 	cfg.OfferedModels, _ = cfg.canonicalOffered(cat)
-	o := options{rec: nopRecorder{}, wall: time.Now}
+	o := options{rec: nopRecorder{}, wall: clock.Wall}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.now == nil {
-		o.now = monotonicClock(o.wall)
+	if o.clk == nil {
+		o.clk = clock.Monotonic(o.wall)
 	}
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
-	a := &Agent{cfg: cfg, log: log, now: o.now, policy: policy, fenced: make(map[string]string),
+	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy, fenced: make(map[string]string),
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	// Each run counts from a random point: a watcher that saw an earlier
@@ -200,14 +197,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a.feed.gen = rand.Uint64() >> 1
 	a.watch.resync = make(chan struct{}, 1)
 	a.OnPCIChange(a.checkDriversOnEvents)
-	a.dir = newDirectory(a.now())
+	a.dir = newDirectory(a.clk.Now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics
 	}
 	a.setPhase(phaseChecking)
 	a.metrics.Registry().MustRegister(newPhaseCollector(a))
-	a.storage = newStorageHealth(a.now)
+	a.storage = newStorageHealth(a.clk.Now)
 	a.metrics.Registry().MustRegister(a.storage)
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -430,7 +427,7 @@ func (a *Agent) changed() {
 // StatusLine sums this server up in one line (systemd's STATUS=).
 func (a *Agent) StatusLine() string {
 	total, free := 0, 0
-	for _, t := range a.ledger.Totals(a.now()) {
+	for _, t := range a.ledger.Totals(a.clk.Now()) {
 		total += t.Total
 		free += t.Free
 	}

@@ -113,12 +113,12 @@ func (a *Agent) antiEntropyLoop(ctx context.Context) {
 	for {
 		a.antiEntropyPass(ctx)
 		jitter := time.Duration(rand.Int64N(int64(antiEntropyEvery)*2/5)) - antiEntropyEvery/5
-		t := time.NewTimer(antiEntropyEvery + jitter)
+		t := a.clk.NewTimer(antiEntropyEvery + jitter)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
@@ -147,7 +147,7 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			held[r.Name] = r
 		}
 	}
-	now := a.now()
+	now := a.clk.Now()
 	claims := map[string]ledger.Claim{}
 	for _, c := range a.ledger.List() {
 		if c.Live(now) {
@@ -262,7 +262,7 @@ func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
 func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
 	unlock := a.commitLocks.lock(r.Name)
 	defer unlock()
-	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
+	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.clk.Now()) {
 		return false
 	}
 	_, err := a.names.Release(ctx, names.Claim(r.Name), r.Token, a.cfg.NodeName)
@@ -384,7 +384,7 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 // GPUs to the idle driver. It reports whether c was released.
 func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
 	moved := what + " " + c.ID + " released"
-	rel, scan, devs, err := a.releaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.now()) })
+	rel, scan, devs, err := a.releaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.clk.Now()) })
 	if err != nil {
 		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false

@@ -65,10 +65,10 @@ func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 		}
 		return nameKept
 	}
-	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.now()) {
+	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.clk.Now()) {
 		return nameKept // committed or reserved since the pass read the ledger
 	}
-	if rel, ok, _ := a.ledger.Recall(r.Name, a.now(), time.Duration(a.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
+	if rel, ok, _ := a.ledger.Recall(r.Name, a.clk.Now(), time.Duration(a.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
 		// Its claim was committed here under this very token and released
 		// since: the name's release did not reach the registry. The old
 		// server's copy, if any, is a leftover of the same release.

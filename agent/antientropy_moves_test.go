@@ -14,7 +14,7 @@ import (
 // under name token token, as the claim path records it.
 func namedClaim(t *testing.T, a *Agent, id string, token uint64) ledger.Claim {
 	t.Helper()
-	now := a.now()
+	now := a.clk.Now()
 	if _, err := a.ledger.Reserve(id, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}, NameToken: token}, "", now, time.Minute); err != nil {
 		t.Fatalf("reserving %s on %s: %v", id, a.cfg.NodeName, err)
 	}
@@ -62,7 +62,7 @@ func TestAntiEntropyReleasesLeftoverOfReleasedName(t *testing.T) {
 	if _, err := a.ledger.Get("vm-left"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("a still holds vm-left: %v", err)
 	}
-	if free := a.ledger.Totals(a.now())[l40s].Free; free != 4 {
+	if free := a.ledger.Totals(a.clk.Now())[l40s].Free; free != 4 {
 		t.Errorf("a has %d L40S free, want 4", free)
 	}
 	if got := counter(t, a, "gpuherd_claim_duplicates_released_total"); got != 1 {
@@ -80,7 +80,7 @@ func TestAntiEntropyKeepsLeftoverInUse(t *testing.T) {
 	a := settled(t, tc.start("a", "l40s-4"))
 	c := namedClaim(t, a, "vm-left", 41)
 	use := ledger.Use{Domain: "5b0c2c7e-8f0a-4b7e-9d55-0f0d1e2a3b4c", Name: "vm-left", Started: true}
-	if _, err := a.ledger.MarkUse("vm-left", c.GPUs, use, a.now()); err != nil {
+	if _, err := a.ledger.MarkUse("vm-left", c.GPUs, use, a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
@@ -154,11 +154,11 @@ func TestAntiEntropyFreesMovedNameOfAReleasedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	namedClaim(t, b, "vm-m", mv)
-	c, err := b.ledger.Release("vm-m", b.now())
+	c, err := b.ledger.Release("vm-m", b.clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ledger.Remember(c, b.now(), time.Hour); err != nil {
+	if err := b.ledger.Remember(c, b.clk.Now(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	rep := b.antiEntropyPass(context.Background())

@@ -87,7 +87,7 @@ func settled(t *testing.T, a *Agent) *Agent {
 // as a version without the name registry did: no name, no token.
 func olderClaim(t *testing.T, a *Agent, id string) ledger.Claim {
 	t.Helper()
-	now := a.now()
+	now := a.clk.Now()
 	if _, err := a.ledger.Reserve(id, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}, "", now, time.Minute); err != nil {
 		t.Fatalf("reserving %s on %s: %v", id, a.cfg.NodeName, err)
 	}
@@ -133,7 +133,7 @@ func TestAntiEntropyReleasesNamesWithoutClaim(t *testing.T) {
 	tc, n, logs := namedCluster(t)
 	a := settled(t, tc.start("a", "l40s-4"))
 	holdName(t, n, "vm-gone", "a")
-	if _, err := a.ledger.Reserve("vm-committing", ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}, "b", a.now(), time.Minute); err != nil {
+	if _, err := a.ledger.Reserve("vm-committing", ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}, "b", a.clk.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	holdName(t, n, "vm-committing", "a")
@@ -225,7 +225,7 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	if _, err := b.ledger.Get("vm-d"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("b still holds vm-d: %v", err)
 	}
-	if free := b.ledger.Totals(b.now())[l40s].Free; free != 4 {
+	if free := b.ledger.Totals(b.clk.Now())[l40s].Free; free != 4 {
 		t.Errorf("b has %d L40S free after the release, want 4", free)
 	}
 	if c, err := a.ledger.Get("vm-d"); err != nil || !c.CommittedAt.Equal(kept.CommittedAt) {
@@ -261,7 +261,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 	}
 	dup := olderClaim(t, b, "vm-d")
 	use := ledger.Use{Domain: "0d6a1f5e-2b7c-4c1e-9a3e-5f1d2c3b4a59", Name: "vm-d", Started: true}
-	if _, err := b.ledger.MarkUse("vm-d", dup.GPUs, use, b.now()); err != nil {
+	if _, err := b.ledger.MarkUse("vm-d", dup.GPUs, use, b.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -301,7 +301,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 	}
 	// The VM stops; its claim would normally be released with it, but
 	// this copy stayed: the next pass releases it.
-	if _, _, err := b.ledger.EndUse("vm-d", use.Domain, false, b.now()); err != nil {
+	if _, _, err := b.ledger.EndUse("vm-d", use.Domain, false, b.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	rep = b.antiEntropyPass(context.Background())

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // attempt is one placement of one claim ID by this coordinator: the
@@ -78,7 +79,8 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		}
 		return c, true, err
 	}
-	deadline := time.Now().Add(min(at.pendingTTL(), pendingPatience))
+	deadline := clock.NewDeadline(at.clk, min(at.pendingTTL(), pendingPatience))
+	defer deadline.Stop()
 	wait := 10 * time.Millisecond
 	for first := true; ; first = false {
 		var r answer
@@ -147,7 +149,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		case api.DirPending:
 			// Another coordinator is placing it (a client retried
 			// elsewhere): wait for its outcome rather than place a copy.
-			if ans.Coordinator == at.cfg.NodeName || time.Now().After(deadline) {
+			if ans.Coordinator == at.cfg.NodeName || deadline.Passed() {
 				return api.Claim{}, false, nil
 			}
 			if _, alive := targetNamed(at.targets(), ans.Coordinator); !alive {
@@ -156,7 +158,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 			select {
 			case <-ctx.Done():
 				return api.Claim{}, true, ctx.Err()
-			case <-time.After(wait):
+			case <-clock.After(at.clk, wait):
 			}
 			wait = min(2*wait, 200*time.Millisecond)
 		default:
@@ -236,7 +238,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			if isCode(err, api.CodeNotAvailable) {
 				refused++
 				refusals = append(refusals, refusalsOf(err)...)
-				at.lastRefusal.Store(at.now().UnixNano())
+				at.lastRefusal.Store(at.clk.Now().UnixNano())
 				at.refreshView(name)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
@@ -334,7 +336,7 @@ func (at *attempt) placeVouched(ctx context.Context, vouch func(server string) b
 // stale) within contendedWindow: placements are then probed first.
 func (co *coordinator) contended() bool {
 	last := co.lastRefusal.Load()
-	return last != 0 && co.now().UnixNano()-last < int64(contendedWindow)
+	return last != 0 && co.clk.Now().UnixNano()-last < int64(contendedWindow)
 }
 
 // busy reports whether, by the view, at least busyShare of the healthy GPUs
@@ -540,7 +542,8 @@ func (at *attempt) abortReservation(ctx context.Context, t target) (gone bool) {
 // Reservations on servers this coordinator tried before (tried) are its own
 // leftovers, aborted or expiring: they are not another coordinator's copy.
 func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried []string) (api.Claim, error) {
-	deadline := time.Now().Add(time.Duration(at.cfg.ReservationLease) + time.Second)
+	deadline := clock.NewDeadline(at.clk, time.Duration(at.cfg.ReservationLease)+time.Second)
+	defer deadline.Stop()
 	wait := 20 * time.Millisecond
 	var committed []copyOf
 	for {
@@ -555,12 +558,12 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 				pending = true
 			}
 		}
-		if !pending || time.Now().After(deadline) || ctx.Err() != nil {
+		if !pending || deadline.Passed() || ctx.Err() != nil {
 			break
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(wait):
+		case <-clock.After(at.clk, wait):
 		}
 		wait = min(2*wait, 500*time.Millisecond)
 	}

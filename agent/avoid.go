@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // Members whose peer API does not answer (docs/protocol.md, "Who may say
@@ -31,7 +32,7 @@ const (
 
 // avoidance is the per-member backoff of this agent's peer calls.
 type avoidance struct {
-	now func() time.Time
+	clk clock.Clock
 	// boot returns the gossiped boot of a member, to tell a restart.
 	boot func(name string) uint64
 	log  *slog.Logger
@@ -48,8 +49,8 @@ type avoidEntry struct {
 	err   error  // why
 }
 
-func newAvoidance(now func() time.Time, boot func(string) uint64, log *slog.Logger) *avoidance {
-	return &avoidance{now: now, boot: boot, log: log, m: map[string]*avoidEntry{}}
+func newAvoidance(clk clock.Clock, boot func(string) uint64, log *slog.Logger) *avoidance {
+	return &avoidance{clk: clk, boot: boot, log: log, m: map[string]*avoidEntry{}}
 }
 
 // failed records that connecting to name at addr failed.
@@ -64,7 +65,7 @@ func (v *avoidance) failed(name, addr string, err error) {
 		v.n.Store(int32(len(v.m)))
 	}
 	e.wait = min(max(2*e.wait, avoidFirst), avoidMax)
-	e.until = v.now().Add(e.wait)
+	e.until = v.clk.Now().Add(e.wait)
 	e.err = err
 	v.log.Warn("peer API did not answer; not calling it until the backoff passes, it restarts or moves",
 		"node", name, "addr", addr, "backoff", e.wait, "err", err)
@@ -107,7 +108,7 @@ func (v *avoidance) avoiding(name, addr string) error {
 	if e.addr != addr {
 		return nil // another address: it gets its own try
 	}
-	if !v.now().Before(e.until) {
+	if !v.clk.Now().Before(e.until) {
 		return nil // one more try; a failure doubles the backoff
 	}
 	return &avoidedError{name: name, addr: addr, until: e.until, err: e.err}
@@ -212,7 +213,7 @@ func (t *avoidingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { state.CompareAndSwap(dialing, connected) },
 	})
-	timer := time.AfterFunc(t.connect, func() {
+	timer := t.v.clk.AfterFunc(t.connect, func() {
 		if state.CompareAndSwap(dialing, timedOut) {
 			cancel(errConnectTimeout)
 		}

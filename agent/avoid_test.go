@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // The backoff of a member whose peer API did not answer: it doubles from
@@ -13,7 +15,7 @@ import (
 func TestAvoidanceBackoff(t *testing.T) {
 	now := time.Unix(1000, 0)
 	boots := map[string]uint64{"dead": 1, "ok": 1}
-	v := newAvoidance(func() time.Time { return now }, func(n string) uint64 { return boots[n] }, quietLog())
+	v := newAvoidance(clock.WithNow(func() time.Time { return now }), func(n string) uint64 { return boots[n] }, quietLog())
 	const addr = "10.0.0.9:7947"
 	down := errors.New("no connection")
 	if err := v.avoiding("dead", addr); err != nil {

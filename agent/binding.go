@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -39,11 +39,11 @@ func (b *bindFailure) Unwrap() error { return b.err }
 // bind moves one GPU's group to vfio-pci, fencing the GPU when it fails.
 // The caller holds the GPU's device lock.
 func (a *Agent) bind(ctx context.Context, why, addr string) error {
-	start := time.Now()
+	start := a.clk.Now()
 	mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
 	res, err := a.binder.Bind(mctx, addr)
 	cancel()
-	a.rec.VFIOOperation(events.VFIOBind, time.Since(start), err)
+	a.rec.VFIOOperation(events.VFIOBind, clock.Since(a.clk, start), err)
 	if errors.Is(err, vfio.ErrGroupNotViable) {
 		// Refused before any write: the group changed since it was
 		// looked at. Unusable, not broken. (The device lock is held:
@@ -73,11 +73,11 @@ func (a *Agent) toIdleScanned(ctx context.Context, why string, addrs []string, s
 		if addr == skip || a.health(addr) != "" || a.unusable(addr) != "" || a.keepWhileOpen(addr, why, scan) {
 			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
 		}
-		start := time.Now()
+		start := a.clk.Now()
 		mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
 		res, err := a.binder.Release(mctx, addr, a.policy)
 		cancel()
-		a.rec.VFIOOperation(events.VFIORelease, time.Since(start), err)
+		a.rec.VFIOOperation(events.VFIORelease, clock.Since(a.clk, start), err)
 		if err != nil {
 			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))
 			continue
@@ -90,7 +90,7 @@ func (a *Agent) toIdleScanned(ctx context.Context, why string, addrs []string, s
 // expired reservation may already be in a new claim).
 func (a *Agent) unclaimed(addrs []string) []string {
 	held := map[string]bool{}
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		if s.ClaimID != "" {
 			held[s.GPU.Address] = true
 		}

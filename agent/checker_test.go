@@ -38,7 +38,7 @@ type serverSnapshot struct {
 
 func snapshot(t *testing.T, a *Agent) serverSnapshot {
 	t.Helper()
-	now := a.now()
+	now := a.clk.Now()
 	s := serverSnapshot{node: a.cfg.NodeName, now: now, claims: a.ledger.List(), gpus: a.ledger.GPUStates(now),
 		drivers: map[string]string{}}
 	s.vfioIdle = a.policy == vfio.IdleVFIO

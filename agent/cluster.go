@@ -73,7 +73,7 @@ func (a *Agent) startCluster() error {
 	}
 	ln := a.lns.peer // bound before any driver moved (listeners.go)
 	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
-	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
+	c.avoid = newAvoidance(a.clk, c.bootOf, a.log.With("component", "peer-api"))
 
 	gcfg := gossip.Config{
 		NodeName:     cfg.NodeName,
@@ -142,7 +142,7 @@ func (a *Agent) startCluster() error {
 func (a *Agent) startClusterOn(files pki.Files) error {
 	cfg := a.cfg
 	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
-	c.avoid = newAvoidance(a.now, c.bootOf, a.log.With("component", "peer-api"))
+	c.avoid = newAvoidance(a.clk, c.bootOf, a.log.With("component", "peer-api"))
 	gcfg := gossip.Config{
 		NodeName:      cfg.NodeName,
 		Join:          cfg.Join,
@@ -186,7 +186,7 @@ func (c *clusterState) summary() gossip.Summary {
 	if rs := c.names.Load(); rs != nil {
 		s.Names = rs.namesInfo()
 	}
-	for m, t := range a.ledger.Totals(a.now()) {
+	for m, t := range a.ledger.Totals(a.clk.Now()) {
 		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy), Unusable: clamp16(t.Unusable)})
 	}
 	return s

@@ -549,7 +549,7 @@ func TestClusterStaleFullViewIsRechecked(t *testing.T) {
 	}
 	tc.converge("b full", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 0 })
 	// b frees its GPUs in its ledger without telling gossip.
-	if _, err := b.ledger.Release("vm-all", b.now()); err != nil {
+	if _, err := b.ledger.Release("vm-all", b.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if free := freeOf(a, "NVIDIA L40S"); free != 0 {

@@ -10,12 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/gossip"
+	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/metrics"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -152,7 +152,7 @@ func (c *Config) CheckHost() error {
 	}
 	// The cluster's secrets.
 	if c.GossipAddr != "" || c.TLSCert != "" {
-		if err := pki.CheckFiles(pki.Files{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey}, c.NodeName, time.Now()); err != nil {
+		if err := pki.CheckFiles(pki.Files{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey}, c.NodeName, clock.Wall()); err != nil {
 			bad("tls_cert", "%v", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // The coordinator side of the protocol: any agent places a claim by ranking
@@ -48,19 +49,19 @@ type coordinator struct {
 // nothing, and returns the committed claim. A retry with the same ID and
 // request, through any agent, returns the same claim.
 func (co *coordinator) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
-	start := time.Now()
+	start := co.clk.Now()
 	if err := validateVCPUs(req.VCPUs); err != nil {
 		return api.Claim{}, err
 	}
 	if len(req.Devices) > 0 {
 		var err error
 		if req, err = co.pinned(req); err != nil {
-			co.rec.ClaimDone(outcome(err), time.Since(start))
+			co.rec.ClaimDone(outcome(err), clock.Since(co.clk, start))
 			return api.Claim{}, err
 		}
 	}
 	c, err := co.claimWhere(ctx, id, req)
-	co.rec.ClaimDone(outcome(err), time.Since(start))
+	co.rec.ClaimDone(outcome(err), clock.Since(co.clk, start))
 	if err == nil {
 		c = withVCPUWarning(c, req.VCPUs)
 	}

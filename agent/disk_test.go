@@ -205,7 +205,7 @@ func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 // strict, also that no expired reservation is left in the ledger.
 func checkBound(t *testing.T, a *Agent, k *fakekernel.Kernel, strict bool) {
 	t.Helper()
-	now := a.now()
+	now := a.clk.Now()
 	held := map[string]bool{}
 	for _, c := range a.ledger.List() {
 		if strict && !c.Live(now) {

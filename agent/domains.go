@@ -90,7 +90,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 		return o.claimView(c), nil
 	}
 	use := ledger.Use{Domain: req.DomainUUID, Name: req.DomainName, BootID: bootID(), Started: req.Started}
-	marked, err := o.ledger.MarkUse(id, c.GPUs, use, o.now())
+	marked, err := o.ledger.MarkUse(id, c.GPUs, use, o.clk.Now())
 	var inUse *ledger.InUseError
 	switch {
 	case errors.As(err, &inUse):
@@ -116,7 +116,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	}
 	unlockID := o.commitLocks.lock(id) // as in owner.abort: no hold of the ID until its name is let go
 	defer unlockID()
-	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.now())
+	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.clk.Now())
 	switch {
 	case errors.Is(err, ledger.ErrNotMarked):
 		o.log.Info("domain stopped without using the claim; nothing changed", "claim", id, "domain_uuid", domainUUID)

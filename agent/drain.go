@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 )
@@ -22,7 +23,7 @@ func (a *Agent) Drain(_ context.Context, addr, reason string) (api.GPU, error) {
 	if len(reason) > 256 {
 		return api.GPU{}, api.Invalid("reason", "drain reason longer than 256 bytes")
 	}
-	if err := a.ledger.Drain(addr, reason, a.now()); err != nil {
+	if err := a.ledger.Drain(addr, reason, a.clk.Now()); err != nil {
 		return api.GPU{}, a.apiError(err)
 	}
 	a.log.Info("drained", "pci_address", addr, "reason", reason)
@@ -81,7 +82,7 @@ func (a *Agent) DrainServer(_ context.Context, reason string) (api.Member, error
 	if len(reason) > 256 {
 		return api.Member{}, api.Invalid("reason", "drain reason longer than 256 bytes")
 	}
-	d := serverDrain{Reason: reason, Since: a.now().UTC()}
+	d := serverDrain{Reason: reason, Since: a.clk.Now().UTC()}
 	data, _ := json.Marshal(d)
 	if err := atomicfile.Write(filepath.Join(a.cfg.DataDir, serverDrainFile), data, 0o600); err != nil {
 		return api.Member{}, err

@@ -57,7 +57,7 @@ func (a *Agent) checkDriver(ctx context.Context, addr string) bool {
 	unlock := a.locks.lock(addr)
 	defer unlock()
 	var st *ledger.GPUState
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		if s.GPU.Address == addr {
 			st = &s
 			break

@@ -57,7 +57,7 @@ func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) 
 }
 
 // localFree is how many GPUs of model a's own ledger has free.
-func localFree(a *Agent, model string) int { return a.ledger.Free(a.now())[model] }
+func localFree(a *Agent, model string) int { return a.ledger.Free(a.clk.Now())[model] }
 
 // noneOnVFIO reports whether no GPU of a outside a live claim is still on
 // vfio-pci: a release or expiry has finished returning it.

@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -249,7 +250,7 @@ func (a *Agent) CreateGroup(ctx context.Context, name string, req api.GroupReque
 			return a.repairGroup(ctx, e)
 		}
 	} else {
-		rec.CreatedAt = a.now().UTC()
+		rec.CreatedAt = a.clk.Now().UTC()
 		if e, err = a.createGroupFile(ctx, rec); err != nil {
 			return api.Group{}, err
 		}

@@ -33,7 +33,7 @@ func namedAgents(t *testing.T, adjust func(*Config), profiles ...string) (*testC
 func ledgersFree(agents []*Agent, model string) int {
 	free := 0
 	for _, x := range agents {
-		free += x.ledger.Totals(x.now())[model].Free
+		free += x.ledger.Totals(x.clk.Now())[model].Free
 	}
 	return free
 }

@@ -31,7 +31,7 @@ func (h *home) BeginClaim(_ context.Context, id string, req api.DirBegin) (api.D
 	if err := validNode("coordinator", req.Coordinator); err != nil {
 		return api.DirAnswer{}, err
 	}
-	now := h.now()
+	now := h.clk.Now()
 	vouch := h.dirTrusted(now) && h.isHome(id)
 	d := h.dir
 	d.mu.Lock()
@@ -54,7 +54,7 @@ func (h *home) LookupDirectory(_ context.Context, id string) (api.DirAnswer, err
 	if err := ledger.ValidateID(id); err != nil {
 		return api.DirAnswer{}, h.apiError(err)
 	}
-	now := h.now()
+	now := h.clk.Now()
 	vouch := h.dirTrusted(now) && h.isHome(id)
 	d := h.dir
 	d.mu.Lock()
@@ -88,7 +88,7 @@ func (h *home) UpdateDirectory(_ context.Context, u api.DirUpdate) error {
 			return api.Invalid(fmt.Sprintf("ops[%d].op", i), "%q: must be %s, %s or %s", truncateName(op.Op), api.DirOpHeld, api.DirOpGone, api.DirOpAbandon)
 		}
 	}
-	now := h.now()
+	now := h.clk.Now()
 	d := h.dir
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -288,7 +288,7 @@ func TestPeerCallsSpeakOnlyForTheirCaller(t *testing.T) {
 	if a.ledger.Revision() != rev {
 		t.Errorf("refused calls changed a's ledger: revision %d → %d", rev, a.ledger.Revision())
 	}
-	if _, ok := c.dir.answer("vm-stolen", c.now(), time.Hour); ok {
+	if _, ok := c.dir.answer("vm-stolen", c.clk.Now(), time.Hour); ok {
 		t.Error("a refused begin left an intent")
 	}
 
@@ -393,7 +393,7 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 		t.Errorf("%d of 100k intents refused, want all past %d", refused, dirIntentsPerCaller)
 	}
 	a.dir.mu.Lock()
-	entries, released, last := len(a.dir.entries), len(a.dir.released), a.dir.lastOwner("vm-real", a.now(), time.Hour)
+	entries, released, last := len(a.dir.entries), len(a.dir.released), a.dir.lastOwner("vm-real", a.clk.Now(), time.Hour)
 	a.dir.mu.Unlock()
 	if entries > dirHeldPerCaller+dirIntentsPerCaller || released > dirReleasesPerCaller+1 {
 		t.Errorf("one caller grew the home to %d entries and %d releases; bounds %d and %d", entries, released, dirHeldPerCaller+dirIntentsPerCaller, dirReleasesPerCaller)

@@ -159,7 +159,7 @@ func (a *Agent) keepWhileOpen(addr, why string, scan *groupScan) bool {
 		a.use.returning = map[string]*returning{}
 	}
 	old, was := a.use.returning[addr]
-	now := a.now()
+	now := a.clk.Now()
 	r := &returning{since: now, why: why, by: by, warned: now}
 	if was {
 		r.since, r.warned = old.since, old.warned
@@ -218,11 +218,11 @@ func (a *Agent) CheckReturning(ctx context.Context) {
 		if o, ok := a.userOf(addr, open); ok {
 			a.use.mu.Lock()
 			r := a.use.returning[addr]
-			warn := r != nil && a.now().Sub(r.warned) >= returnWarnEvery
+			warn := r != nil && a.clk.Now().Sub(r.warned) >= returnWarnEvery
 			if r != nil {
 				r.by = o
 				if warn {
-					r.warned = a.now()
+					r.warned = a.clk.Now()
 				}
 			}
 			a.use.mu.Unlock()
@@ -315,7 +315,7 @@ func (a *Agent) adoptRunningVMs() {
 	if len(open) == 0 {
 		return
 	}
-	now := a.now()
+	now := a.clk.Now()
 	held := map[string]bool{}
 	for _, c := range a.ledger.List() {
 		if c.Live(now) {

@@ -468,11 +468,11 @@ func TestReservationNeverTakesAGPUAVMStillHolds(t *testing.T) {
 	// The window: vm-0 released in the ledger, its GPU not yet marked as
 	// kept back (what the release does next, under the lock the
 	// reservation below then waits for).
-	if _, err := a.ledger.Release("vm-0", a.now()); err != nil {
+	if _, err := a.ledger.Release("vm-0", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	a.use.mu.Lock()
-	a.use.returning = map[string]*returning{held: {since: a.now(), why: "release vm-0", warned: a.now()}}
+	a.use.returning = map[string]*returning{held: {since: a.clk.Now(), why: "release vm-0", warned: a.clk.Now()}}
 	a.use.mu.Unlock()
 
 	got, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 1}}, Coordinator: a.cfg.NodeName})

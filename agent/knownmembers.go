@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 
 	"github.com/gpuherd/gpuherd/gossip"
 )

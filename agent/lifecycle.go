@@ -170,7 +170,7 @@ func (o *owner) remember(c ledger.Claim) {
 	if c.State != ledger.StateCommitted {
 		return
 	}
-	if err := o.ledger.Remember(c, o.now(), time.Duration(o.cfg.RememberReleased)); err != nil {
+	if err := o.ledger.Remember(c, o.clk.Now(), time.Duration(o.cfg.RememberReleased)); err != nil {
 		o.log.Warn("released claim not remembered; a later claim of its ID may go to another server", "claim", c.ID, "err", err)
 	}
 }
@@ -183,7 +183,7 @@ func (o *owner) rememberedOps() []api.DirOp {
 	if keep <= 0 {
 		return nil
 	}
-	rs, err := o.ledger.RecallAll(o.now(), keep)
+	rs, err := o.ledger.RecallAll(o.clk.Now(), keep)
 	if err != nil {
 		o.log.Warn("released claims not re-sent to their homes", "err", err)
 		return nil

@@ -41,9 +41,9 @@ func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
 	waitFor(t, "the home to learn where "+id+" was released", 5*time.Second, func() bool {
 		homeAgent.dir.mu.Lock()
 		defer homeAgent.dir.mu.Unlock()
-		return homeAgent.dir.lastOwner(id, homeAgent.now(), time.Hour) == "c"
+		return homeAgent.dir.lastOwner(id, homeAgent.clk.Now(), time.Hour) == "c"
 	})
-	if r, ok, err := c.ledger.Recall(id, c.now(), time.Hour); err != nil || !ok || api.DescribeItems(apiItems(r.Items)) != "1x NVIDIA H100 80GB" {
+	if r, ok, err := c.ledger.Recall(id, c.clk.Now(), time.Hour); err != nil || !ok || api.DescribeItems(apiItems(r.Items)) != "1x NVIDIA H100 80GB" {
 		t.Fatalf("the owner's ledger remembers %+v, %v, %v", r, ok, err)
 	}
 

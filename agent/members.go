@@ -138,7 +138,7 @@ func (a *Agent) self() api.Member {
 		info := rs.namesInfo()
 		m.NamesRole, m.NamesLeader = info.Role, info.Leader
 	}
-	totals := a.ledger.Totals(a.now())
+	totals := a.ledger.Totals(a.clk.Now())
 	for _, name := range slices.Sorted(maps.Keys(totals)) {
 		m.Models = append(m.Models, modelAvail(name, totals[name]))
 	}

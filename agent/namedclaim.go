@@ -14,6 +14,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // The coordinator's side of the claim path through the name registry
@@ -199,7 +200,8 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 // found the ID held elsewhere: a stale "free" may be what lagged).
 func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c api.Claim, done bool, err error) {
 	key := names.Claim(at.id)
-	deadline := time.Now().Add(at.pendingTTL())
+	deadline := clock.NewDeadline(at.clk, at.pendingTTL())
+	defer deadline.Stop()
 	mode := names.Stale
 	if fresh || at.registryLeaderless() {
 		// Without a known leader (a registry being founded or electing
@@ -251,18 +253,18 @@ func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c
 // awaitPlacement polls the registry while rec, a grant pending under
 // another coordinator, stays pending: it returns the record once it is
 // held, or a zero record once the name is free again (acquire again).
-func (at *attempt) awaitPlacement(ctx context.Context, rec names.Record, deadline time.Time) (names.Record, error) {
+func (at *attempt) awaitPlacement(ctx context.Context, rec names.Record, deadline *clock.Deadline) (names.Record, error) {
 	key := names.Claim(at.id)
 	wait := 10 * time.Millisecond
 	for {
-		if time.Now().After(deadline) {
+		if deadline.Passed() {
 			return names.Record{}, &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s is being placed by %s, which has not finished; retry", at.id, rec.Caller)}
 		}
 		select {
 		case <-ctx.Done():
 			return names.Record{}, ctx.Err()
-		case <-time.After(wait):
+		case <-clock.After(at.clk, wait):
 		}
 		wait = min(2*wait, 200*time.Millisecond)
 		lctx, cancel := context.WithTimeout(ctx, nameTimeout)

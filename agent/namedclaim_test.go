@@ -733,7 +733,7 @@ func TestClusterNamedEarlyHoldSettles(t *testing.T) {
 
 	// A reservation stands: kept for its commit.
 	early = b.owner.holdEarly(ctx, "vm-kept", rr, req)
-	if _, err := b.ledger.Reserve("vm-kept", req, "a", b.now(), time.Minute); err != nil {
+	if _, err := b.ledger.Reserve("vm-kept", req, "a", b.clk.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.owner.settleEarly(ctx, early)
@@ -765,7 +765,7 @@ func TestClusterNamedEarlyHoldSettles(t *testing.T) {
 		t.Fatal("the pass freed an early hold while its commit lock was held")
 	case <-time.After(50 * time.Millisecond):
 	}
-	if _, err := b.ledger.Reserve("vm-racing", req, "a", b.now(), time.Minute); err != nil {
+	if _, err := b.ledger.Reserve("vm-racing", req, "a", b.clk.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.owner.settleEarly(ctx, early)

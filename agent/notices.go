@@ -11,6 +11,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/gossip"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // An owner keeps the homes of its claim IDs up to date (docs/protocol.md,
@@ -37,15 +38,15 @@ func (o *owner) dirWorker(ctx context.Context) {
 	sub, cancel := o.cluster.g.Subscribe()
 	defer cancel()
 	o.dirMembership()
-	resync := time.NewTimer(jitter(dirResync))
+	resync := o.clk.NewTimer(jitter(dirResync))
 	defer resync.Stop()
-	retry := time.NewTicker(time.Second)
+	retry := o.clk.NewTicker(time.Second)
 	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-retry.C:
+		case <-retry.C():
 			o.dirRetry(ctx)
 		case op := <-o.dir.queue:
 			batch := []api.DirOp{op}
@@ -66,7 +67,7 @@ func (o *owner) dirWorker(ctx context.Context) {
 			if o.dirMembership() {
 				o.dirResyncAll(ctx)
 			}
-		case <-resync.C:
+		case <-resync.C():
 			o.dirResyncAll(ctx)
 			resync.Reset(jitter(dirResync))
 		}
@@ -98,7 +99,7 @@ func (o *owner) dirMembership() bool {
 		return false
 	}
 	d.members = set
-	d.changed = o.now()
+	d.changed = o.clk.Now()
 	// A coordinator that left places nothing any more (dirquota.go).
 	d.dropIntentsOf(func(n string) bool {
 		return n == o.cfg.NodeName || slices.ContainsFunc(members, func(m gossip.Member) bool { return m.Name == n && m.Usable() })
@@ -208,7 +209,7 @@ func (o *owner) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bo
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(wait):
+		case <-clock.After(o.clk, wait):
 		}
 		wait *= 4
 	}

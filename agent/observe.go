@@ -106,11 +106,11 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		}
 		snap.GPUs = append(snap.GPUs, mg)
 	}
-	for m, t := range a.ledger.Totals(a.now()) {
+	for m, t := range a.ledger.Totals(a.clk.Now()) {
 		snap.Models = append(snap.Models, metrics.ModelCapacity{Model: m, Total: t.Total, Free: t.Free, Healthy: t.Healthy, Unusable: t.Unusable})
 	}
 	for _, c := range a.ledger.List() {
-		if !c.Live(a.now()) {
+		if !c.Live(a.clk.Now()) {
 			continue
 		}
 		if c.State == ledger.StateCommitted {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // Orphan reservations (issue 11, point 4). A coordinator reserves ahead of
@@ -41,14 +42,16 @@ func (at *attempt) keepAborting(t target, first error) {
 	if t.self {
 		return // this agent's own ledger answered: nothing to retry
 	}
-	// Real time, not the agent's clock: it bounds a goroutine.
-	deadline := time.Now().Add(time.Duration(at.cfg.ReservationLease))
+	// A deadline read by a timer: it ends the goroutine whether or not a
+	// test froze the clock's Now.
+	deadline := clock.NewDeadline(at.clk, time.Duration(at.cfg.ReservationLease))
 	go func() {
-		tick := time.NewTicker(abortRetryEvery)
+		defer deadline.Stop()
+		tick := at.clk.NewTicker(abortRetryEvery)
 		defer tick.Stop()
 		last := first
-		for time.Now().Before(deadline) {
-			<-tick.C
+		for !deadline.Passed() {
+			<-tick.C()
 			actx, cancel := context.WithTimeout(context.Background(), abortTimeout)
 			_, err := t.owner.AbortReservation(actx, at.id)
 			cancel()

@@ -97,7 +97,7 @@ func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, rec
 func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
 	lease := time.Duration(o.cfg.ReservationLease)
 	prev, perr := o.ledger.Get(id)
-	c, err := o.ledger.Reserve(id, req, coordinator, o.now(), lease)
+	c, err := o.ledger.Reserve(id, req, coordinator, o.clk.Now(), lease)
 	if err != nil {
 		return ledger.Claim{}, err
 	}
@@ -127,7 +127,7 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		// VM, whose QEMU would find its group busy.
 		for _, addr := range c.GPUs {
 			if o.use.isReturning(addr) {
-				if _, rerr := o.ledger.Release(id, o.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+				if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 					o.log.Error("dropping reservation of a GPU kept back", "claim", id, "err", rerr)
 				}
 				return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: errKeptBack}
@@ -136,27 +136,27 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		// Look before touching: every group this claim would bind is
 		// checked before any binding changes.
 		if err := o.lookBeforeBind(id, c.GPUs); err != nil {
-			if _, rerr := o.ledger.Release(id, o.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+			if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 				o.log.Error("dropping reservation refused before binding", "claim", id, "err", rerr)
 			}
 			return ledger.Claim{}, err
 		}
 	}
-	extended := o.now()
+	extended := o.clk.Now()
 	for _, addr := range c.GPUs {
 		// Binding can take seconds per card: before each card, renew the
 		// lease once a quarter of it has gone, so every bind starts with at
 		// least three quarters left. Fast binds (cards already on vfio-pci)
 		// renew nothing.
-		if fresh && o.now().Sub(extended) > lease/4 {
-			if _, err := o.ledger.Extend(id, o.now(), lease); err != nil {
+		if fresh && o.clk.Now().Sub(extended) > lease/4 {
+			if _, err := o.ledger.Extend(id, o.clk.Now(), lease); err != nil {
 				return ledger.Claim{}, err
 			}
-			extended = o.now()
+			extended = o.clk.Now()
 		}
 		if err := o.bind(ctx, "claim "+id, addr); err != nil {
 			if fresh {
-				if _, rerr := o.ledger.Release(id, o.now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
+				if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 					o.log.Error("dropping reservation after bind failure", "claim", id, "err", rerr)
 				}
 				o.toIdleLocked(ctx, "reservation "+id+" dropped", c.GPUs, addr)
@@ -208,7 +208,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 	} else {
 		pending = cur // a retry may have moved it to a newer name grant meanwhile
 	}
-	if pending.State == ledger.StateReserved && pending.Live(o.now()) && !o.boundBy(id, pending) {
+	if pending.State == ledger.StateReserved && pending.Live(o.clk.Now()) && !o.boundBy(id, pending) {
 		if err := o.lookBeforeBind(id, pending.GPUs); err != nil {
 			return api.Claim{}, o.apiError(err)
 		}
@@ -221,7 +221,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 	// With a name registry, the claim ID must be held on this server
 	// before the ledger commits it (ownernames.go): held in one write, or
 	// confirmed under the token the reservation was made with.
-	named := o.names != nil && pending.State == ledger.StateReserved && pending.Live(o.now())
+	named := o.names != nil && pending.State == ledger.StateReserved && pending.Live(o.clk.Now())
 	if named {
 		if pending.NameToken != 0 {
 			if err := o.confirmName(ctx, pending); err != nil {
@@ -235,7 +235,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 			pending.NameToken = token
 		}
 	}
-	c, err := o.ledger.CommitUnder(id, pending.NameToken, o.now())
+	c, err := o.ledger.CommitUnder(id, pending.NameToken, o.clk.Now())
 	if err != nil {
 		// The name goes with the failed commit, unless the ID was
 		// reserved again meanwhile (this reservation lapsed, a retry made
@@ -301,9 +301,9 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	why := "release " + id
 	c, scan, unlock, err := o.releaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
-			return o.ledger.AbortReservation(id, o.now())
+			return o.ledger.AbortReservation(id, o.clk.Now())
 		}
-		return o.ledger.Release(id, o.now())
+		return o.ledger.Release(id, o.clk.Now())
 	})
 	if err != nil {
 		unlockID()
@@ -335,7 +335,7 @@ func (o *owner) Lookup(_ context.Context, id string) (api.Claim, error) {
 		return api.Claim{}, o.apiError(err)
 	}
 	c, err := o.ledger.Get(id)
-	if err == nil && !c.Live(o.now()) {
+	if err == nil && !c.Live(o.clk.Now()) {
 		err = fmt.Errorf("claim %s: reservation expired: %w", id, ledger.ErrNotFound)
 	}
 	if err != nil {
@@ -348,7 +348,7 @@ func (o *owner) Lookup(_ context.Context, id string) (api.Claim, error) {
 func (o *owner) List(context.Context) ([]api.Claim, error) {
 	cs := o.ledger.List()
 	out := make([]api.Claim, 0, len(cs))
-	now := o.now()
+	now := o.clk.Now()
 	for _, c := range cs {
 		if c.Live(now) {
 			out = append(out, o.claimView(c))
@@ -382,7 +382,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	o.mu.RUnlock()
 	unlock := o.locks.lock(all...)
 	defer unlock()
-	plan, err := o.ledger.PlanResize(id, req, o.now())
+	plan, err := o.ledger.PlanResize(id, req, o.clk.Now())
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -406,7 +406,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 		}
 		bound = append(bound, addr)
 	}
-	c, err := o.ledger.Resize(id, req, o.now())
+	c, err := o.ledger.Resize(id, req, o.clk.Now())
 	if err != nil {
 		o.toIdleLocked(ctx, "resize "+id+" failed", bound, "")
 		return api.Claim{}, o.apiError(err)
@@ -432,7 +432,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 // Capacity is this server's free GPUs per model now, from its ledger.
 func (o *owner) Capacity(context.Context) (api.Capacity, error) {
 	free := map[string]int{}
-	for m, t := range o.ledger.Totals(o.now()) {
+	for m, t := range o.ledger.Totals(o.clk.Now()) {
 		free[m] = t.Free
 	}
 	return api.Capacity{Free: free, Drained: o.serverDrained()}, nil
@@ -441,7 +441,7 @@ func (o *owner) Capacity(context.Context) (api.Capacity, error) {
 // Sweep drops reservations whose lease ran out and returns their GPUs to
 // the idle driver.
 func (o *owner) Sweep(ctx context.Context) {
-	expired, err := o.ledger.Expire(o.now())
+	expired, err := o.ledger.Expire(o.clk.Now())
 	if err != nil {
 		o.log.Error("expiring reservations", "err", err)
 		return

@@ -38,7 +38,7 @@ func TestReserveOfAnAbortedReservationBindsNothing(t *testing.T) {
 	awaitLockWaiter(t, a, addr)
 	// The abort's own steps: the ledger drops the reservation, its GPU goes
 	// back to the idle driver under the device lock.
-	if _, err := a.ledger.AbortReservation("vm-1", a.now()); err != nil {
+	if _, err := a.ledger.AbortReservation("vm-1", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	a.toIdleLocked(ctx, "test abort", []string{addr}, "")
@@ -102,7 +102,7 @@ func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
 	}()
 	awaitLockWaiter(t, a, addr)
 	a.bound.Delete("vm-1") // what the abort does first
-	if _, err := a.ledger.AbortReservation("vm-1", a.now()); err != nil {
+	if _, err := a.ledger.AbortReservation("vm-1", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	a.toIdleLocked(ctx, "test abort", []string{addr}, "")

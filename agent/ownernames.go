@@ -138,7 +138,7 @@ func (o *owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 // to confirm and returns its GPUs to the idle driver. The caller holds the
 // reservation's device locks.
 func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why error) {
-	c, err := o.ledger.AbortReservation(pending.ID, o.now())
+	c, err := o.ledger.AbortReservation(pending.ID, o.clk.Now())
 	if err != nil {
 		if !errors.Is(err, ledger.ErrNotFound) {
 			o.log.Error("dropping a reservation whose name was not confirmed", "claim", pending.ID, "err", err)
@@ -249,7 +249,7 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 	if o.names == nil || !rr.Commit || rr.Token != 0 {
 		return nil
 	}
-	free := o.ledger.Free(o.now())
+	free := o.ledger.Free(o.clk.Now())
 	for _, it := range req.Items {
 		if free[it.Model] -= it.Count; free[it.Model] < 0 {
 			return nil
@@ -313,7 +313,7 @@ func (o *owner) settleEarly(ctx context.Context, h *earlyHold) {
 	if err != nil || rec.Owner != o.cfg.NodeName {
 		return
 	}
-	if c, gerr := o.ledger.Get(rec.Name); gerr == nil && c.Live(o.now()) {
+	if c, gerr := o.ledger.Get(rec.Name); gerr == nil && c.Live(o.clk.Now()) {
 		return // a claim of the ID is here: the name is its
 	}
 	o.releaseName(ctx, ledger.Claim{ID: rec.Name, NameToken: rec.Token})

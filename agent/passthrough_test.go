@@ -149,7 +149,7 @@ func idleDriverOf(idle string) string {
 
 func l40sCounts(t *testing.T, a *Agent) (free, unusable int) {
 	t.Helper()
-	c := a.ledger.Totals(a.now())["NVIDIA L40S"]
+	c := a.ledger.Totals(a.clk.Now())["NVIDIA L40S"]
 	return c.Free, c.Unusable
 }
 
@@ -422,7 +422,7 @@ func TestPCIHandlersSeeEveryBatch(t *testing.T) {
 }
 
 func (a *Agent) gpuStateOf(addr string) string {
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		if s.GPU.Address == addr {
 			return string(s.Status)
 		}

@@ -17,7 +17,7 @@ import "context"
 func (a *Agent) reconcile(ctx context.Context) error {
 	for _, c := range a.ledger.DroppedAtOpen() {
 		a.log.Warn("reconcile: dropped a reservation an older gpuherd left in the ledger file", "claim", c.ID, "coordinator", c.Coordinator,
-			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.now()))
+			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.clk.Now()))
 	}
 	a.adoptRunningVMs()
 	claims := a.ledger.List()

@@ -389,17 +389,17 @@ func (a *Agent) awaitFounding(ctx context.Context) {
 	if rs == nil || !rs.forming() {
 		return
 	}
-	wait := time.NewTimer(formingWait)
+	wait := a.clk.NewTimer(formingWait)
 	defer wait.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := a.clk.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for rs.forming() {
 		select {
 		case <-ctx.Done():
 			return
-		case <-wait.C:
+		case <-wait.C():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }
@@ -414,13 +414,13 @@ const readFirstFor = 30 * time.Second
 // the registry knows no leader, and for readFirstFor after a placement
 // through it could not be confirmed (readNamesFirst).
 func (a *Agent) readNameFirst() bool {
-	return a.registryLeaderless() || a.now().UnixNano() < a.readFirstUntil.Load()
+	return a.registryLeaderless() || a.clk.Now().UnixNano() < a.readFirstUntil.Load()
 }
 
 // readNamesFirst makes the claims through this agent read their IDs first
 // for readFirstFor.
 func (a *Agent) readNamesFirst() {
-	a.readFirstUntil.Store(a.now().Add(readFirstFor).UnixNano())
+	a.readFirstUntil.Store(a.clk.Now().Add(readFirstFor).UnixNano())
 }
 
 // registryLeaderless reports whether this agent runs the registry and its

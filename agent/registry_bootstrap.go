@@ -47,7 +47,7 @@ func (rs *registryState) run() {
 	defer rs.wg.Done()
 	changes, unsubscribe := rs.c.g.Subscribe()
 	defer unsubscribe()
-	t := time.NewTicker(registryTick)
+	t := rs.a.clk.NewTicker(registryTick)
 	defer t.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -61,7 +61,7 @@ func (rs *registryState) run() {
 		case <-rs.stop:
 			return
 		case <-changes:
-		case <-t.C:
+		case <-t.C():
 		}
 		rs.step(ctx, &f)
 	}
@@ -166,7 +166,7 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		alive = append(alive, self)
 	}
 	slices.Sort(alive)
-	now := time.Now()
+	now := rs.a.clk.Now()
 	if sig := strings.Join(alive, ","); sig != f.sig {
 		f.sig, f.since = sig, now
 	}

@@ -46,16 +46,16 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	if ready != nil {
 		ready()
 	}
-	tele := time.NewTicker(telemetryInterval)
+	tele := a.clk.NewTicker(telemetryInterval)
 	defer tele.Stop()
 
-	sweep := time.NewTicker(sweepInterval(time.Duration(a.cfg.ReservationLease)))
+	sweep := a.clk.NewTicker(sweepInterval(time.Duration(a.cfg.ReservationLease)))
 	defer sweep.Stop()
-	health := time.NewTicker(time.Duration(a.cfg.HealthInterval))
+	health := a.clk.NewTicker(time.Duration(a.cfg.HealthInterval))
 	defer health.Stop()
-	drivers := time.NewTicker(time.Duration(a.cfg.DriverCheckInterval))
+	drivers := a.clk.NewTicker(time.Duration(a.cfg.DriverCheckInterval))
 	defer drivers.Stop()
-	returns := time.NewTicker(returnCheckInterval)
+	returns := a.clk.NewTicker(returnCheckInterval)
 	defer returns.Stop()
 	for {
 		select {
@@ -77,15 +77,15 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			return err
 		case err := <-errc:
 			return fmt.Errorf("local API on %s: %w", a.cfg.Socket, err)
-		case <-sweep.C:
+		case <-sweep.C():
 			a.Sweep(ctx)
-		case <-health.C:
+		case <-health.C():
 			a.CheckHealth()
-		case <-tele.C:
+		case <-tele.C():
 			a.refreshTelemetry()
-		case <-drivers.C:
+		case <-drivers.C():
 			a.CheckDrivers(ctx, nil)
-		case <-returns.C:
+		case <-returns.C():
 			a.CheckReturning(ctx)
 		}
 	}

@@ -78,7 +78,7 @@ func (a *Agent) gpuStates() []gpuState {
 		}
 	}
 	var addrs []string
-	for _, s := range a.ledger.GPUStates(a.now()) {
+	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		addrs = append(addrs, s.GPU.Address)
 	}
 	unlock := a.locks.lock(addrs...)
@@ -87,7 +87,7 @@ func (a *Agent) gpuStates() []gpuState {
 }
 
 func (a *Agent) readStates() []gpuState {
-	states := a.ledger.GPUStates(a.now())
+	states := a.ledger.GPUStates(a.clk.Now())
 	out := make([]gpuState, len(states))
 	for i, s := range states {
 		out[i].GPUState = s

@@ -18,7 +18,7 @@ type target struct {
 // targets is this agent's view of the servers: itself, exactly, from its
 // ledger, and the peers from gossip.
 func (a *Agent) targets() []target {
-	now := a.now()
+	now := a.clk.Now()
 	caps := a.ledger.Totals(now)
 	free := make(map[string]int, len(caps))
 	for m, c := range caps {

@@ -87,7 +87,7 @@ func (a *Agent) watchPCI(ctx context.Context, events <-chan vfio.PCIEvent) {
 				continue
 			}
 			batch = append(batch, ev)
-			timer := time.NewTimer(batchWindow)
+			timer := a.clk.NewTimer(batchWindow)
 		collect:
 			for {
 				select {
@@ -96,7 +96,7 @@ func (a *Agent) watchPCI(ctx context.Context, events <-chan vfio.PCIEvent) {
 						break collect
 					}
 					batch = append(batch, ev)
-				case <-timer.C:
+				case <-timer.C():
 					break collect
 				case <-ctx.Done():
 					timer.Stop()

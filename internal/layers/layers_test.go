@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"io"
@@ -24,7 +25,7 @@ const module = "github.com/gpuherd/gpuherd"
 // import only packages of an earlier entry. Several packages on one line
 // may not import each other. A new package must be placed here.
 var layers = [][]string{
-	{"internal/atomicfile", "agent/events"},  // durable whole-file writes; the protocol's event vocabulary
+	{"internal/atomicfile", "internal/clock", "agent/events"}, // durable whole-file writes; the clock seam; the protocol's event vocabulary
 	{"agent/api"},                            // wire types and the HTTP layer
 	{"vfio"},                                 // hardware: sysfs
 	{"vfio/fakekernel"},                      // hardware: the simulated kernel
@@ -40,13 +41,19 @@ var layers = [][]string{
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
 }
 
-// protocolFiles are the files of package agent that hold the claim
-// protocol (its roles: coordinator, attempt, owner, home); they speak in
-// error codes and Recorder events, never in HTTP statuses or metrics.
-var protocolFiles = []string{
-	"attempt.go", "coordinator.go", "directory.go", "errors.go", "home.go",
-	"lookup.go", "notices.go", "owner.go", "owner_readiness.go", "recorder.go", "request.go", "view.go",
-}
+// roleTypes are the types of the claim protocol's roles in package agent
+// (docs/protocol.md). A file that declares a method on one of them is a
+// protocol file: it speaks in error codes and Recorder events, never in
+// HTTP statuses or metrics.
+var roleTypes = []string{"coordinator", "attempt", "owner", "home", "directory"}
+
+// clockPackages are the packages whose code reads time only through
+// internal/clock, so that tests and the simulation can drive it.
+var clockPackages = []string{"agent"}
+
+// timeClockFuncs are the time package's functions that read or wait on the
+// system clock.
+var timeClockFuncs = []string{"Now", "Since", "Until", "After", "AfterFunc", "NewTimer", "NewTicker", "Tick", "Sleep"}
 
 var protocolForbids = []string{"net/http", module + "/metrics"}
 
@@ -148,18 +155,139 @@ func TestBackArrowIsReported(t *testing.T) {
 	}
 }
 
+// sources parses the non-test Go files of the module's package dir.
+func sources(t *testing.T, fset *token.FileSet, dir string) map[string]*ast.File {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join("..", "..", dir, "*.go"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no Go files in %s: %v", dir, err)
+	}
+	files := map[string]*ast.File{}
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[filepath.Join(dir, filepath.Base(name))] = f
+	}
+	return files
+}
+
+// isProtocolFile reports whether f declares a method on a role type.
+func isProtocolFile(f *ast.File) bool {
+	for _, d := range f.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Recv == nil || len(fn.Recv.List) == 0 {
+			continue
+		}
+		typ := fn.Recv.List[0].Type
+		if star, ok := typ.(*ast.StarExpr); ok {
+			typ = star.X
+		}
+		if id, ok := typ.(*ast.Ident); ok && slices.Contains(roleTypes, id.Name) {
+			return true
+		}
+	}
+	return false
+}
+
+// forbiddenImports lists the imports of f that protocol code may not have.
+func forbiddenImports(f *ast.File) []string {
+	var bad []string
+	for _, imp := range f.Imports {
+		if path := strings.Trim(imp.Path.Value, `"`); slices.Contains(protocolForbids, path) {
+			bad = append(bad, path)
+		}
+	}
+	return bad
+}
+
+// clockReads lists the calls (and references) in f of the time package's
+// clock functions, as "time.Now at line N".
+func clockReads(fset *token.FileSet, f *ast.File) []string {
+	local := ""
+	for _, imp := range f.Imports {
+		if strings.Trim(imp.Path.Value, `"`) != "time" {
+			continue
+		}
+		local = "time"
+		if imp.Name != nil {
+			local = imp.Name.Name
+		}
+	}
+	if local == "" || local == "_" {
+		return nil
+	}
+	var bad []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); ok && id.Name == local && slices.Contains(timeClockFuncs, sel.Sel.Name) {
+			bad = append(bad, fmt.Sprintf("time.%s at line %d", sel.Sel.Name, fset.Position(sel.Pos()).Line))
+		}
+		return true
+	})
+	return bad
+}
+
 func TestProtocolKnowsNoHTTPOrMetrics(t *testing.T) {
 	fset := token.NewFileSet()
-	for _, name := range protocolFiles {
-		f, err := parser.ParseFile(fset, filepath.Join("..", "..", "agent", name), nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatalf("%v (a protocol file moved? update protocolFiles)", err)
+	found := 0
+	for name, f := range sources(t, fset, "agent") {
+		if !isProtocolFile(f) {
+			continue
 		}
-		for _, imp := range f.Imports {
-			path := strings.Trim(imp.Path.Value, `"`)
-			if slices.Contains(protocolForbids, path) {
-				t.Errorf("agent/%s imports %s: the protocol names error codes and Recorder events; HTTP statuses belong to agent/api, metrics to the wiring", name, path)
+		found++
+		for _, path := range forbiddenImports(f) {
+			t.Errorf("%s imports %s: the protocol names error codes and Recorder events; HTTP statuses belong to agent/api, metrics to the wiring", name, path)
+		}
+	}
+	if found < 8 {
+		t.Fatalf("only %d files of agent declare methods on %v; did the roles move?", found, roleTypes)
+	}
+}
+
+func TestProtocolReadsTimeThroughTheClock(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, dir := range clockPackages {
+		for name, f := range sources(t, fset, dir) {
+			for _, read := range clockReads(fset, f) {
+				t.Errorf("%s: %s: read time and wait through the agent's clock (internal/clock), so that tests and the simulation can drive it", name, read)
 			}
 		}
+	}
+}
+
+// The checks themselves find what they look for.
+func TestProtocolChecksReport(t *testing.T) {
+	const src = `package agent
+
+import (
+	"net/http"
+	tm "time"
+)
+
+type owner struct{}
+
+func (o *owner) Reserve() { _ = tm.Now(); f := tm.After; _ = f; _ = http.StatusOK; _ = tm.Second }
+`
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "owner.go", src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isProtocolFile(f) {
+		t.Error("a file with a method on owner is not a protocol file")
+	}
+	if got := forbiddenImports(f); !slices.Equal(got, []string{"net/http"}) {
+		t.Errorf("forbidden imports %q, want net/http", got)
+	}
+	if got := clockReads(fset, f); len(got) != 2 || !strings.HasPrefix(got[0], "time.Now") || !strings.HasPrefix(got[1], "time.After") {
+		t.Errorf("clock reads %q, want time.Now and time.After (not time.Second)", got)
 	}
 }
