@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuherd/gpuherd/internal/keyedlock"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/memberlist"
 
@@ -47,12 +49,12 @@ type Agent struct {
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	locks      keyedLocks // by PCI address
-	claimLocks keyedLocks // by claim ID
+	locks      keyedlock.Set // by PCI address
+	claimLocks keyedlock.Set // by claim ID
 	// commitLocks run an owner's commits of one claim ID one at a time
 	// (owner.Commit): a commit that failed after its hold lets the name
 	// go before another reservation of the ID holds it.
-	commitLocks keyedLocks
+	commitLocks keyedlock.Set
 	rec         Recorder
 	cluster     *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).

@@ -519,9 +519,7 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 						}
 						return
 					}
-					a.locks.mu.Lock()
-					_, locked = a.locks.locks[addr]
-					a.locks.mu.Unlock()
+					locked = a.locks.Users(addr) > 0
 					if err := a.ledger.Undrain(other); err != nil {
 						t.Error(err)
 					}
@@ -534,7 +532,7 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 					if tc.busy {
 						return // the device locks are held: the unbind waits
 					}
-					unlock := a.locks.lock(addr)
+					unlock := a.locks.Lock(addr)
 					a.toIdleLocked(ctx, "test release", []string{addr}, "")
 					unlock()
 				}
@@ -556,7 +554,7 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 					t.Errorf("%s shows %s claimed by %s on %q", tc.name, addr, g.Claim, g.Driver)
 				}
 			}
-			unlock := a.locks.lock(addr)
+			unlock := a.locks.Lock(addr)
 			a.toIdleLocked(ctx, "test", []string{addr}, "")
 			unlock()
 			if tc.name == "one GPU" {

@@ -260,7 +260,7 @@ func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
 // being placed here now (an early hold comes before its reservation,
 // owner.holdEarly), keeps its name.
 func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
-	unlock := a.commitLocks.lock(r.Name)
+	unlock := a.commitLocks.Lock(r.Name)
 	defer unlock()
 	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.clk.Now()) {
 		return false
@@ -350,7 +350,7 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 		a.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
 			"copy_on", a.cfg.NodeName, "gpus", c.GPUs)
 	}
-	unlock := a.claimLocks.lock(c.ID)
+	unlock := a.claimLocks.Lock(c.ID)
 	defer unlock()
 	cur, err := a.ledger.Get(c.ID)
 	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) {

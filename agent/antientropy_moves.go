@@ -144,7 +144,7 @@ func (a *Agent) resolveLeftover(ctx context.Context, c ledger.Claim, again bool)
 		a.log.Warn("claim committed here under a name token has no name in the registry: its name was released, so this copy is a leftover",
 			"claim", c.ID, "token", c.NameToken, "gpus", c.GPUs)
 	}
-	unlock := a.claimLocks.lock(c.ID)
+	unlock := a.claimLocks.Lock(c.ID)
 	defer unlock()
 	cur, err := a.ledger.Get(c.ID)
 	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) || cur.NameToken != c.NameToken {

@@ -135,7 +135,7 @@ func (a *Agent) releaseLocked(id, why string, release func() (ledger.Claim, erro
 	if cur, gerr := a.ledger.Get(id); gerr == nil {
 		held = cur.GPUs
 	}
-	unlock = a.locks.lock(held...)
+	unlock = a.locks.Lock(held...)
 	c, err = release()
 	if err != nil {
 		unlock()
@@ -145,7 +145,7 @@ func (a *Agent) releaseLocked(id, why string, release func() (ledger.Claim, erro
 		// Reserved again under the same ID between the read and the
 		// release: lock what the release freed.
 		unlock()
-		unlock = a.locks.lock(c.GPUs...)
+		unlock = a.locks.Lock(c.GPUs...)
 	}
 	scan = &groupScan{a: a}
 	for _, addr := range c.GPUs {

@@ -103,7 +103,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 	}
 	// Requests for one ID through this agent go one at a time: a retry
 	// waits for the first try and then finds its claim.
-	unlock := co.claimLocks.lock(id)
+	unlock := co.claimLocks.Lock(id)
 	defer unlock()
 	at, err := co.validate(id, req)
 	if err != nil {

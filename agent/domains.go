@@ -66,7 +66,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 
 	// Under the device locks no bind or release of these GPUs runs, so the
 	// drivers read here are the ones the VM will find.
-	unlock := o.locks.lock(c.GPUs...)
+	unlock := o.locks.Lock(c.GPUs...)
 	defer unlock()
 	var unbound, drivers []string
 	for _, addr := range named {
@@ -114,7 +114,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	if err := ledger.ValidateID(id); err != nil {
 		return api.UseEnd{}, o.apiError(err)
 	}
-	unlockID := o.commitLocks.lock(id) // as in owner.abort: no hold of the ID until its name is let go
+	unlockID := o.commitLocks.Lock(id) // as in owner.abort: no hold of the ID until its name is let go
 	defer unlockID()
 	c, released, err := o.ledger.EndUse(id, domainUUID, release, o.clk.Now())
 	switch {
@@ -136,7 +136,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	o.dirNote(id, api.DirOpGone)
 	o.releasedName(ctx, c)
 	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
-	unlock := o.locks.lock(c.GPUs...)
+	unlock := o.locks.Lock(c.GPUs...)
 	o.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
 	unlock()
 	o.changed()

@@ -54,7 +54,7 @@ func (a *Agent) checkDriver(ctx context.Context, addr string) bool {
 	if a.health(addr) != "" || a.use.isReturning(addr) {
 		return false
 	}
-	unlock := a.locks.lock(addr)
+	unlock := a.locks.Lock(addr)
 	defer unlock()
 	var st *ledger.GPUState
 	for _, s := range a.ledger.GPUStates(a.clk.Now()) {

@@ -232,7 +232,7 @@ func (a *Agent) CheckReturning(ctx context.Context) {
 			}
 			continue
 		}
-		unlock := a.locks.lock(addr)
+		unlock := a.locks.Lock(addr)
 		a.use.mu.Lock()
 		r := a.use.returning[addr]
 		delete(a.use.returning, addr)

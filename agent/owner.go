@@ -103,7 +103,7 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 	}
 	fresh := c.State == ledger.StateReserved
 	orphaned := replacedGPUs(prev, perr == nil, c) // orphans.go
-	unlock := o.locks.lock(append(slices.Clone(c.GPUs), orphaned...)...)
+	unlock := o.locks.Lock(append(slices.Clone(c.GPUs), orphaned...)...)
 	defer unlock()
 	if len(orphaned) > 0 {
 		o.log.Warn("replaced the reservation of a placement that lost the claim ID", "claim", id,
@@ -187,14 +187,14 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 		return api.Claim{}, o.apiError(err)
 	}
 	if early == nil {
-		unlockID := o.commitLocks.lock(id)
+		unlockID := o.commitLocks.Lock(id)
 		defer unlockID()
 	}
 	pending, err := o.ledger.Get(id)
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
-	unlock := o.locks.lock(pending.GPUs...)
+	unlock := o.locks.Lock(pending.GPUs...)
 	defer unlock()
 	defer o.bound.Delete(id)
 	// As in reserveAndBind: an abort or a sweep may have dropped the
@@ -297,7 +297,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// ID here may run (releasedName): the registry would answer it with
 	// the name being let go, and the new claim would be committed under
 	// a name about to vanish.
-	unlockID := o.commitLocks.lock(id)
+	unlockID := o.commitLocks.Lock(id)
 	why := "release " + id
 	c, scan, unlock, err := o.releaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
@@ -322,7 +322,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	}
 	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
-	unlock = o.locks.lock(c.GPUs...)
+	unlock = o.locks.Lock(c.GPUs...)
 	o.toIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
@@ -380,7 +380,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	o.mu.RLock()
 	all := append(slices.Clone(o.order), before.GPUs...)
 	o.mu.RUnlock()
-	unlock := o.locks.lock(all...)
+	unlock := o.locks.Lock(all...)
 	defer unlock()
 	plan, err := o.ledger.PlanResize(id, req, o.clk.Now())
 	if err != nil {
@@ -450,7 +450,7 @@ func (o *owner) Sweep(ctx context.Context) {
 		o.bound.Delete(c.ID)
 		o.rec.Reservation(events.ReservationExpired)
 		o.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
-		unlock := o.locks.lock(c.GPUs...)
+		unlock := o.locks.Lock(c.GPUs...)
 		o.toIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")
 		unlock()
 	}

@@ -29,7 +29,7 @@ func TestReserveOfAnAbortedReservationBindsNothing(t *testing.T) {
 	}
 	addr := r.GPUs[0].PCIAddress
 
-	unlock := a.locks.lock(addr) // as the first coordinator's abort holds it
+	unlock := a.locks.Lock(addr) // as the first coordinator's abort holds it
 	second := make(chan error, 1)
 	go func() {
 		_, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: rr.Items, Coordinator: "c2"})
@@ -61,10 +61,7 @@ func awaitLockWaiter(t *testing.T, a *Agent, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		a.locks.mu.Lock()
-		l := a.locks.locks[addr]
-		waiting := l != nil && l.users >= 2
-		a.locks.mu.Unlock()
+		waiting := a.locks.Users(addr) >= 2
 		if waiting {
 			return
 		}
@@ -94,7 +91,7 @@ func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
 	}
 	addr := r.GPUs[0].PCIAddress
 
-	unlock := a.locks.lock(addr)
+	unlock := a.locks.Lock(addr)
 	committed := make(chan error, 1)
 	go func() {
 		_, err := a.Commit(ctx, "vm-1")

@@ -255,7 +255,7 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 			return nil
 		}
 	}
-	unlock := o.commitLocks.lock(id)
+	unlock := o.commitLocks.Lock(id)
 	if _, err := o.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
 		unlock()
 		return nil

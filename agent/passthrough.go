@@ -145,7 +145,7 @@ func (a *Agent) refreshReadiness(ctx context.Context, why string, addrs []string
 		a.log.Error("readiness: handing the inventory to the ledger", "err", err)
 	}
 	for _, addr := range nowReady {
-		unlock := a.locks.lock(addr)
+		unlock := a.locks.Lock(addr)
 		if a.unusable(addr) == "" {
 			a.toIdleLocked(ctx, "ready for passthrough ("+why+")", []string{addr}, "")
 		}

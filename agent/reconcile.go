@@ -30,7 +30,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 					"claim", c.ID, "pci_address", addr)
 				continue
 			}
-			unlock := a.locks.lock(addr)
+			unlock := a.locks.Lock(addr)
 			_ = a.bind(ctx, "reconcile: claim "+c.ID, addr) // a failure fences the GPU; the claim stays
 			unlock()
 		}
@@ -43,7 +43,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 	}
 	a.mu.RUnlock()
-	unlock := a.locks.lock(free...)
+	unlock := a.locks.Lock(free...)
 	a.toIdleLocked(ctx, "reconcile: idle driver", free, "")
 	unlock()
 	a.log.Info("reconciled", "claims", len(claims), "free", len(free), "idle_driver", string(a.policy))

@@ -81,7 +81,7 @@ func (a *Agent) gpuStates() []gpuState {
 	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		addrs = append(addrs, s.GPU.Address)
 	}
-	unlock := a.locks.lock(addrs...)
+	unlock := a.locks.Lock(addrs...)
 	defer unlock()
 	return a.readStates()
 }

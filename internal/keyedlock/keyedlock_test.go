@@ -1,4 +1,4 @@
-package agent
+package keyedlock
 
 import (
 	"sync"
@@ -7,7 +7,7 @@ import (
 
 func TestKeyedLocksSerialiseAndForget(t *testing.T) {
 	var (
-		l       keyedLocks
+		l       Set
 		wg      sync.WaitGroup
 		inside  = map[string]int{}
 		mu      sync.Mutex
@@ -18,7 +18,7 @@ func TestKeyedLocksSerialiseAndForget(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			keys := []string{"a", "b", "c"}[i%3:]
-			unlock := l.lock(keys...)
+			unlock := l.Lock(keys...)
 			mu.Lock()
 			for _, k := range keys {
 				inside[k]++

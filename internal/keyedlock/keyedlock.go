@@ -1,18 +1,19 @@
-package agent
+// Package keyedlock is one mutex per key, held only while used.
+package keyedlock
 
 import (
 	"slices"
 	"sync"
 )
 
-// keyedLocks is one mutex per key, held only while someone uses it. As
+// Set is one mutex per key, held only while someone uses it. As
 // device locks it serialises driver changes per GPU: a release returning a
 // GPU to its idle driver and a new claim binding it must not interleave
 // their sysfs writes, while claims on different GPUs proceed in parallel.
 // Keyed by claim ID, it serialises requests for one claim through one
 // coordinator. Entries go away when unused, so a stream of claim IDs does
 // not grow the map.
-type keyedLocks struct {
+type Set struct {
 	mu    sync.Mutex
 	locks map[string]*keyedLock
 }
@@ -22,7 +23,7 @@ type keyedLock struct {
 	users int // holders and waiters; the entry is dropped at zero
 }
 
-func (d *keyedLocks) acquire(key string) *keyedLock {
+func (d *Set) acquire(key string) *keyedLock {
 	d.mu.Lock()
 	if d.locks == nil {
 		d.locks = make(map[string]*keyedLock)
@@ -38,7 +39,7 @@ func (d *keyedLocks) acquire(key string) *keyedLock {
 	return l
 }
 
-func (d *keyedLocks) release(key string, l *keyedLock) {
+func (d *Set) release(key string, l *keyedLock) {
 	l.Unlock()
 	d.mu.Lock()
 	if l.users--; l.users == 0 {
@@ -47,9 +48,9 @@ func (d *keyedLocks) release(key string, l *keyedLock) {
 	d.mu.Unlock()
 }
 
-// lock takes the locks of keys in order (so two callers never deadlock)
+// Lock takes the locks of keys in order (so two callers never deadlock)
 // and returns the function that releases them.
-func (d *keyedLocks) lock(keys ...string) (unlock func()) {
+func (d *Set) Lock(keys ...string) (unlock func()) {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
@@ -62,4 +63,15 @@ func (d *keyedLocks) lock(keys ...string) (unlock func()) {
 			d.release(sorted[i], held[i])
 		}
 	}
+}
+
+// Users is how many callers hold or wait for key's lock: 0 when nobody
+// uses it. Tests await a waiter with it.
+func (d *Set) Users(key string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l, ok := d.locks[key]; ok {
+		return l.users
+	}
+	return 0
 }
