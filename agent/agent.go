@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -42,14 +44,12 @@ type Agent struct {
 	clk    clock.Clock // every lease, timer and deadline (internal/clock)
 	policy vfio.IdlePolicy
 
-	pci    *vfio.PCI
-	binder *vfio.Binder
 	inv    *inventory.Inventory
 	ledger *ledger.Ledger
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	locks      keyedlock.Set // by PCI address
+	host       *host.Host    // the GPUs and their drivers (agent/host)
 	claimLocks keyedlock.Set // by claim ID
 	// commitLocks run an owner's commits of one claim ID one at a time
 	// (owner.Commit): a commit that failed after its hold lets the name
@@ -90,21 +90,6 @@ type Agent struct {
 	lns        *listeners
 	startPhase atomic.Value // string: what start-up is doing
 	started    atomic.Bool  // New has finished: every field is set
-	fabric     fabricState  // the NVSwitch fabric mode (fabric.go)
-
-	pass   passState           // passthrough readiness per GPU (passthrough.go)
-	watch  pciWatch            // PCI uevents and their handlers (watch.go)
-	events vfio.PCIEventSource // nil: groups are re-read on reload only
-
-	mu     sync.RWMutex
-	gpus   map[string]inventory.GPU // by PCI address, from the last discovery
-	order  []string                 // addresses, sorted
-	fenced map[string]string        // address → why the agent stopped offering it
-	// invMu makes pushInventory's read of the GPUs and its hand-over to
-	// the ledger one step, so a stale push never undoes a fence.
-	invMu sync.Mutex
-
-	use vmUse // the VMs holding GPUs open (inuse.go)
 
 	// names is the authority over claim IDs and group names; nil when this
 	// server runs alone (nameauthority.go).
@@ -191,14 +176,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	}
 	policy, _ := vfio.ParseIdlePolicy(cfg.IdleDriver)
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
-	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy, fenced: make(map[string]string),
+	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy,
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
 	a.feed.gen = rand.Uint64() >> 1
-	a.watch.resync = make(chan struct{}, 1)
-	a.OnPCIChange(a.checkDriversOnEvents)
 	a.dir = newDirectory(a.clk.Now())
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
@@ -231,15 +214,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
-	a.pci = vfio.New(fs, vfio.WithLogger(log))
-	a.use.proc = procFor(fs, cfg.ProcRoot, o.fs != nil)
-	a.events = o.events
-	if src, ok := fs.(vfio.PCIEventSource); ok && a.events == nil {
-		a.events = src // the simulated kernel tells of its own changes
-	} else if a.events == nil {
-		a.events = vfio.NetlinkUevents{Log: log}
+	pci := vfio.New(fs, vfio.WithLogger(log))
+	events := o.events
+	if src, ok := fs.(vfio.PCIEventSource); ok && events == nil {
+		events = src // the simulated kernel tells of its own changes
+	} else if events == nil {
+		events = vfio.NetlinkUevents{Log: log}
 	}
-	a.binder = vfio.NewBinder(a.pci,
+	binder := vfio.NewBinder(pci,
 		vfio.WithAllowList(allow),
 		vfio.WithWriteTimeout(time.Duration(cfg.BindTimeout)),
 		vfio.WithBinderLogger(log))
@@ -260,13 +242,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			invOpts = append(invOpts, inventory.WithNVML(src))
 		}
 	}
-	a.inv = inventory.New(a.pci, invOpts...)
+	a.inv = inventory.New(pci, invOpts...)
+	a.host = host.New(host.Deps{
+		Config: host.Config{NodeName: cfg.NodeName, BindTimeout: time.Duration(cfg.BindTimeout), IdlePolicy: policy,
+			ProcRoot: cfg.ProcRoot, FabricMode: cfg.FabricMode, AllowUnsafeInterrupts: cfg.AllowUnsafeInterrupts, NVML: a.nvml != nil},
+		PCI: pci, Binder: binder, Inventory: a.inv, Ledger: a.ledger, Proc: host.ProcFor(fs, cfg.ProcRoot, o.fs != nil),
+		Events: events, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log, Changed: a.changed,
+	})
 	a.setPhase(phaseDiscovering)
-	if err := a.discover(); err != nil {
+	if err := a.host.Discover(); err != nil {
 		a.Close()
 		return nil, err
 	}
-	if err := a.initReadiness(allow); err != nil {
+	if err := a.host.InitReadiness(allow); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -274,12 +262,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
-	if err := a.detectFabric(); err != nil {
+	if err := a.host.FindFabric(); err != nil {
 		a.Close()
 		return nil, err
 	}
 	a.setPhase(phaseReconciling)
-	if err := a.reconcile(ctx); err != nil {
+	if err := a.host.Reconcile(ctx); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -347,73 +335,14 @@ func (a *Agent) closeNVML() {
 	}
 }
 
+// ReloadReadiness applies a reloaded allow list and interrupt setting:
+// every GPU's passthrough readiness is assessed again (agent/host).
+func (a *Agent) ReloadReadiness(ctx context.Context, allow vfio.AllowList, allowUnsafeInterrupts bool) {
+	a.host.ReloadReadiness(ctx, allow, allowUnsafeInterrupts)
+}
+
 // Node is this server's name.
 func (a *Agent) Node() string { return a.cfg.NodeName }
-
-// discover scans the hardware and hands the GPUs, with their health, to the ledger.
-func (a *Agent) discover() error {
-	gpus, err := a.inv.Discover()
-	if err != nil {
-		return fmt.Errorf("discovering GPUs: %w", err)
-	}
-	a.mu.Lock()
-	a.gpus = make(map[string]inventory.GPU, len(gpus))
-	a.order = a.order[:0]
-	for _, g := range gpus {
-		a.gpus[g.Address] = g
-		a.order = append(a.order, g.Address)
-	}
-	a.mu.Unlock()
-	a.log.Info("inventory", "gpus", len(gpus), "nvml", a.nvml != nil)
-	for _, g := range gpus {
-		a.log.Debug("gpu", "pci_address", g.Address, "model", g.Model, "numa_node", g.NUMANode,
-			"iommu_group", g.IOMMUGroup, "driver", g.Driver, "healthy", g.Healthy, "health", g.Health)
-	}
-	return a.pushInventory()
-}
-
-// pushInventory gives the ledger the GPUs with their current health: the
-// inventory's view plus what the agent fenced off.
-func (a *Agent) pushInventory() error {
-	a.invMu.Lock()
-	defer a.invMu.Unlock()
-	a.mu.RLock()
-	out := make([]ledger.GPU, 0, len(a.order))
-	for _, addr := range a.order {
-		g := a.gpus[addr]
-		_, fenced := a.fenced[addr]
-		out = append(out, ledger.GPU{
-			Address:  g.Address,
-			Model:    g.Model,
-			NUMANode: g.NUMANode,
-			Healthy:  g.Healthy && !fenced && !a.use.isReturning(addr),
-			Unusable: a.unusable(addr) != "",
-			Distance: g.Distance,
-		})
-	}
-	a.mu.RUnlock()
-	if err := a.ledger.SetInventory(out); err != nil {
-		return fmt.Errorf("handing the inventory to the ledger: %w", err)
-	}
-	return nil
-}
-
-// fence stops offering a GPU that misbehaved. It stays fenced until the
-// agent restarts and finds it healthy again.
-func (a *Agent) fence(addr, reason string) {
-	a.mu.Lock()
-	_, was := a.fenced[addr]
-	a.fenced[addr] = reason
-	a.mu.Unlock()
-	if !was {
-		a.log.Error("GPU fenced off: no new claims until it is fixed and the agent restarts",
-			"pci_address", addr, "reason", reason)
-	}
-	if err := a.pushInventory(); err != nil {
-		a.log.Error("fencing GPU", "pci_address", addr, "err", err)
-	}
-	a.changed()
-}
 
 // changed tells the cluster that this server's capacity may have moved.
 func (a *Agent) changed() {
@@ -454,36 +383,3 @@ func (a *Agent) ReloadGossipKeys(path string) error {
 // rnd breaks ties between equally good servers; each call gets its own
 // generator, so concurrent claims need no lock.
 func (a *Agent) rnd() *rand.Rand { return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) }
-
-// health returns why a GPU is not offered, or "".
-func (a *Agent) health(addr string) string {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if r, ok := a.fenced[addr]; ok {
-		return r
-	}
-	if g, ok := a.gpus[addr]; ok && !g.Healthy {
-		return g.Health
-	}
-	return ""
-}
-
-func (a *Agent) gpu(addr string) (inventory.GPU, bool) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	g, ok := a.gpus[addr]
-	return g, ok
-}
-
-// CheckHealth looks at every GPU once: one that vanished from the bus or
-// whose config space reads as all-ones is fenced off.
-func (a *Agent) CheckHealth() {
-	a.mu.RLock()
-	addrs := append([]string(nil), a.order...)
-	a.mu.RUnlock()
-	for _, addr := range addrs {
-		if err := a.pci.Health(addr); err != nil {
-			a.fence(addr, err.Error())
-		}
-	}
-}

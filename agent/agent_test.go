@@ -259,7 +259,7 @@ func TestStuckUnbindFencesGPUAndClaimMovesOn(t *testing.T) {
 		// Let the leaked unbind writes finish before the test's directory goes.
 		for _, h := range held {
 			m.Kernel.Unhold(h)
-			if err := a.binder.WaitUnstuck(ctx, h); err != nil {
+			if err := a.host.WaitUnstuck(ctx, h); err != nil {
 				t.Error(err)
 			}
 		}
@@ -503,7 +503,7 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 			}
 			addr := c.GPUs[0].PCIAddress
 			other := ""
-			for _, o := range a.order {
+			for _, o := range a.host.Addresses() {
 				if o != addr {
 					other = o
 				}
@@ -519,7 +519,7 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 						}
 						return
 					}
-					locked = a.locks.Users(addr) > 0
+					locked = a.host.DeviceLockUsers(addr) > 0
 					if err := a.ledger.Undrain(other); err != nil {
 						t.Error(err)
 					}
@@ -532,8 +532,8 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 					if tc.busy {
 						return // the device locks are held: the unbind waits
 					}
-					unlock := a.locks.Lock(addr)
-					a.toIdleLocked(ctx, "test release", []string{addr}, "")
+					unlock := a.host.LockGPUs(addr)
+					a.host.ToIdleLocked(ctx, "test release", []string{addr}, "")
 					unlock()
 				}
 			}
@@ -554,8 +554,8 @@ func TestStatusNeverShowsAClaimedGPUOffVFIO(t *testing.T) {
 					t.Errorf("%s shows %s claimed by %s on %q", tc.name, addr, g.Claim, g.Driver)
 				}
 			}
-			unlock := a.locks.Lock(addr)
-			a.toIdleLocked(ctx, "test", []string{addr}, "")
+			unlock := a.host.LockGPUs(addr)
+			a.host.ToIdleLocked(ctx, "test", []string{addr}, "")
 			unlock()
 			if tc.name == "one GPU" {
 				if _, err := a.Undrain(ctx, addr); err != nil {

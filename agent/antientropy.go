@@ -384,7 +384,7 @@ func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Re
 // GPUs to the idle driver. It reports whether c was released.
 func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
 	moved := what + " " + c.ID + " released"
-	rel, scan, devs, err := a.releaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.clk.Now()) })
+	rel, scan, devs, err := a.host.ReleaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.clk.Now()) })
 	if err != nil {
 		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false
@@ -394,7 +394,7 @@ func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why strin
 	a.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
 	// The pass's context ends with the agent; a driver move, once begun,
 	// runs to its own deadline.
-	a.toIdleScanned(context.WithoutCancel(ctx), moved, rel.GPUs, "", scan)
+	a.host.ToIdleScanned(context.WithoutCancel(ctx), moved, rel.GPUs, "", scan)
 	devs()
 	a.changed()
 	return true
@@ -412,7 +412,7 @@ func (a *Agent) inUseWhy(c ledger.Claim) string {
 		}
 		return "domain " + name + " is marked running on it"
 	}
-	used, err := a.usedBy(c.GPUs)
+	used, err := a.host.UsedBy(c.GPUs)
 	if err != nil {
 		return "cannot tell whether a VM uses its GPUs: " + err.Error()
 	}

@@ -339,7 +339,7 @@ func (h *history) resolve(agents ...*Agent) {
 			}
 			out.Node, out.GPUs, out.Models = a.cfg.NodeName, slices.Clone(c.GPUs), nil
 			for _, addr := range c.GPUs {
-				if g, ok := a.gpu(addr); ok {
+				if g, ok := a.host.GPU(addr); ok {
 					out.Models = append(out.Models, g.Model)
 				}
 			}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gpuherd/gpuherd/vfio"
@@ -183,9 +185,9 @@ const (
 
 // DefaultConfig is the configuration of a packaged install.
 func DefaultConfig() Config {
-	host, _ := os.Hostname()
+	hostname, _ := os.Hostname()
 	c := Config{
-		NodeName:         host,
+		NodeName:         hostname,
 		DataDir:          DefaultDataDir,
 		Socket:           DefaultSocket,
 		SysfsRoot:        "/sys",
@@ -200,7 +202,7 @@ func DefaultConfig() Config {
 		NVML:             "auto",
 		LogLevel:         "info",
 		LogFormat:        "text",
-		FabricMode:       FabricAuto,
+		FabricMode:       host.FabricAuto,
 		OfferedModels:    []string{"NVIDIA L40S", "NVIDIA A100 80GB", "NVIDIA H100 80GB", "NVIDIA RTX 6000 Pro"},
 	}
 	c.ProcRoot = "/proc"

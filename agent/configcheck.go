@@ -12,6 +12,8 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/gossip"
@@ -45,7 +47,7 @@ func (c *Config) validateValues() error {
 			return bad("deny_devices", "%v (give PCI addresses such as 0000:3b:00.0, as lspci -D shows them)", err)
 		}
 	}
-	if _, err := ParseFabricMode(c.FabricMode); err != nil {
+	if _, err := host.ParseFabricMode(c.FabricMode); err != nil {
 		return bad("fabric_mode", "%v", err)
 	}
 	for _, seed := range c.Join {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -66,11 +68,11 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 
 	// Under the device locks no bind or release of these GPUs runs, so the
 	// drivers read here are the ones the VM will find.
-	unlock := o.locks.Lock(c.GPUs...)
+	unlock := o.host.LockGPUs(c.GPUs...)
 	defer unlock()
 	var unbound, drivers []string
 	for _, addr := range named {
-		d, err := o.pci.Device(addr)
+		d, err := o.host.Device(addr)
 		if err == nil && d.Driver == vfio.DriverVFIO {
 			continue
 		}
@@ -79,7 +81,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 		case err != nil:
 			drivers = append(drivers, fmt.Sprintf("%s unreadable (%v)", addr, err))
 		default:
-			drivers = append(drivers, addr+" on "+orNone(d.Driver))
+			drivers = append(drivers, addr+" on "+host.OrNone(d.Driver))
 		}
 	}
 	if len(unbound) > 0 {
@@ -96,7 +98,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	case errors.As(err, &inUse):
 		return api.Claim{}, &api.Error{Code: api.CodeInUse,
 			Message: fmt.Sprintf("claim %s is in use by domain %s (%s) since %s; one domain runs on a claim at a time: stop that one first",
-				id, orNone(inUse.Use.Name), inUse.Use.Domain, inUse.Use.Since.Format("2006-01-02 15:04:05Z07:00"))}
+				id, host.OrNone(inUse.Use.Name), inUse.Use.Domain, inUse.Use.Since.Format("2006-01-02 15:04:05Z07:00"))}
 	case errors.Is(err, ledger.ErrNotFound):
 		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s was released while the domain was checked", id), false)
 	case err != nil:
@@ -136,8 +138,8 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	o.dirNote(id, api.DirOpGone)
 	o.releasedName(ctx, c)
 	o.log.Info("released", "claim", id, "gpus", c.GPUs, "why", "domain "+domainUUID+" stopped")
-	unlock := o.locks.Lock(c.GPUs...)
-	o.toIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
+	unlock := o.host.LockGPUs(c.GPUs...)
+	o.host.ToIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
 	unlock()
 	o.changed()
 	return api.UseEnd{Claim: o.claimView(c), Released: true}, nil
@@ -189,9 +191,7 @@ func (o *owner) holdersOf(addrs []string, id string) []string {
 // managedAmong keeps the addresses that are this server's GPUs or their
 // companion functions, sorted.
 func (o *owner) managedAmong(addrs []string) []string {
-	o.mu.RLock()
-	all := slices.Clone(o.order)
-	o.mu.RUnlock()
+	all := o.host.Addresses()
 	ours := o.functionsOf(all)
 	var out []string
 	for _, addr := range addrs {
@@ -208,7 +208,7 @@ func (o *owner) functionsOf(gpus []string) map[string]bool {
 	out := map[string]bool{}
 	for _, addr := range gpus {
 		out[addr] = true
-		if g, ok := o.gpu(addr); ok {
+		if g, ok := o.host.GPU(addr); ok {
 			for _, c := range g.Companions {
 				out[c] = true
 			}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
@@ -37,11 +39,11 @@ func (a *Agent) apiError(err error) error {
 	case errors.Is(err, ledger.ErrCommitted):
 		return &api.Error{Code: api.CodeConflict, Message: a.here(err)}
 	}
-	var nr *notReadyFailure
+	var nr *host.NotReadyFailure
 	if errors.As(err, &nr) {
 		return &api.Error{Code: api.CodeNotAvailable, Message: err.Error()}
 	}
-	var bf *bindFailure
+	var bf *host.BindFailure
 	if errors.As(err, &bf) {
 		return &api.Error{Code: api.CodeBindFailed, Message: err.Error()}
 	}

@@ -281,7 +281,7 @@ func TestGroupResizePutsBackNodesWhenOneFails(t *testing.T) {
 	}
 	defer func() {
 		second.sim.Kernel.Unhold(held)
-		if err := second.binder.WaitUnstuck(ctx, held); err != nil {
+		if err := second.host.WaitUnstuck(ctx, held); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -433,7 +433,7 @@ func TestGroupCreateReleasesPlacedNodesWhenOneFails(t *testing.T) {
 	}
 	defer func() {
 		b.sim.Kernel.Unhold(held)
-		if err := b.binder.WaitUnstuck(ctx, held); err != nil {
+		if err := b.host.WaitUnstuck(ctx, held); err != nil {
 			t.Error(err)
 		}
 	}()

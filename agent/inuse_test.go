@@ -194,13 +194,13 @@ func TestForcedReleaseReturnsTheGPUOnlyOnceTheVMLetsGo(t *testing.T) {
 		t.Errorf("gpuherd_gpu_healthy of the returning GPU = %v, want 1 (kept back, not sick)", v)
 	}
 
-	a.CheckReturning(ctx) // still open: stays
+	a.host.CheckReturning(ctx) // still open: stays
 	if st := gpuStatus(t, a, g.PCIAddress); st.State != api.StateReturning || st.Driver != vfio.DriverVFIO {
 		t.Fatalf("still open: %+v, want returning on vfio-pci", st)
 	}
 
 	stop()
-	a.CheckReturning(ctx)
+	a.host.CheckReturning(ctx)
 	st = gpuStatus(t, a, g.PCIAddress)
 	if st.State != api.StateFree || st.Driver != vfio.DriverNVIDIA || st.InUseBy != nil {
 		t.Fatalf("after the VM let go: %+v, want free on nvidia", st)
@@ -222,7 +222,7 @@ func TestReconcileAdoptsARunningVMAndNeverUnbindsIt(t *testing.T) {
 	m := machine(t, "dgx-h100", dir)
 	ctx := context.Background()
 	a := startAgent(t, cfg, m, nil)
-	addrs := a.order[:2]
+	addrs := a.host.Addresses()[:2]
 	a.Close()
 
 	// Outside gpuherd: a VM gets two GPUs (libvirt managed='yes').
@@ -272,13 +272,6 @@ func TestReconcileAdoptsARunningVMAndNeverUnbindsIt(t *testing.T) {
 	if free := freeGPUs(t, a); free != 6 {
 		t.Errorf("%d GPUs free, want 6", free)
 	}
-	// Without a domain name, the PID names the claim.
-	if id := adoptedID("gpu-7", vfio.Opener{PID: 99}); id != "adopted-gpu-7-pid99" {
-		t.Errorf("adoptedID without a domain = %q", id)
-	}
-	if id := adoptedID("gpu-7", vfio.Opener{PID: 99, Domain: "vm b/ü"}); id != "adopted-gpu-7-vm-b---" {
-		t.Errorf("adoptedID of an odd domain = %q", id)
-	}
 }
 
 // A GPU rebound behind the ledger (libvirt's managed='yes' re-attaching a
@@ -293,7 +286,7 @@ func TestDriverCheckPutsBackAGPUReboundBehindTheLedger(t *testing.T) {
 	a := startAgent(t, cfg, m, nil)
 	defer a.Close()
 
-	if n := a.CheckDrivers(ctx, nil); n != 0 {
+	if n := a.host.CheckDrivers(ctx, nil); n != 0 {
 		t.Fatalf("check of an untouched server found %d GPUs off their driver", n)
 	}
 	c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}})
@@ -302,7 +295,7 @@ func TestDriverCheckPutsBackAGPUReboundBehindTheLedger(t *testing.T) {
 	}
 	claimed := c.GPUs[0].PCIAddress
 	var free string
-	for _, addr := range a.order {
+	for _, addr := range a.host.Addresses() {
 		if addr != claimed {
 			free = addr
 			break
@@ -318,7 +311,7 @@ func TestDriverCheckPutsBackAGPUReboundBehindTheLedger(t *testing.T) {
 		}
 	}
 
-	if n := a.CheckDrivers(ctx, []string{claimed, free, "0000:ff:00.0"}); n != 2 {
+	if n := a.host.CheckDrivers(ctx, []string{claimed, free, "0000:ff:00.0"}); n != 2 {
 		t.Fatalf("driver check found %d GPUs off their driver, want 2", n)
 	}
 	for _, addr := range []string{claimed, free} {
@@ -332,7 +325,7 @@ func TestDriverCheckPutsBackAGPUReboundBehindTheLedger(t *testing.T) {
 	if st := gpuStatus(t, a, claimed); st.State != api.StateClaimed || st.Health != "" {
 		t.Errorf("claimed GPU after the check: %+v", st)
 	}
-	if n := a.CheckDrivers(ctx, nil); n != 0 {
+	if n := a.host.CheckDrivers(ctx, nil); n != 0 {
 		t.Errorf("a second check found %d", n)
 	}
 }
@@ -361,14 +354,14 @@ func TestDriverCheckFencesAGPUItCannotPutBack(t *testing.T) {
 	defer func() {
 		// Let the leaked unbind write finish before the test's directory goes.
 		m.Kernel.Unhold(addr)
-		if err := a.binder.WaitUnstuck(ctx, addr); err != nil {
+		if err := a.host.WaitUnstuck(ctx, addr); err != nil {
 			t.Error(err)
 		}
 	}()
-	if n := a.CheckDrivers(ctx, []string{addr}); n != 1 {
+	if n := a.host.CheckDrivers(ctx, []string{addr}); n != 1 {
 		t.Fatalf("found %d, want 1", n)
 	}
-	if h := a.health(addr); !strings.Contains(h, "bind to vfio-pci failed (driver check: claim vm-1)") {
+	if h := a.host.Health(addr); !strings.Contains(h, "bind to vfio-pci failed (driver check: claim vm-1)") {
 		t.Errorf("health = %q, want fenced by the driver check", h)
 	}
 }
@@ -389,8 +382,8 @@ func TestInUseChecksRunConcurrently(t *testing.T) {
 	var bg sync.WaitGroup
 	for _, f := range []func(){
 		func() { _, _ = a.Status(ctx) },
-		func() { a.CheckDrivers(ctx, nil) },
-		func() { a.CheckReturning(ctx) },
+		func() { a.host.CheckDrivers(ctx, nil) },
+		func() { a.host.CheckReturning(ctx) },
 	} {
 		bg.Add(1)
 		go func() {
@@ -435,7 +428,7 @@ func TestInUseChecksRunConcurrently(t *testing.T) {
 	vms.Wait()
 	close(done)
 	bg.Wait()
-	a.CheckReturning(context.Background())
+	a.host.CheckReturning(context.Background())
 	if n := m.Kernel.UnbindsWhileOpen(); n != 0 {
 		t.Errorf("%d unbinds under an open group", n)
 	}
@@ -471,9 +464,7 @@ func TestReservationNeverTakesAGPUAVMStillHolds(t *testing.T) {
 	if _, err := a.ledger.Release("vm-0", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	a.use.mu.Lock()
-	a.use.returning = map[string]*returning{held: {since: a.clk.Now(), why: "release vm-0", warned: a.clk.Now()}}
-	a.use.mu.Unlock()
+	a.host.KeepBack(held, "release vm-0")
 
 	got, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 1}}, Coordinator: a.cfg.NodeName})
 	if err == nil {
@@ -548,7 +539,7 @@ func TestReleaseKeepsBackBeforeAReservationCanBind(t *testing.T) {
 		t.Errorf("%s after the forced release: %s, want returning while vm-0 holds it", held.PCIAddress, g.State)
 	}
 	stop()
-	a.CheckReturning(ctx)
+	a.host.CheckReturning(ctx)
 	if g := gpuStatus(t, a, held.PCIAddress); g.State != api.StateFree || g.Driver != vfio.DriverNVIDIA {
 		t.Errorf("%s once vm-0 let go: %s on %s, want free on nvidia", held.PCIAddress, g.State, g.Driver)
 	}

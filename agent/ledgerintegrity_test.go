@@ -44,9 +44,9 @@ func TestStartRefusesAGPUInTwoClaims(t *testing.T) {
 	}
 	// A free GPU off its idle driver: a start that got to reconcile would
 	// move it.
-	free := a.addresses()[0]
+	free := a.host.Addresses()[0]
 	if free == addr {
-		free = a.addresses()[1]
+		free = a.host.Addresses()[1]
 	}
 	if err := m.Kernel.WriteFile("bus/pci/devices/"+free+"/driver/unbind", []byte(free)); err != nil {
 		t.Fatal(err)

@@ -156,12 +156,12 @@ func (o *owner) releasable(ctx context.Context, id string) error {
 		return nil // the release itself answers not found
 	}
 	if api.Forced(ctx) {
-		if used, _ := o.usedBy(c.GPUs); len(used) > 0 {
+		if used, _ := o.host.UsedBy(c.GPUs); len(used) > 0 {
 			o.log.Warn("release forced while a VM uses the claim's GPUs; they return to the idle driver once it lets go", "claim", id, "in_use", used)
 		}
 		return nil
 	}
-	return o.refuseInUse(id, c.GPUs)
+	return o.host.RefuseInUse(id, c.GPUs)
 }
 
 // remember records a released committed claim in the ledger, for

@@ -161,7 +161,7 @@ func TestClusterReleaseOfAGPUInUseThroughAnotherAgent(t *testing.T) {
 		t.Fatalf("on c after the forced release: %+v, want returning", st)
 	}
 	stop()
-	c.CheckReturning(ctx)
+	c.host.CheckReturning(ctx)
 	if st := gpuStatus(t, c, g.PCIAddress); st.State != api.StateFree || st.Driver != "nvidia" {
 		t.Fatalf("on c once the VM let go: %+v, want free on nvidia", st)
 	}

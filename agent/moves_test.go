@@ -35,7 +35,7 @@ func holdGPU(t *testing.T, m *sim.Machine, addr string) (blocked <-chan struct{}
 // fenced, and offered as free.
 func wantHealthyFree(t *testing.T, a *Agent, m *sim.Machine, addr string) {
 	t.Helper()
-	if h := a.health(addr); h != "" {
+	if h := a.host.Health(addr); h != "" {
 		t.Errorf("GPU %s fenced: %s", addr, h)
 	}
 	if d := driverOf(t, m.Kernel, addr); d != vfio.DriverNVIDIA {
@@ -120,7 +120,7 @@ func TestReserveCancelledMidBindCompletesIt(t *testing.T) {
 		t.Errorf("reserved GPU %s on %q, want vfio-pci", addr, d)
 	}
 	for _, g := range st.GPUs {
-		if h := a.health(g.PCIAddress); h != "" {
+		if h := a.host.Health(g.PCIAddress); h != "" {
 			t.Errorf("GPU %s fenced: %s", g.PCIAddress, h)
 		}
 	}
@@ -171,8 +171,8 @@ func TestFencedGPUIsNeverOffered(t *testing.T) {
 	a := startAgent(t, testConfig(t, dir), m, nil)
 	defer a.Close()
 	ctx := context.Background()
-	fenced := a.addresses()[1]
-	a.fence(fenced, "test: a move failed")
+	fenced := a.host.Addresses()[1]
+	a.host.Fence(fenced, "test: a move failed")
 
 	capa, err := a.Capacity(ctx)
 	if err != nil {
@@ -215,7 +215,7 @@ func TestFenceIsNeverUndoneByAStalePush(t *testing.T) {
 	m := machine(t, "a100-pcie-4", dir)
 	a := startAgent(t, testConfig(t, dir), m, nil)
 	defer a.Close()
-	addr := a.addresses()[0]
+	addr := a.host.Addresses()[0]
 	for round := range 300 {
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
@@ -229,23 +229,21 @@ func TestFenceIsNeverUndoneByAStalePush(t *testing.T) {
 						return
 					default:
 					}
-					if err := a.pushInventory(); err != nil {
+					if err := a.host.PushInventory(); err != nil {
 						t.Error(err)
 						return
 					}
 				}
 			}()
 		}
-		a.fence(addr, "test")
+		a.host.Fence(addr, "test")
 		close(stop)
 		wg.Wait()
 		if s := a.gpuStateOf(addr); s != api.StateUnhealthy {
 			t.Fatalf("round %d: fenced GPU shows %q after the pushes settled, want unhealthy", round, s)
 		}
-		a.mu.Lock()
-		delete(a.fenced, addr) // as a restart that finds the GPU healthy
-		a.mu.Unlock()
-		if err := a.pushInventory(); err != nil {
+		a.host.Unfence(addr) // as a restart that finds the GPU healthy
+		if err := a.host.PushInventory(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -50,13 +50,13 @@ func (a *Agent) watchXID(ctx context.Context) {
 		return
 	}
 	err := a.nvml.WatchXID(ctx, func(addr string, xid uint64) {
-		g, _ := a.gpu(addr)
+		g, _ := a.host.GPU(addr)
 		a.rec.XID(addr, g.Model, xid)
 		if slices.Contains(ignoredXIDs, xid) {
 			a.log.Warn("XID error (application-caused, card kept)", "pci_address", addr, "xid", xid)
 			return
 		}
-		a.fence(addr, fmt.Sprintf("XID %d reported by the driver", xid))
+		a.host.Fence(addr, fmt.Sprintf("XID %d reported by the driver", xid))
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		a.log.Info("XID errors are not watched", "reason", err)
@@ -73,7 +73,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	tele := a.tele.last
 	a.tele.mu.RUnlock()
 	for _, s := range a.gpuStates() {
-		g, _ := a.gpu(s.GPU.Address)
+		g, _ := a.host.GPU(s.GPU.Address)
 		mg := metrics.GPU{
 			PCIAddress: s.GPU.Address,
 			Model:      s.GPU.Model,
@@ -88,10 +88,10 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		if s.read {
 			mg.Driver = s.driver
 		}
-		if a.use.isReturning(s.GPU.Address) && a.health(s.GPU.Address) == "" {
+		if a.host.IsReturning(s.GPU.Address) && a.host.Health(s.GPU.Address) == "" {
 			mg.State, mg.Healthy = metrics.StateReturning, true // kept back, not sick
 		}
-		if v, ok := a.verdict(s.GPU.Address); ok && !v.Ready() {
+		if v, ok := a.host.Verdict(s.GPU.Address); ok && !v.Ready() {
 			mg.UnusableReason = v.Code()
 			for _, p := range v.Blocking {
 				if p.Device != nil {

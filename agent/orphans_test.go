@@ -189,7 +189,7 @@ func TestOwnerReplacesAReservationOfAnOlderToken(t *testing.T) {
 	if len(next.GPUs) != 3 {
 		t.Fatalf("reservation = %+v, want 3 GPUs", next)
 	}
-	for _, addr := range a.addresses() {
+	for _, addr := range a.host.Addresses() {
 		want := vfio.DriverNVIDIA
 		if slices.Contains(gpuAddrs(next), addr) {
 			want = vfio.DriverVFIO

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -39,7 +41,7 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 	for _, it := range rr.Items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
 	}
-	if err := o.checkFabric(id, req.Items); err != nil {
+	if err := o.host.CheckFabric(id, req.Items); err != nil {
 		o.rec.Reservation("failed")
 		return api.Claim{}, err
 	}
@@ -49,13 +51,13 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 	if err := o.awaitHoldBeforeMoves(id, early); err != nil {
 		return api.Claim{}, err
 	}
-	var refused *notReadyFailure
+	var refused *host.NotReadyFailure
 	for attempt := 1; ; attempt++ {
 		c, err := o.reserveAndBind(ctx, id, req, rr.Coordinator)
 		if err != nil {
 			var (
-				bf *bindFailure
-				nr *notReadyFailure
+				bf *host.BindFailure
+				nr *host.NotReadyFailure
 			)
 			if errors.As(err, &nr) {
 				refused = nr
@@ -103,12 +105,12 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 	}
 	fresh := c.State == ledger.StateReserved
 	orphaned := replacedGPUs(prev, perr == nil, c) // orphans.go
-	unlock := o.locks.Lock(append(slices.Clone(c.GPUs), orphaned...)...)
+	unlock := o.host.LockGPUs(append(slices.Clone(c.GPUs), orphaned...)...)
 	defer unlock()
 	if len(orphaned) > 0 {
 		o.log.Warn("replaced the reservation of a placement that lost the claim ID", "claim", id,
 			"old_coordinator", prev.Coordinator, "old_token", prev.NameToken, "token", c.NameToken, "old_gpus", prev.GPUs)
-		o.toIdleLocked(ctx, "reservation "+id+" replaced by a newer claim of the ID", orphaned, "")
+		o.host.ToIdleLocked(ctx, "reservation "+id+" replaced by a newer claim of the ID", orphaned, "")
 	}
 	// The claim may have gone between ledger.Reserve and the device locks:
 	// a retry of the same claim through another coordinator adopts the
@@ -126,16 +128,16 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		// reservation made in between must not hand that GPU to a second
 		// VM, whose QEMU would find its group busy.
 		for _, addr := range c.GPUs {
-			if o.use.isReturning(addr) {
+			if o.host.IsReturning(addr) {
 				if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 					o.log.Error("dropping reservation of a GPU kept back", "claim", id, "err", rerr)
 				}
-				return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: errKeptBack}
+				return ledger.Claim{}, &host.BindFailure{Claim: id, Addr: addr, Err: host.ErrKeptBack}
 			}
 		}
 		// Look before touching: every group this claim would bind is
 		// checked before any binding changes.
-		if err := o.lookBeforeBind(id, c.GPUs); err != nil {
+		if err := o.host.LookBeforeBind(id, c.GPUs); err != nil {
 			if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 				o.log.Error("dropping reservation refused before binding", "claim", id, "err", rerr)
 			}
@@ -154,14 +156,14 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 			}
 			extended = o.clk.Now()
 		}
-		if err := o.bind(ctx, "claim "+id, addr); err != nil {
+		if err := o.host.Bind(ctx, "claim "+id, addr); err != nil {
 			if fresh {
 				if _, rerr := o.ledger.Release(id, o.clk.Now()); rerr != nil && !errors.Is(rerr, ledger.ErrNotFound) {
 					o.log.Error("dropping reservation after bind failure", "claim", id, "err", rerr)
 				}
-				o.toIdleLocked(ctx, "reservation "+id+" dropped", c.GPUs, addr)
+				o.host.ToIdleLocked(ctx, "reservation "+id+" dropped", c.GPUs, addr)
 			}
-			return ledger.Claim{}, &bindFailure{claim: id, addr: addr, err: err}
+			return ledger.Claim{}, &host.BindFailure{Claim: id, Addr: addr, Err: err}
 		}
 	}
 	// Still under the device locks: a commit that takes them next knows
@@ -194,7 +196,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
-	unlock := o.locks.Lock(pending.GPUs...)
+	unlock := o.host.LockGPUs(pending.GPUs...)
 	defer unlock()
 	defer o.bound.Delete(id)
 	// As in reserveAndBind: an abort or a sweep may have dropped the
@@ -209,12 +211,12 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 		pending = cur // a retry may have moved it to a newer name grant meanwhile
 	}
 	if pending.State == ledger.StateReserved && pending.Live(o.clk.Now()) && !o.boundBy(id, pending) {
-		if err := o.lookBeforeBind(id, pending.GPUs); err != nil {
+		if err := o.host.LookBeforeBind(id, pending.GPUs); err != nil {
 			return api.Claim{}, o.apiError(err)
 		}
 		for _, addr := range pending.GPUs {
-			if err := o.bind(ctx, "commit "+id, addr); err != nil {
-				return api.Claim{}, o.apiError(&bindFailure{claim: id, addr: addr, err: err})
+			if err := o.host.Bind(ctx, "commit "+id, addr); err != nil {
+				return api.Claim{}, o.apiError(&host.BindFailure{Claim: id, Addr: addr, Err: err})
 			}
 		}
 	}
@@ -299,7 +301,7 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// a name about to vanish.
 	unlockID := o.commitLocks.Lock(id)
 	why := "release " + id
-	c, scan, unlock, err := o.releaseLocked(id, why, func() (ledger.Claim, error) {
+	c, scan, unlock, err := o.host.ReleaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
 			return o.ledger.AbortReservation(id, o.clk.Now())
 		}
@@ -322,8 +324,8 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	}
 	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
-	unlock = o.locks.Lock(c.GPUs...)
-	o.toIdleScanned(ctx, why, c.GPUs, "", scan)
+	unlock = o.host.LockGPUs(c.GPUs...)
+	o.host.ToIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
 	return o.claimView(c), nil
@@ -366,7 +368,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	for _, it := range items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
 	}
-	if err := o.checkFabric(id, req.Items); err != nil {
+	if err := o.host.CheckFabric(id, req.Items); err != nil {
 		return api.Claim{}, err
 	}
 	before, err := o.ledger.Get(id)
@@ -377,10 +379,8 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	// resize can make the ledger pick other GPUs than planned, and those
 	// must be bindable here without taking locks out of order. Resizes
 	// are rare; binds of other claims on this server wait for this one.
-	o.mu.RLock()
-	all := append(slices.Clone(o.order), before.GPUs...)
-	o.mu.RUnlock()
-	unlock := o.locks.Lock(all...)
+	all := append(o.host.Addresses(), before.GPUs...)
+	unlock := o.host.LockGPUs(all...)
 	defer unlock()
 	plan, err := o.ledger.PlanResize(id, req, o.clk.Now())
 	if err != nil {
@@ -392,7 +392,7 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 			adding = append(adding, addr)
 		}
 	}
-	if err := o.lookBeforeBind(id, adding); err != nil {
+	if err := o.host.LookBeforeBind(id, adding); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
 	var bound []string
@@ -400,15 +400,15 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 		if slices.Contains(before.GPUs, addr) {
 			continue
 		}
-		if err := o.bind(ctx, "resize "+id, addr); err != nil {
-			o.toIdleLocked(ctx, "resize "+id+" failed", bound, "")
-			return api.Claim{}, o.apiError(&bindFailure{claim: id, addr: addr, err: err})
+		if err := o.host.Bind(ctx, "resize "+id, addr); err != nil {
+			o.host.ToIdleLocked(ctx, "resize "+id+" failed", bound, "")
+			return api.Claim{}, o.apiError(&host.BindFailure{Claim: id, Addr: addr, Err: err})
 		}
 		bound = append(bound, addr)
 	}
 	c, err := o.ledger.Resize(id, req, o.clk.Now())
 	if err != nil {
-		o.toIdleLocked(ctx, "resize "+id+" failed", bound, "")
+		o.host.ToIdleLocked(ctx, "resize "+id+" failed", bound, "")
 		return api.Claim{}, o.apiError(err)
 	}
 	for _, addr := range c.GPUs {
@@ -417,13 +417,13 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 		}
 		// Picked instead of a planned GPU that a reservation took
 		// meanwhile: already in the claim, so bound after the fact.
-		if err := o.bind(ctx, "resize "+id, addr); err != nil {
+		if err := o.host.Bind(ctx, "resize "+id, addr); err != nil {
 			// The claim holds a GPU that is not on vfio-pci: say so; the
 			// VM start would fail on it and the operator sees it fenced.
-			return api.Claim{}, o.apiError(&bindFailure{claim: id, addr: addr, err: err})
+			return api.Claim{}, o.apiError(&host.BindFailure{Claim: id, Addr: addr, Err: err})
 		}
 	}
-	o.toIdleLocked(ctx, "resize "+id, append(before.GPUs, bound...), "")
+	o.host.ToIdleLocked(ctx, "resize "+id, append(before.GPUs, bound...), "")
 	o.log.Info("resized", "claim", id, "from", before.GPUs, "to", c.GPUs)
 	o.changed()
 	return o.claimView(c), nil
@@ -450,8 +450,8 @@ func (o *owner) Sweep(ctx context.Context) {
 		o.bound.Delete(c.ID)
 		o.rec.Reservation(events.ReservationExpired)
 		o.log.Warn("reservation expired without commit; GPUs freed", "claim", c.ID, "coordinator", c.Coordinator, "gpus", c.GPUs)
-		unlock := o.locks.Lock(c.GPUs...)
-		o.toIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")
+		unlock := o.host.LockGPUs(c.GPUs...)
+		o.host.ToIdleLocked(ctx, "reservation "+c.ID+" expired", c.GPUs, "")
 		unlock()
 	}
 	if len(expired) > 0 {

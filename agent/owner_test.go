@@ -29,7 +29,7 @@ func TestReserveOfAnAbortedReservationBindsNothing(t *testing.T) {
 	}
 	addr := r.GPUs[0].PCIAddress
 
-	unlock := a.locks.Lock(addr) // as the first coordinator's abort holds it
+	unlock := a.host.LockGPUs(addr) // as the first coordinator's abort holds it
 	second := make(chan error, 1)
 	go func() {
 		_, err := a.Reserve(ctx, "vm-1", api.ReserveRequest{Items: rr.Items, Coordinator: "c2"})
@@ -41,7 +41,7 @@ func TestReserveOfAnAbortedReservationBindsNothing(t *testing.T) {
 	if _, err := a.ledger.AbortReservation("vm-1", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	a.toIdleLocked(ctx, "test abort", []string{addr}, "")
+	a.host.ToIdleLocked(ctx, "test abort", []string{addr}, "")
 	unlock()
 
 	if err := <-second; !isCode(err, api.CodeNotFound) {
@@ -61,7 +61,7 @@ func awaitLockWaiter(t *testing.T, a *Agent, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		waiting := a.locks.Users(addr) >= 2
+		waiting := a.host.DeviceLockUsers(addr) >= 2
 		if waiting {
 			return
 		}
@@ -91,7 +91,7 @@ func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
 	}
 	addr := r.GPUs[0].PCIAddress
 
-	unlock := a.locks.Lock(addr)
+	unlock := a.host.LockGPUs(addr)
 	committed := make(chan error, 1)
 	go func() {
 		_, err := a.Commit(ctx, "vm-1")
@@ -102,7 +102,7 @@ func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
 	if _, err := a.ledger.AbortReservation("vm-1", a.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	a.toIdleLocked(ctx, "test abort", []string{addr}, "")
+	a.host.ToIdleLocked(ctx, "test abort", []string{addr}, "")
 	unlock()
 
 	if err := <-committed; !isCode(err, api.CodeNotFound) {

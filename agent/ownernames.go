@@ -147,7 +147,7 @@ func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why e
 	}
 	o.rec.Reservation(events.ReservationAborted)
 	o.log.Info("reservation dropped: the name registry did not confirm its claim ID", "claim", pending.ID, "token", pending.NameToken, "gpus", c.GPUs, "why", why)
-	o.toIdleLocked(context.WithoutCancel(ctx), "reservation "+pending.ID+" not confirmed", c.GPUs, "")
+	o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+pending.ID+" not confirmed", c.GPUs, "")
 	o.changed()
 }
 

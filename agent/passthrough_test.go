@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
@@ -202,7 +204,7 @@ func TestUnusableAtStart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := ReadinessView(v); got.Blocking[0] != r.Blocking[0] && got.Blocking[0].Message != r.Blocking[0].Message {
+			if got := host.ReadinessView(v); got.Blocking[0] != r.Blocking[0] && got.Blocking[0].Message != r.Blocking[0].Message {
 				t.Errorf("inventory verdict %+v, status %+v", got, r)
 			}
 			logs := ra.logs.String()
@@ -391,7 +393,7 @@ func TestPCIHandlersSeeEveryBatch(t *testing.T) {
 	}
 	defer a.Close()
 	got := make(chan []vfio.PCIEvent, 16)
-	a.OnPCIChange(func(_ context.Context, evs []vfio.PCIEvent) {
+	a.host.OnPCIChange(func(_ context.Context, evs []vfio.PCIEvent) {
 		if len(evs) > 0 && evs[0].Address == nicA {
 			if st := a.gpuStateOf(gpuA); st != api.StateFree {
 				t.Errorf("handler ran before readiness: GPU a %q", st)
@@ -441,8 +443,8 @@ func TestClusterHearsAGPUTurnUnusable(t *testing.T) {
 	const model = "NVIDIA L40S"
 	tc.converge("8 L40S free", func(a *Agent) bool { return freeOf(a, model) == 8 })
 
-	addr := s1.addresses()[0]
-	g, _ := s1.gpu(addr)
+	addr := s1.host.Addresses()[0]
+	g, _ := s1.host.GPU(addr)
 	const nic = "0000:f0:00.0" // the board's own sound card, on the host's driver
 	start := time.Now()
 	if err := s1.sim.Kernel.Add(fakekernel.Function{Address: nic, Vendor: 0x8086, Device: 0xa348, Class: vfio.ClassAudio, IOMMUGroup: g.IOMMUGroup, Driver: "snd_hda_intel"}); err != nil {

@@ -36,7 +36,7 @@ func (co *coordinator) pinned(req api.ClaimRequest) (api.ClaimRequest, error) {
 		if slices.Contains(req.Devices[:i], addr) {
 			return req, api.Invalid(field, "%s is named twice", addr)
 		}
-		g, ok := co.gpu(addr)
+		g, ok := co.host.GPU(addr)
 		if !ok {
 			return req, &api.Error{Code: api.CodeNotFound, Field: field,
 				Message: fmt.Sprintf("no GPU at %s on %s (see `gpuherd status`)", addr, co.cfg.NodeName)}

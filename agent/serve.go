@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/gpuherd/gpuherd/agent/host"
 )
 
 // Run serves the local API on the unix socket and runs the background loops
@@ -22,7 +24,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	a.lns.serving.Store(true)
 	a.refreshTelemetry()
 	go a.watchXID(ctx)
-	go a.watchPCI(ctx, a.openPCIEvents(ctx)) // subscribed before ready: no event is missed
+	go a.host.WatchPCI(ctx, a.host.OpenPCIEvents(ctx)) // subscribed before ready: no event is missed
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
 	if c := a.cluster; c != nil {
 		// Seeds may come up after us: keep trying in the background; this
@@ -55,7 +57,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer health.Stop()
 	drivers := a.clk.NewTicker(time.Duration(a.cfg.DriverCheckInterval))
 	defer drivers.Stop()
-	returns := a.clk.NewTicker(returnCheckInterval)
+	returns := a.clk.NewTicker(host.ReturnCheckInterval)
 	defer returns.Stop()
 	for {
 		select {
@@ -80,13 +82,13 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		case <-sweep.C():
 			a.Sweep(ctx)
 		case <-health.C():
-			a.CheckHealth()
+			a.host.CheckHealth()
 		case <-tele.C():
 			a.refreshTelemetry()
 		case <-drivers.C():
-			a.CheckDrivers(ctx, nil)
+			a.host.CheckDrivers(ctx, nil)
 		case <-returns.C():
-			a.CheckReturning(ctx)
+			a.host.CheckReturning(ctx)
 		}
 	}
 }

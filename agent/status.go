@@ -15,11 +15,11 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	// watch at once, never missed.
 	gen := a.feed.current()
 	st := api.Status{Node: a.cfg.NodeName, Version: Version, GPUs: []api.GPU{},
-		Fabric: a.fabric.f.Mode, FabricWarning: a.fabric.f.Warning, Generation: gen}
+		Fabric: a.host.Fabric().Mode, FabricWarning: a.host.Fabric().Warning, Generation: gen}
 	for _, s := range a.gpuStates() {
 		st.GPUs = append(st.GPUs, a.stateView(s))
 	}
-	if err := a.annotateUse(st.GPUs); err != nil {
+	if err := a.host.AnnotateUse(st.GPUs); err != nil {
 		st.InUseError = err.Error()
 	}
 	st.Names = a.registry.status()
@@ -33,7 +33,7 @@ func (a *Agent) knownGPU(addr string) error {
 	if err := vfio.ValidateAddress(addr); err != nil {
 		return api.Invalid("pci_address", "%v", err)
 	}
-	if _, ok := a.gpu(addr); !ok {
+	if _, ok := a.host.GPU(addr); !ok {
 		return &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("no GPU at %s on %s (see `gpuherd status`)", addr, a.cfg.NodeName)}
 	}
@@ -81,7 +81,7 @@ func (a *Agent) gpuStates() []gpuState {
 	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
 		addrs = append(addrs, s.GPU.Address)
 	}
-	unlock := a.locks.Lock(addrs...)
+	unlock := a.host.LockGPUs(addrs...)
 	defer unlock()
 	return a.readStates()
 }
@@ -91,7 +91,7 @@ func (a *Agent) readStates() []gpuState {
 	out := make([]gpuState, len(states))
 	for i, s := range states {
 		out[i].GPUState = s
-		if d, err := a.pci.Device(s.GPU.Address); err == nil {
+		if d, err := a.host.Device(s.GPU.Address); err == nil {
 			out[i].driver, out[i].read = d.Driver, true
 		} else {
 			out[i].readErr = err
@@ -101,7 +101,7 @@ func (a *Agent) readStates() []gpuState {
 }
 
 func (a *Agent) stateView(s gpuState) api.GPU {
-	g, _ := a.gpu(s.GPU.Address)
+	g, _ := a.host.GPU(s.GPU.Address)
 	return api.GPU{
 		PCIAddress:  s.GPU.Address,
 		Model:       s.GPU.Model,
@@ -119,8 +119,8 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 		DrainReason:     s.DrainReason,
 		UUID:            g.UUID,
 		Companions:      g.Companions,
-		Health:          a.whyNotOffered(s.GPU.Address),
-		Readiness:       a.readinessView(s.GPU.Address),
+		Health:          a.host.WhyNotOffered(s.GPU.Address),
+		Readiness:       a.host.Readiness(s.GPU.Address),
 	}
 }
 
@@ -142,7 +142,7 @@ func (a *Agent) claimView(c ledger.Claim) api.Claim {
 		v.Items = append(v.Items, api.Item{Model: it.Model, Count: it.Count})
 	}
 	for _, addr := range c.GPUs {
-		g, _ := a.gpu(addr)
+		g, _ := a.host.GPU(addr)
 		cg := api.ClaimGPU{PCIAddress: addr, Model: g.Model, IOMMUGroup: g.IOMMUGroup}
 		if g.IOMMUGroup >= 0 {
 			cg.VFIODevice = fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)

@@ -72,7 +72,7 @@ func TestStatusReportsWhatItCannotRead(t *testing.T) {
 		}
 	}
 
-	a.use.proc = failingProc{}
+	a.host.SetProc(failingProc{})
 	gone := st.GPUs[0].PCIAddress
 	if err := m.Kernel.Remove(gone); err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ func TestWatchPutsBackAGPUReboundBehindTheLedger(t *testing.T) {
 	if d := driverOf(t, k, gpuA); d != "nvidia" {
 		t.Errorf("the unusable GPU moved to %q", d)
 	}
-	if n := ra.CheckDrivers(ctx, nil); n != 0 {
+	if n := ra.host.CheckDrivers(ctx, nil); n != 0 {
 		t.Errorf("the periodic check still found %d GPUs off their driver (the unusable one must not count)", n)
 	}
 }

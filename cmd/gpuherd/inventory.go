@@ -6,6 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/gpuherd/gpuherd/agent/host"
+
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent"
@@ -34,7 +36,7 @@ type scanReport struct {
 	// Denied are GPUs on the configuration's deny_devices: never managed.
 	Denied []string `json:"denied"`
 	// Fabric is the NVSwitch fabric mode and how it was found.
-	Fabric     agent.Fabric  `json:"fabric"`
+	Fabric     host.Fabric   `json:"fabric"`
 	NotOffered []vfio.Device `json:"not_offered"` // NVIDIA functions that are never GPUs (NVSwitches, companions)
 }
 
@@ -109,7 +111,7 @@ shows what the agent would manage after an edit, with the agent's own verdict
 			if err != nil {
 				return err
 			}
-			rep.Fabric = agent.DetectFabric(devs, cat, cfg.FabricMode)
+			rep.Fabric = host.DetectFabric(devs, cat, cfg.FabricMode)
 			return g.show(rep, func(w *tabwriter.Writer) { printScan(w, rep) })
 		},
 	}
@@ -165,7 +167,7 @@ func scan(fs vfio.FS, cfg vfio.ReadinessConfig, opts ...inventory.Option) (scanR
 			s.Viable, s.Reason = false, gp.Health
 		}
 		if err == nil {
-			s.Readiness = agent.ReadinessView(v)
+			s.Readiness = host.ReadinessView(v)
 		}
 		rep.GPUs = append(rep.GPUs, s)
 	}

@@ -32,6 +32,7 @@ var layers = [][]string{
 	{"agent/inventory", "agent/sim"},         // hardware: what this server has, or simulates
 	{"agent/placement"},                      // state: choosing and ranking
 	{"agent/ledger"},                         // state: the owner's claims
+	{"agent/host"},                           // the GPUs, their drivers and their users
 	{"gossip/gossiptest", "agent/claimtest"}, // the in-memory networks for tests
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
@@ -49,7 +50,7 @@ var roleTypes = []string{"coordinator", "attempt", "owner", "home", "directory"}
 
 // rolePackages are the packages of the claim protocol's roles, split out of
 // agent: every file of one is a protocol file.
-var rolePackages = []string{}
+var rolePackages = []string{"agent/host"}
 
 // clockPackages are the packages whose code reads time only through
 // internal/clock, so that tests and the simulation can drive it: agent and

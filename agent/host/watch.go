@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -33,17 +33,17 @@ type pciWatch struct {
 // OnPCIChange registers h to run on every batch of PCI events (and with an
 // empty batch after a reload or lost events). Register before Run; a
 // handler added later sees the batches from then on.
-func (a *Agent) OnPCIChange(h PCIHandler) {
-	a.watch.mu.Lock()
-	a.watch.handlers = append(a.watch.handlers, h)
-	a.watch.mu.Unlock()
+func (h *Host) OnPCIChange(fn PCIHandler) {
+	h.watch.mu.Lock()
+	h.watch.handlers = append(h.watch.handlers, fn)
+	h.watch.mu.Unlock()
 }
 
 // Resync makes the watch re-read every GPU's IOMMU group and call every
 // handler with an empty batch, as after lost events; a reload calls it.
-func (a *Agent) Resync() {
+func (h *Host) Resync() {
 	select {
-	case a.watch.resync <- struct{}{}:
+	case h.watch.resync <- struct{}{}:
 	default:
 	}
 }
@@ -55,13 +55,13 @@ const batchWindow = 20 * time.Millisecond
 
 // openPCIEvents subscribes to the PCI uevents; nil when there is no
 // source (no netlink): groups are then re-read on reload only.
-func (a *Agent) openPCIEvents(ctx context.Context) <-chan vfio.PCIEvent {
-	if a.events == nil {
+func (h *Host) OpenPCIEvents(ctx context.Context) <-chan vfio.PCIEvent {
+	if h.events == nil {
 		return nil
 	}
-	ch, err := a.events.WatchPCI(ctx)
+	ch, err := h.events.WatchPCI(ctx)
 	if err != nil {
-		a.log.Warn("PCI uevents not watched: IOMMU groups are re-read on `systemctl reload gpuherd` only", "err", err)
+		h.log.Warn("PCI uevents not watched: IOMMU groups are re-read on `systemctl reload gpuherd` only", "err", err)
 		return nil
 	}
 	return ch
@@ -69,25 +69,25 @@ func (a *Agent) openPCIEvents(ctx context.Context) <-chan vfio.PCIEvent {
 
 // watchPCI applies the PCI uevents of events, and resync requests, until
 // ctx ends.
-func (a *Agent) watchPCI(ctx context.Context, events <-chan vfio.PCIEvent) {
+func (h *Host) WatchPCI(ctx context.Context, events <-chan vfio.PCIEvent) {
 	for {
 		var batch []vfio.PCIEvent
 		resync := false
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.watch.resync:
+		case <-h.watch.resync:
 			resync = true
 		case ev, ok := <-events:
 			if !ok {
 				if ctx.Err() == nil {
-					a.log.Error("PCI uevents stopped: IOMMU groups are re-read on `systemctl reload gpuherd` only")
+					h.log.Error("PCI uevents stopped: IOMMU groups are re-read on `systemctl reload gpuherd` only")
 				}
 				events = nil
 				continue
 			}
 			batch = append(batch, ev)
-			timer := a.clk.NewTimer(batchWindow)
+			timer := h.clk.NewTimer(batchWindow)
 		collect:
 			for {
 				select {
@@ -105,13 +105,13 @@ func (a *Agent) watchPCI(ctx context.Context, events <-chan vfio.PCIEvent) {
 			}
 			timer.Stop()
 		}
-		a.handlePCI(ctx, batch, resync)
+		h.handlePCI(ctx, batch, resync)
 	}
 }
 
 // handlePCI applies one batch: readiness first, then the registered
 // handlers.
-func (a *Agent) handlePCI(ctx context.Context, batch []vfio.PCIEvent, resync bool) {
+func (h *Host) handlePCI(ctx context.Context, batch []vfio.PCIEvent, resync bool) {
 	var addrs []string
 	for _, ev := range batch {
 		if ev.Action == vfio.UeventResync {
@@ -121,20 +121,20 @@ func (a *Agent) handlePCI(ctx context.Context, batch []vfio.PCIEvent, resync boo
 		addrs = append(addrs, ev.Address)
 	}
 	why := "PCI change"
-	gpus := a.gpusTouchedBy(slices.Compact(slices.Sorted(slices.Values(addrs))))
+	gpus := h.gpusTouchedBy(slices.Compact(slices.Sorted(slices.Values(addrs))))
 	if resync {
-		why, gpus = "re-read of every IOMMU group", a.addresses()
+		why, gpus = "re-read of every IOMMU group", h.Addresses()
 		batch = nil
 	}
 	if len(gpus) > 0 {
-		a.log.Debug("PCI change: re-reading IOMMU groups", "events", len(batch), "gpus", gpus)
-		a.refreshReadiness(ctx, why, gpus)
+		h.log.Debug("PCI change: re-reading IOMMU groups", "events", len(batch), "gpus", gpus)
+		h.refreshReadiness(ctx, why, gpus)
 	}
-	a.watch.mu.Lock()
-	hs := slices.Clone(a.watch.handlers)
-	a.watch.mu.Unlock()
-	for _, h := range hs {
-		h(ctx, batch)
+	h.watch.mu.Lock()
+	hs := slices.Clone(h.watch.handlers)
+	h.watch.mu.Unlock()
+	for _, fn := range hs {
+		fn(ctx, batch)
 	}
 }
 
@@ -144,9 +144,9 @@ func (a *Agent) handlePCI(ctx context.Context, batch []vfio.PCIEvent, resync boo
 // rather than at the next driver_check_interval. The agent's own binds
 // cause events too: the check takes each GPU's device lock, so it looks
 // only after such a move is done, and then finds nothing to do.
-func (a *Agent) checkDriversOnEvents(ctx context.Context, events []vfio.PCIEvent) {
+func (h *Host) CheckDriversOnEvents(ctx context.Context, events []vfio.PCIEvent) {
 	if len(events) == 0 {
-		a.CheckDrivers(ctx, nil)
+		h.CheckDrivers(ctx, nil)
 		return
 	}
 	var addrs []string
@@ -155,7 +155,7 @@ func (a *Agent) checkDriversOnEvents(ctx context.Context, events []vfio.PCIEvent
 			addrs = append(addrs, ev.Address)
 		}
 	}
-	if gpus := a.gpusTouchedBy(addrs); len(gpus) > 0 {
-		a.CheckDrivers(ctx, gpus)
+	if gpus := h.gpusTouchedBy(addrs); len(gpus) > 0 {
+		h.CheckDrivers(ctx, gpus)
 	}
 }

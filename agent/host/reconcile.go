@@ -1,4 +1,4 @@
-package agent
+package host
 
 import "context"
 
@@ -14,38 +14,38 @@ import "context"
 // a commit now finds nothing and the coordinator moves on, so nothing is
 // lost. The GPUs such a reservation held are free here and go to the idle
 // driver like any other free GPU.
-func (a *Agent) reconcile(ctx context.Context) error {
-	for _, c := range a.ledger.DroppedAtOpen() {
-		a.log.Warn("reconcile: dropped a reservation an older gpuherd left in the ledger file", "claim", c.ID, "coordinator", c.Coordinator,
-			"gpus", c.GPUs, "lease_ran_out", !c.Live(a.clk.Now()))
+func (h *Host) Reconcile(ctx context.Context) error {
+	for _, c := range h.ledger.DroppedAtOpen() {
+		h.log.Warn("reconcile: dropped a reservation an older gpuherd left in the ledger file", "claim", c.ID, "coordinator", c.Coordinator,
+			"gpus", c.GPUs, "lease_ran_out", !c.Live(h.clk.Now()))
 	}
-	a.adoptRunningVMs()
-	claims := a.ledger.List()
+	h.adoptRunningVMs()
+	claims := h.ledger.List()
 	held := map[string]string{}
 	for _, c := range claims {
 		for _, addr := range c.GPUs {
 			held[addr] = c.ID
-			if _, ok := a.gpu(addr); !ok {
-				a.log.Error("reconcile: a claim holds a GPU this server no longer has; release the claim or bring the card back",
+			if _, ok := h.GPU(addr); !ok {
+				h.log.Error("reconcile: a claim holds a GPU this server no longer has; release the claim or bring the card back",
 					"claim", c.ID, "pci_address", addr)
 				continue
 			}
-			unlock := a.locks.Lock(addr)
-			_ = a.bind(ctx, "reconcile: claim "+c.ID, addr) // a failure fences the GPU; the claim stays
+			unlock := h.locks.Lock(addr)
+			_ = h.Bind(ctx, "reconcile: claim "+c.ID, addr) // a failure fences the GPU; the claim stays
 			unlock()
 		}
 	}
-	a.mu.RLock()
+	h.mu.RLock()
 	var free []string
-	for _, addr := range a.order {
+	for _, addr := range h.order {
 		if _, ok := held[addr]; !ok {
 			free = append(free, addr)
 		}
 	}
-	a.mu.RUnlock()
-	unlock := a.locks.Lock(free...)
-	a.toIdleLocked(ctx, "reconcile: idle driver", free, "")
+	h.mu.RUnlock()
+	unlock := h.locks.Lock(free...)
+	h.ToIdleLocked(ctx, "reconcile: idle driver", free, "")
 	unlock()
-	a.log.Info("reconciled", "claims", len(claims), "free", len(free), "idle_driver", string(a.policy))
+	h.log.Info("reconciled", "claims", len(claims), "free", len(free), "idle_driver", string(h.policy))
 	return nil
 }

@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"fmt"
@@ -94,7 +94,7 @@ func DetectFabric(devs []vfio.Device, cat *inventory.Catalog, stated string) Fab
 	default:
 		keys := make([]string, 0, len(drivers))
 		for d := range drivers {
-			keys = append(keys, orNone(d))
+			keys = append(keys, OrNone(d))
 		}
 		slices.Sort(keys)
 		f.Detected = FabricUnknown
@@ -124,35 +124,35 @@ type fabricState struct {
 
 // detectFabric looks at the NVSwitches once, at start, and says which mode
 // this server runs in.
-func (a *Agent) detectFabric() error {
-	devs, err := a.pci.Devices()
+func (h *Host) FindFabric() error {
+	devs, err := h.pci.Devices()
 	if err != nil {
 		return fmt.Errorf("listing PCI devices for the NVSwitch fabric: %w", err)
 	}
-	a.fabric.f = DetectFabric(devs, a.inv.Catalog(), a.cfg.FabricMode)
-	f := a.fabric.f
+	h.fabric.f = DetectFabric(devs, h.inv.Catalog(), h.cfg.FabricMode)
+	f := h.fabric.f
 	if f.Mode == FabricNone {
 		return nil
 	}
 	attrs := []any{"mode", f.Mode, "nvswitches", len(f.Switches), "why", f.Why}
 	if f.Warning != "" {
-		a.log.Warn("NVSwitch fabric", append(attrs, "warning", f.Warning)...)
+		h.log.Warn("NVSwitch fabric", append(attrs, "warning", f.Warning)...)
 	} else {
-		a.log.Info("NVSwitch fabric", attrs...)
+		h.log.Info("NVSwitch fabric", attrs...)
 	}
 	return nil
 }
 
 // Fabric is this server's NVSwitch fabric as found at start.
-func (a *Agent) Fabric() Fabric { return a.fabric.f }
+func (h *Host) Fabric() Fabric { return h.fabric.f }
 
 // checkFabric decides whether a request of n GPUs can be served with working
 // NVLink on this board. A mode stated in fabric_mode is enforced: a request
 // the board cannot serve is refused as not available here, so coordinators
 // try another server. A detected mode only warns: detection reads drivers,
 // not Fabric Manager's configuration.
-func (a *Agent) checkFabric(claim string, items []ledger.Item) error {
-	f := a.fabric.f
+func (h *Host) CheckFabric(claim string, items []ledger.Item) error {
+	f := h.fabric.f
 	n := 0
 	for _, it := range items {
 		n += it.Count
@@ -173,10 +173,10 @@ func (a *Agent) checkFabric(claim string, items []ledger.Item) error {
 		why = fmt.Sprintf("%d GPUs would get no NVLink: %s", n, f.Warning)
 	}
 	if !f.Stated {
-		a.log.Warn("claim served without full NVLink", "claim", claim, "fabric", f.Mode, "why", why)
+		h.log.Warn("claim served without full NVLink", "claim", claim, "fabric", f.Mode, "why", why)
 		return nil
 	}
-	a.log.Warn("claim refused: the NVSwitch fabric cannot serve it", "claim", claim, "fabric", f.Mode, "why", why)
+	h.log.Warn("claim refused: the NVSwitch fabric cannot serve it", "claim", claim, "fabric", f.Mode, "why", why)
 	return &api.Error{Code: api.CodeNotAvailable,
-		Message: fmt.Sprintf("%s cannot serve claim %s: %s", a.cfg.NodeName, claim, why)}
+		Message: fmt.Sprintf("%s cannot serve claim %s: %s", h.cfg.NodeName, claim, why)}
 }

@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -22,8 +22,8 @@ const writesPerDevice = 4
 // moveContext returns the context a move of the GPU at addr runs under:
 // ctx's values (the caller, for the logs) without its cancellation or
 // deadline, bounded by moveBudget instead.
-func (a *Agent) moveContext(ctx context.Context, addr string) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), a.moveBudget(addr))
+func (h *Host) moveContext(ctx context.Context, addr string) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), h.moveBudget(addr))
 }
 
 // moveBudget is the agent's deadline for one move of the GPU at addr's
@@ -31,12 +31,12 @@ func (a *Agent) moveContext(ctx context.Context, addr string) (context.Context, 
 // by bind_timeout, and a failed move rolls back as many again. The binder's
 // per-write deadline ends a hung write long before this one; the budget
 // only bounds the wait for the group's lock behind another move.
-func (a *Agent) moveBudget(addr string) time.Duration {
+func (h *Host) moveBudget(addr string) time.Duration {
 	members := 1
-	a.pass.mu.RLock()
-	if n := len(a.pass.members[addr]); n > members {
+	h.pass.mu.RLock()
+	if n := len(h.pass.members[addr]); n > members {
 		members = n
 	}
-	a.pass.mu.RUnlock()
-	return 2 * writesPerDevice * time.Duration(members) * time.Duration(a.cfg.BindTimeout)
+	h.pass.mu.RUnlock()
+	return 2 * writesPerDevice * time.Duration(members) * time.Duration(h.cfg.BindTimeout)
 }

@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -26,9 +26,9 @@ import (
 //     (adoptRunningVMs), so they are never offered to anyone else.
 
 const (
-	// returnCheckInterval is how often GPUs kept back while open are
+	// ReturnCheckInterval is how often GPUs kept back while open are
 	// looked at again: one /proc scan, only while there are any.
-	returnCheckInterval = time.Second
+	ReturnCheckInterval = time.Second
 	// returnWarnEvery is how often a GPU still held open after its release
 	// is logged again.
 	returnWarnEvery = 5 * time.Minute
@@ -51,11 +51,11 @@ type returning struct {
 	warned time.Time
 }
 
-// procFor picks where the agent looks for VFIO users: the simulated
+// ProcFor picks where the agent looks for VFIO users: the simulated
 // machine's own /proc when it runs on one (the host's processes are not
 // the simulation's), none on another injected sysfs (a test's: the host's
 // processes are not its either), the configured proc root otherwise.
-func procFor(fs vfio.FS, root string, injected bool) vfio.ProcFS {
+func ProcFor(fs vfio.FS, root string, injected bool) vfio.ProcFS {
 	if k, ok := fs.(interface{ Proc() vfio.ProcFS }); ok {
 		return k.Proc()
 	}
@@ -75,17 +75,17 @@ func (noProcs) ReadFile(string) ([]byte, error)  { return nil, os.ErrNotExist }
 // openGroups returns the processes holding each VFIO group open. With an
 // error, what it found (nil when /proc could not be read at all): the
 // callers then act as if every other group were open.
-func (a *Agent) openGroups() (map[int][]vfio.Opener, error) {
-	open, err := vfio.ScanOpeners(a.use.proc)
+func (h *Host) openGroups() (map[int][]vfio.Opener, error) {
+	open, err := vfio.ScanOpeners(h.use.proc)
 	if err != nil {
-		return open, fmt.Errorf("finding the VMs that use GPUs (proc_root %s): %w", a.cfg.ProcRoot, err)
+		return open, fmt.Errorf("finding the VMs that use GPUs (proc_root %s): %w", h.cfg.ProcRoot, err)
 	}
 	return open, nil
 }
 
 // userOf returns the process holding the GPU at addr's group open.
-func (a *Agent) userOf(addr string, open map[int][]vfio.Opener) (vfio.Opener, bool) {
-	g, ok := a.gpu(addr)
+func (h *Host) userOf(addr string, open map[int][]vfio.Opener) (vfio.Opener, bool) {
+	g, ok := h.GPU(addr)
 	if !ok || g.IOMMUGroup < 0 || len(open[g.IOMMUGroup]) == 0 {
 		return vfio.Opener{}, false
 	}
@@ -95,8 +95,8 @@ func (a *Agent) userOf(addr string, open map[int][]vfio.Opener) (vfio.Opener, bo
 // refuseInUse is the answer to a release of claim id while a VM holds any
 // of its GPUs open, or nil. A /proc that cannot be read refuses too: the
 // agent cannot tell, and --force is the operator's way past it.
-func (a *Agent) refuseInUse(id string, gpus []string) error {
-	used, err := a.usedBy(gpus)
+func (h *Host) RefuseInUse(id string, gpus []string) error {
+	used, err := h.UsedBy(gpus)
 	if err != nil {
 		return &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: cannot tell whether a VM uses its GPUs: %v; retry, or release with --force", id, err)}
@@ -104,19 +104,19 @@ func (a *Agent) refuseInUse(id string, gpus []string) error {
 	if len(used) == 0 {
 		return nil
 	}
-	a.metrics.ReleaseRefusedInUse()
-	a.log.Warn("release refused: a VM uses the claim's GPUs", "claim", id, "in_use", strings.Join(used, "; "))
+	h.counters.ReleaseRefusedInUse()
+	h.log.Warn("release refused: a VM uses the claim's GPUs", "claim", id, "in_use", strings.Join(used, "; "))
 	return &api.Error{Code: api.CodeInUse,
 		Message: fmt.Sprintf("claim %s: %s; stop the VM first, or release with --force", id, strings.Join(used, "; "))}
 }
 
 // usedBy describes, for people, each GPU of gpus a process holds open.
 // An incomplete scan is an error only when it found none of them open.
-func (a *Agent) usedBy(gpus []string) ([]string, error) {
-	open, err := a.openGroups()
+func (h *Host) UsedBy(gpus []string) ([]string, error) {
+	open, err := h.openGroups()
 	var used []string
 	for _, addr := range gpus {
-		if o, ok := a.userOf(addr, open); ok {
+		if o, ok := h.userOf(addr, open); ok {
 			used = append(used, fmt.Sprintf("GPU %s is in use by %s", addr, o))
 		}
 	}
@@ -126,18 +126,18 @@ func (a *Agent) usedBy(gpus []string) ([]string, error) {
 	return used, nil
 }
 
-// groupScan scans /proc once, on first use: toIdleLocked needs it only
+// GroupScan scans /proc once, on first use: toIdleLocked needs it only
 // when there is a GPU to return.
-type groupScan struct {
-	a    *Agent
+type GroupScan struct {
+	h    *Host
 	done bool
 	open map[int][]vfio.Opener
 	err  error
 }
 
-func (s *groupScan) get() (map[int][]vfio.Opener, error) {
+func (s *GroupScan) get() (map[int][]vfio.Opener, error) {
 	if !s.done {
-		s.open, s.err = s.a.openGroups()
+		s.open, s.err = s.h.openGroups()
 		s.done = true
 	}
 	return s.open, s.err
@@ -148,33 +148,33 @@ func (s *groupScan) get() (map[int][]vfio.Opener, error) {
 // read). It is then kept back as returning, offered to no claim, and
 // checkReturning returns it once the group is closed. The caller holds
 // the GPU's device lock.
-func (a *Agent) keepWhileOpen(addr, why string, scan *groupScan) bool {
+func (h *Host) keepWhileOpen(addr, why string, scan *GroupScan) bool {
 	open, err := scan.get()
-	by, ok := a.userOf(addr, open)
+	by, ok := h.userOf(addr, open)
 	if !ok && err == nil {
 		return false
 	}
-	a.use.mu.Lock()
-	if a.use.returning == nil {
-		a.use.returning = map[string]*returning{}
+	h.use.mu.Lock()
+	if h.use.returning == nil {
+		h.use.returning = map[string]*returning{}
 	}
-	old, was := a.use.returning[addr]
-	now := a.clk.Now()
+	old, was := h.use.returning[addr]
+	now := h.clk.Now()
 	r := &returning{since: now, why: why, by: by, warned: now}
 	if was {
 		r.since, r.warned = old.since, old.warned
 	}
-	a.use.returning[addr] = r
-	a.use.mu.Unlock()
+	h.use.returning[addr] = r
+	h.use.mu.Unlock()
 	if !ok {
-		a.log.Error("GPU kept from the idle driver: cannot tell whether a VM still uses it", "pci_address", addr, "why", why, "err", err)
+		h.log.Error("GPU kept from the idle driver: cannot tell whether a VM still uses it", "pci_address", addr, "why", why, "err", err)
 	} else if !was {
-		a.log.Warn("GPU kept from the idle driver while a VM holds its VFIO group open; it returns once the VM lets go",
+		h.log.Warn("GPU kept from the idle driver while a VM holds its VFIO group open; it returns once the VM lets go",
 			"pci_address", addr, "why", why, "pid", by.PID, "comm", by.Comm, "domain", by.Domain)
 	}
 	if !was {
-		if err := a.pushInventory(); err != nil {
-			a.log.Error("keeping GPU back", "pci_address", addr, "err", err)
+		if err := h.PushInventory(); err != nil {
+			h.log.Error("keeping GPU back", "pci_address", addr, "err", err)
 		}
 	}
 	return true
@@ -202,57 +202,57 @@ func (u *vmUse) returningAddrs() []string {
 // CheckReturning returns to the idle driver every GPU kept back whose VFIO
 // group is closed now; those still open stay, logged again every
 // returnWarnEvery.
-func (a *Agent) CheckReturning(ctx context.Context) {
-	addrs := a.use.returningAddrs()
+func (h *Host) CheckReturning(ctx context.Context) {
+	addrs := h.use.returningAddrs()
 	if len(addrs) == 0 {
 		return
 	}
-	open, err := a.openGroups()
+	open, err := h.openGroups()
 	if err != nil {
 		// A partial picture cannot say a group is closed.
-		a.log.Error("GPUs kept from the idle driver: cannot tell whether VMs still use them", "gpus", addrs, "err", err)
+		h.log.Error("GPUs kept from the idle driver: cannot tell whether VMs still use them", "gpus", addrs, "err", err)
 		return
 	}
 	returned := false
 	for _, addr := range addrs {
-		if o, ok := a.userOf(addr, open); ok {
-			a.use.mu.Lock()
-			r := a.use.returning[addr]
-			warn := r != nil && a.clk.Now().Sub(r.warned) >= returnWarnEvery
+		if o, ok := h.userOf(addr, open); ok {
+			h.use.mu.Lock()
+			r := h.use.returning[addr]
+			warn := r != nil && h.clk.Now().Sub(r.warned) >= returnWarnEvery
 			if r != nil {
 				r.by = o
 				if warn {
-					r.warned = a.clk.Now()
+					r.warned = h.clk.Now()
 				}
 			}
-			a.use.mu.Unlock()
+			h.use.mu.Unlock()
 			if warn {
-				a.log.Warn("GPU still held open after its release; stop the VM to return it", "pci_address", addr,
+				h.log.Warn("GPU still held open after its release; stop the VM to return it", "pci_address", addr,
 					"pid", o.PID, "comm", o.Comm, "domain", o.Domain, "since", r.since)
 			}
 			continue
 		}
-		unlock := a.locks.Lock(addr)
-		a.use.mu.Lock()
-		r := a.use.returning[addr]
-		delete(a.use.returning, addr)
-		a.use.mu.Unlock()
+		unlock := h.locks.Lock(addr)
+		h.use.mu.Lock()
+		r := h.use.returning[addr]
+		delete(h.use.returning, addr)
+		h.use.mu.Unlock()
 		why := "VFIO group closed"
 		if r != nil {
 			why = r.why + ", after its VFIO group was closed"
 		}
-		a.toIdleLocked(ctx, why, []string{addr}, "")
-		if err := a.pushInventory(); err != nil { // offered again at once
-			a.log.Error("returning GPUs", "err", err)
+		h.ToIdleLocked(ctx, why, []string{addr}, "")
+		if err := h.PushInventory(); err != nil { // offered again at once
+			h.log.Error("returning GPUs", "err", err)
 		}
 		unlock()
-		if !a.use.isReturning(addr) {
-			a.log.Info("GPU returned: its VFIO group was closed", "pci_address", addr)
+		if !h.use.isReturning(addr) {
+			h.log.Info("GPU returned: its VFIO group was closed", "pci_address", addr)
 		}
 		returned = true
 	}
 	if returned {
-		a.changed()
+		h.changed()
 	}
 }
 
@@ -260,20 +260,20 @@ func (a *Agent) CheckReturning(ctx context.Context) {
 // holds each GPU open, and the GPUs kept back while open. An error says
 // that /proc could not be read in full: who holds the GPUs is then not
 // known for every one.
-func (a *Agent) annotateUse(gpus []api.GPU) error {
-	open, err := a.openGroups()
+func (h *Host) AnnotateUse(gpus []api.GPU) error {
+	open, err := h.openGroups()
 	if err != nil {
-		a.log.Warn("status: cannot tell which VMs use GPUs", "err", err)
+		h.log.Warn("status: cannot tell which VMs use GPUs", "err", err)
 	}
 	for i := range gpus {
 		g := &gpus[i]
-		if o, ok := a.userOf(g.PCIAddress, open); ok {
+		if o, ok := h.userOf(g.PCIAddress, open); ok {
 			g.InUseBy = &api.InUse{PID: o.PID, Comm: o.Comm, Domain: o.Domain}
 		}
-		a.use.mu.Lock()
-		r := a.use.returning[g.PCIAddress]
-		a.use.mu.Unlock()
-		if r != nil && g.State == api.StateUnhealthy && a.health(g.PCIAddress) == "" {
+		h.use.mu.Lock()
+		r := h.use.returning[g.PCIAddress]
+		h.use.mu.Unlock()
+		if r != nil && g.State == api.StateUnhealthy && h.Health(g.PCIAddress) == "" {
 			g.State = api.StateReturning
 			g.Health = ""
 		}
@@ -307,26 +307,26 @@ func adoptedID(node string, o vfio.Opener) string {
 // never offered to anyone else nor moved. Each is logged and counted: the
 // operator names it in the platform, or releases it (--force while the VM
 // runs) when the VM is not meant to keep its GPUs.
-func (a *Agent) adoptRunningVMs() {
-	open, err := a.openGroups()
+func (h *Host) adoptRunningVMs() {
+	open, err := h.openGroups()
 	if err != nil {
-		a.log.Error("reconcile: cannot tell which VMs use GPUs; free GPUs stay on their drivers until it can", "err", err)
+		h.log.Error("reconcile: cannot tell which VMs use GPUs; free GPUs stay on their drivers until it can", "err", err)
 	}
 	if len(open) == 0 {
 		return
 	}
-	now := a.clk.Now()
+	now := h.clk.Now()
 	held := map[string]bool{}
-	for _, c := range a.ledger.List() {
+	for _, c := range h.ledger.List() {
 		if c.Live(now) {
 			for _, g := range c.GPUs {
 				held[g] = true
 			}
 		}
 	}
-	a.mu.RLock()
-	order := slices.Clone(a.order)
-	a.mu.RUnlock()
+	h.mu.RLock()
+	order := slices.Clone(h.order)
+	h.mu.RUnlock()
 	type vm struct {
 		by   vfio.Opener
 		gpus []string
@@ -334,7 +334,7 @@ func (a *Agent) adoptRunningVMs() {
 	var vms []*vm
 	byPID := map[int]*vm{}
 	for _, addr := range order {
-		o, ok := a.userOf(addr, open)
+		o, ok := h.userOf(addr, open)
 		if !ok || held[addr] {
 			continue
 		}
@@ -347,21 +347,38 @@ func (a *Agent) adoptRunningVMs() {
 		v.gpus = append(v.gpus, addr)
 	}
 	for _, v := range vms {
-		id := adoptedID(a.cfg.NodeName, v.by)
+		id := adoptedID(h.cfg.NodeName, v.by)
 		for n := 2; ; n++ {
-			if _, err := a.ledger.Get(id); err != nil {
+			if _, err := h.ledger.Get(id); err != nil {
 				break
 			}
-			id = fmt.Sprintf("%s-%d", adoptedID(a.cfg.NodeName, v.by), n)
+			id = fmt.Sprintf("%s-%d", adoptedID(h.cfg.NodeName, v.by), n)
 		}
-		c, err := a.ledger.Adopt(id, v.gpus, nil, now)
+		c, err := h.ledger.Adopt(id, v.gpus, nil, now)
 		if err != nil {
-			a.log.Error("reconcile: a running VM holds GPUs no claim holds, and adopting them failed; they are not offered while it runs",
+			h.log.Error("reconcile: a running VM holds GPUs no claim holds, and adopting them failed; they are not offered while it runs",
 				"gpus", v.gpus, "pid", v.by.PID, "domain", v.by.Domain, "err", err)
 			continue
 		}
-		a.metrics.ClaimAdopted()
-		a.log.Warn("reconcile: adopted the GPUs of a running VM as a claim; keep it under this ID, or release it once the VM is stopped",
+		h.counters.ClaimAdopted()
+		h.log.Warn("reconcile: adopted the GPUs of a running VM as a claim; keep it under this ID, or release it once the VM is stopped",
 			"claim", c.ID, "gpus", c.GPUs, "pid", v.by.PID, "comm", v.by.Comm, "domain", v.by.Domain)
 	}
 }
+
+// KeepBack marks the free GPU at addr as kept back while open, as a release
+// that finds its VFIO group open does, without scanning /proc. Tests open
+// the window between a release in the ledger and that mark with it.
+func (h *Host) KeepBack(addr, why string) {
+	h.use.mu.Lock()
+	defer h.use.mu.Unlock()
+	if h.use.returning == nil {
+		h.use.returning = map[string]*returning{}
+	}
+	now := h.clk.Now()
+	h.use.returning[addr] = &returning{since: now, why: why, warned: now}
+}
+
+// SetProc replaces the /proc that VFIO users are found in; tests make it
+// unreadable with it. Nothing may scan /proc at the same time.
+func (h *Host) SetProc(p vfio.ProcFS) { h.use.proc = p }

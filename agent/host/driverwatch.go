@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -25,39 +25,39 @@ import (
 // waits while a VM holds it open); a GPU that cannot be put back is
 // fenced. Reserved, fenced and returning GPUs are skipped: they are in
 // someone's hands. It returns how many GPUs it found off their driver.
-func (a *Agent) CheckDrivers(ctx context.Context, addrs []string) int {
-	a.mu.RLock()
+func (h *Host) CheckDrivers(ctx context.Context, addrs []string) int {
+	h.mu.RLock()
 	if len(addrs) == 0 {
-		addrs = slices.Clone(a.order)
+		addrs = slices.Clone(h.order)
 	} else {
-		addrs = slices.DeleteFunc(slices.Clone(addrs), func(addr string) bool { _, ok := a.gpus[addr]; return !ok })
+		addrs = slices.DeleteFunc(slices.Clone(addrs), func(addr string) bool { _, ok := h.gpus[addr]; return !ok })
 	}
-	a.mu.RUnlock()
+	h.mu.RUnlock()
 	found := 0
 	for _, addr := range addrs {
 		if ctx.Err() != nil {
 			break
 		}
-		if a.checkDriver(ctx, addr) {
+		if h.checkDriver(ctx, addr) {
 			found++
 		}
 	}
 	if found > 0 {
-		a.changed()
+		h.changed()
 	}
 	return found
 }
 
 // checkDriver checks one GPU under its device lock, so that no bind or
 // release of the agent's own is half-way while it looks.
-func (a *Agent) checkDriver(ctx context.Context, addr string) bool {
-	if a.health(addr) != "" || a.use.isReturning(addr) {
+func (h *Host) checkDriver(ctx context.Context, addr string) bool {
+	if h.Health(addr) != "" || h.use.isReturning(addr) {
 		return false
 	}
-	unlock := a.locks.Lock(addr)
+	unlock := h.locks.Lock(addr)
 	defer unlock()
 	var st *ledger.GPUState
-	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
+	for _, s := range h.ledger.GPUStates(h.clk.Now()) {
 		if s.GPU.Address == addr {
 			st = &s
 			break
@@ -66,22 +66,22 @@ func (a *Agent) checkDriver(ctx context.Context, addr string) bool {
 	if st == nil || st.Status == ledger.GPUReserved || st.Status == ledger.GPUUnhealthy || st.Status == ledger.GPUUnusable {
 		return false // unusable: left on its driver on purpose (passthrough.go)
 	}
-	d, err := a.pci.Device(addr)
+	d, err := h.pci.Device(addr)
 	if err != nil {
 		return false // gone: CheckHealth fences it
 	}
 	switch {
 	case st.ClaimID != "" && d.Driver != vfio.DriverVFIO:
-		a.log.Warn("GPU of a claim rebound behind the ledger; binding it back to vfio-pci",
-			"pci_address", addr, "claim", st.ClaimID, "driver", orNone(d.Driver))
-		a.metrics.DriverChangeUnexpected(addr, d.Driver)
-		_ = a.bind(ctx, "driver check: claim "+st.ClaimID, addr) // a failure fences the GPU
+		h.log.Warn("GPU of a claim rebound behind the ledger; binding it back to vfio-pci",
+			"pci_address", addr, "claim", st.ClaimID, "driver", OrNone(d.Driver))
+		h.counters.DriverChangeUnexpected(addr, d.Driver)
+		_ = h.Bind(ctx, "driver check: claim "+st.ClaimID, addr) // a failure fences the GPU
 		return true
-	case st.ClaimID == "" && d.Driver != vfio.DriverVFIO && !a.policy.Accepts(d.Driver):
-		a.log.Warn("free GPU rebound behind the ledger; returning it to the idle driver",
-			"pci_address", addr, "driver", orNone(d.Driver), "idle_driver", string(a.policy))
-		a.metrics.DriverChangeUnexpected(addr, d.Driver)
-		a.toIdleLocked(ctx, "driver check", []string{addr}, "")
+	case st.ClaimID == "" && d.Driver != vfio.DriverVFIO && !h.policy.Accepts(d.Driver):
+		h.log.Warn("free GPU rebound behind the ledger; returning it to the idle driver",
+			"pci_address", addr, "driver", OrNone(d.Driver), "idle_driver", string(h.policy))
+		h.counters.DriverChangeUnexpected(addr, d.Driver)
+		h.ToIdleLocked(ctx, "driver check", []string{addr}, "")
 		return true
 	}
 	return false

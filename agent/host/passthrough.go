@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -30,74 +30,67 @@ type passState struct {
 
 // initReadiness takes the first verdict of every GPU, before reconcile
 // moves anything, and hands the result to the ledger.
-func (a *Agent) initReadiness(allow vfio.AllowList) error {
-	a.pass.mu.Lock()
-	a.pass.cfg = vfio.ReadinessConfig{Allow: allow, AllowUnsafeInterrupts: a.cfg.AllowUnsafeInterrupts}
-	a.pass.verdicts = map[string]vfio.Verdict{}
-	a.pass.members = map[string][]string{}
-	a.pass.mu.Unlock()
-	a.assessGPUs(a.addresses(), "start")
-	return a.pushInventory()
-}
-
-// addresses is every GPU of the inventory, sorted.
-func (a *Agent) addresses() []string {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return slices.Clone(a.order)
+func (h *Host) InitReadiness(allow vfio.AllowList) error {
+	h.pass.mu.Lock()
+	h.pass.cfg = vfio.ReadinessConfig{Allow: allow, AllowUnsafeInterrupts: h.cfg.AllowUnsafeInterrupts}
+	h.pass.verdicts = map[string]vfio.Verdict{}
+	h.pass.members = map[string][]string{}
+	h.pass.mu.Unlock()
+	h.assessGPUs(h.Addresses(), "start")
+	return h.PushInventory()
 }
 
 // verdict returns the last verdict about the GPU at addr.
-func (a *Agent) verdict(addr string) (vfio.Verdict, bool) {
-	a.pass.mu.RLock()
-	defer a.pass.mu.RUnlock()
-	v, ok := a.pass.verdicts[addr]
+func (h *Host) Verdict(addr string) (vfio.Verdict, bool) {
+	h.pass.mu.RLock()
+	defer h.pass.mu.RUnlock()
+	v, ok := h.pass.verdicts[addr]
 	return v, ok
 }
 
 // unusable reports why the GPU at addr cannot be passed through now, or "".
-func (a *Agent) unusable(addr string) string {
-	v, _ := a.verdict(addr)
+func (h *Host) Unusable(addr string) string {
+	v, _ := h.Verdict(addr)
 	return v.Reason()
 }
 
 // assessGPUs reads the verdict of each GPU of addrs and keeps it. It
 // returns the GPUs whose verdict changed and, of those, the ones that are
 // ready now. A GPU that cannot be read at all is left to the health check.
-func (a *Agent) assessGPUs(addrs []string, why string) (changed, nowReady []string) {
-	a.pass.assess.Lock()
-	defer a.pass.assess.Unlock()
-	a.pass.mu.RLock()
-	cfg := a.pass.cfg
-	a.pass.mu.RUnlock()
-	host := a.pci.ReadHostFacts()
+func (h *Host) assessGPUs(addrs []string, why string) (changed, nowReady []string) {
+	h.pass.assess.Lock()
+	defer h.pass.assess.Unlock()
+	h.pass.mu.RLock()
+	cfg := h.pass.cfg
+	h.pass.mu.RUnlock()
+	host := h.pci.ReadHostFacts()
 	for _, addr := range addrs {
-		v, err := a.pci.Readiness(addr, cfg, &host)
+		v, err := h.pci.Readiness(addr, cfg, &host)
 		if err != nil {
-			a.log.Debug("readiness: GPU not readable", "pci_address", addr, "err", err)
+			h.log.Debug("readiness: GPU not readable", "pci_address", addr, "err", err)
 			continue
 		}
 		var members []string
-		if g, ok := a.gpu(addr); ok && g.IOMMUGroup >= 0 {
-			if ms, err := a.pci.GroupMembers(g.IOMMUGroup); err == nil {
+		if g, ok := h.GPU(addr); ok && g.IOMMUGroup >= 0 {
+			if ms, err := h.pci.GroupMembers(g.IOMMUGroup); err == nil {
 				for _, m := range ms {
 					members = append(members, m.Address)
 				}
 			}
 		}
-		a.pass.mu.Lock()
-		old, seen := a.pass.verdicts[addr]
-		a.pass.verdicts[addr] = v
+		h.pass.mu.Lock()
+		old, seen := h.pass.verdicts[addr]
+		h.pass.verdicts[addr] = v
 		if members != nil {
 			// Kept when the group could not be read: a removal must
 			// still find the GPU it concerns.
-			a.pass.members[addr] = members
+			h.pass.members[addr] = members
 		}
-		a.pass.mu.Unlock()
+		h.pass.mu.Unlock()
 		if seen && old.Equal(v) {
 			continue
 		}
-		a.logVerdict(addr, why, old, seen, v)
+		h.logVerdict(addr, why, old, seen, v)
 		if !seen || old.Ready() != v.Ready() {
 			changed = append(changed, addr)
 			if v.Ready() && seen {
@@ -110,81 +103,81 @@ func (a *Agent) assessGPUs(addrs []string, why string) (changed, nowReady []stri
 
 // logVerdict tells the operator what changed about a GPU, in the terms of
 // what happened: nothing is released or moved by a verdict.
-func (a *Agent) logVerdict(addr, why string, old vfio.Verdict, seen bool, v vfio.Verdict) {
+func (h *Host) logVerdict(addr, why string, old vfio.Verdict, seen bool, v vfio.Verdict) {
 	drv := ""
-	if d, err := a.pci.Device(addr); err == nil {
+	if d, err := h.pci.Device(addr); err == nil {
 		drv = d.Driver
 	}
 	for _, w := range v.Warnings {
-		a.log.Warn("GPU passthrough warning", "pci_address", addr, "code", w.Code, "problem", w.Message, "fix", w.Fix)
+		h.log.Warn("GPU passthrough warning", "pci_address", addr, "code", w.Code, "problem", w.Message, "fix", w.Fix)
 	}
 	switch {
 	case !v.Ready():
 		for _, p := range v.Blocking {
 			args := []any{"pci_address", addr, "why_checked", why, "code", p.Code, "problem", p.Message, "fix", p.Fix,
-				"driver", orNone(drv), "changed", "nothing: the GPU stays on its driver and is not offered"}
+				"driver", OrNone(drv), "changed", "nothing: the GPU stays on its driver and is not offered"}
 			if p.Device != nil {
 				args = append(args, "blocking_device", p.Device.String())
 			}
-			a.log.Warn("GPU unusable: it cannot be passed through to a VM", args...)
+			h.log.Warn("GPU unusable: it cannot be passed through to a VM", args...)
 		}
 	case seen && !old.Ready():
-		a.log.Info("GPU can be passed through again; offered", "pci_address", addr, "why_checked", why)
+		h.log.Info("GPU can be passed through again; offered", "pci_address", addr, "why_checked", why)
 	}
 }
 
 // refreshReadiness re-reads the verdict of addrs; GPUs that became unusable
 // leave the offer at once (the ledger, then gossip), GPUs that became ready
 // go to the idle driver and are offered.
-func (a *Agent) refreshReadiness(ctx context.Context, why string, addrs []string) {
-	changed, nowReady := a.assessGPUs(addrs, why)
+func (h *Host) refreshReadiness(ctx context.Context, why string, addrs []string) {
+	changed, nowReady := h.assessGPUs(addrs, why)
 	if len(changed) == 0 {
 		return
 	}
-	if err := a.pushInventory(); err != nil {
-		a.log.Error("readiness: handing the inventory to the ledger", "err", err)
+	if err := h.PushInventory(); err != nil {
+		h.log.Error("readiness: handing the inventory to the ledger", "err", err)
 	}
 	for _, addr := range nowReady {
-		unlock := a.locks.Lock(addr)
-		if a.unusable(addr) == "" {
-			a.toIdleLocked(ctx, "ready for passthrough ("+why+")", []string{addr}, "")
+		unlock := h.locks.Lock(addr)
+		if h.Unusable(addr) == "" {
+			h.ToIdleLocked(ctx, "ready for passthrough ("+why+")", []string{addr}, "")
 		}
 		unlock()
 	}
-	a.changed()
+	h.changed()
 }
 
 // noteReadiness re-reads the verdict of addrs and takes the GPUs that
 // became unusable out of the offer, moving nothing: the caller may hold
 // their device locks (refreshReadiness, which also moves GPUs that became
 // ready to the idle driver, takes them).
-func (a *Agent) noteReadiness(why string, addrs []string) {
-	if changed, _ := a.assessGPUs(addrs, why); len(changed) > 0 {
-		if err := a.pushInventory(); err != nil {
-			a.log.Error("readiness: handing the inventory to the ledger", "err", err)
+func (h *Host) NoteReadiness(why string, addrs []string) {
+	if changed, _ := h.assessGPUs(addrs, why); len(changed) > 0 {
+		if err := h.PushInventory(); err != nil {
+			h.log.Error("readiness: handing the inventory to the ledger", "err", err)
 		}
-		a.changed()
+		h.changed()
 	}
 }
 
 // gpusTouchedBy returns the GPUs whose IOMMU group holds one of addrs, now
 // or at the last look (a removed device is no longer in any group).
-func (a *Agent) gpusTouchedBy(addrs []string) []string {
+func (h *Host) gpusTouchedBy(addrs []string) []string {
 	var out []string
 	groups := map[int]bool{}
 	for _, addr := range addrs {
-		if d, err := a.pci.Device(addr); err == nil && d.IOMMUGroup >= 0 {
+		if d, err := h.pci.Device(addr); err == nil && d.IOMMUGroup >= 0 {
 			groups[d.IOMMUGroup] = true
 		}
 	}
-	a.pass.mu.RLock()
-	last := make(map[string][]string, len(a.pass.members))
-	for k, v := range a.pass.members {
+	h.pass.mu.RLock()
+	last := make(map[string][]string, len(h.pass.members))
+	for k, v := range h.pass.members {
 		last[k] = v
 	}
-	a.pass.mu.RUnlock()
-	for _, gpu := range a.addresses() {
-		g, _ := a.gpu(gpu)
+	h.pass.mu.RUnlock()
+	for _, gpu := range h.Addresses() {
+		g, _ := h.GPU(gpu)
 		hit := g.IOMMUGroup >= 0 && groups[g.IOMMUGroup]
 		for _, addr := range addrs {
 			hit = hit || addr == gpu || slices.Contains(last[gpu], addr)
@@ -198,26 +191,26 @@ func (a *Agent) gpusTouchedBy(addrs []string) []string {
 
 // ReloadReadiness applies a new allow list and allow_unsafe_interrupts (a
 // configuration reload) and re-reads every GPU's verdict.
-func (a *Agent) ReloadReadiness(ctx context.Context, allow vfio.AllowList, allowUnsafeInterrupts bool) {
-	a.binder.SetAllowList(allow)
-	a.pass.mu.Lock()
-	a.pass.cfg = vfio.ReadinessConfig{Allow: allow, AllowUnsafeInterrupts: allowUnsafeInterrupts}
-	a.pass.mu.Unlock()
-	a.refreshReadiness(ctx, "configuration reloaded", a.addresses())
-	a.Resync() // the other PCI handlers re-read too
+func (h *Host) ReloadReadiness(ctx context.Context, allow vfio.AllowList, allowUnsafeInterrupts bool) {
+	h.binder.SetAllowList(allow)
+	h.pass.mu.Lock()
+	h.pass.cfg = vfio.ReadinessConfig{Allow: allow, AllowUnsafeInterrupts: allowUnsafeInterrupts}
+	h.pass.mu.Unlock()
+	h.refreshReadiness(ctx, "configuration reloaded", h.Addresses())
+	h.Resync() // the other PCI handlers re-read too
 }
 
 // whyNotOffered is why a GPU is unhealthy, else why it is unusable, else "".
-func (a *Agent) whyNotOffered(addr string) string {
-	if h := a.health(addr); h != "" {
-		return h
+func (h *Host) WhyNotOffered(addr string) string {
+	if why := h.Health(addr); why != "" {
+		return why
 	}
-	return a.unusable(addr)
+	return h.Unusable(addr)
 }
 
 // readinessView is the last verdict in the API's terms.
-func (a *Agent) readinessView(addr string) *api.Readiness {
-	v, ok := a.verdict(addr)
+func (h *Host) Readiness(addr string) *api.Readiness {
+	v, ok := h.Verdict(addr)
 	if !ok {
 		return nil
 	}

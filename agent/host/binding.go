@@ -1,4 +1,4 @@
-package agent
+package host
 
 import (
 	"context"
@@ -15,47 +15,49 @@ import (
 // The hardware side of claims: binding a claim's GPUs to vfio-pci and
 // returning free GPUs to the idle driver.
 
-type bindFailure struct {
-	claim, addr string
-	err         error
+// BindFailure is a GPU of a claim that could not be bound (or was kept
+// back) while a reservation bound its GPUs.
+type BindFailure struct {
+	Claim, Addr string
+	Err         error
 }
 
-// errKeptBack: a GPU released while a VM still holds its VFIO group open
+// ErrKeptBack: a GPU released while a VM still holds its VFIO group open
 // is kept back from new claims until the VM lets go.
-var errKeptBack = errors.New("a VM still holds its VFIO group open after its release; it is offered again once the VM lets go")
+var ErrKeptBack = errors.New("a VM still holds its VFIO group open after its release; it is offered again once the VM lets go")
 
-func (b *bindFailure) Error() string {
-	if errors.Is(b.err, errKeptBack) {
-		return fmt.Sprintf("claim %s: GPU %s was not taken: %v", b.claim, b.addr, b.err)
+func (b *BindFailure) Error() string {
+	if errors.Is(b.Err, ErrKeptBack) {
+		return fmt.Sprintf("claim %s: GPU %s was not taken: %v", b.Claim, b.Addr, b.Err)
 	}
-	if errors.Is(b.err, vfio.ErrGroupNotViable) {
-		return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci: its IOMMU group changed and cannot be passed through now (the GPU is unusable; nothing of its group was written): %v", b.claim, b.addr, b.err)
+	if errors.Is(b.Err, vfio.ErrGroupNotViable) {
+		return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci: its IOMMU group changed and cannot be passed through now (the GPU is unusable; nothing of its group was written): %v", b.Claim, b.Addr, b.Err)
 	}
-	return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci and was fenced off: %v", b.claim, b.addr, b.err)
+	return fmt.Sprintf("claim %s: GPU %s could not be bound to vfio-pci and was fenced off: %v", b.Claim, b.Addr, b.Err)
 }
 
-func (b *bindFailure) Unwrap() error { return b.err }
+func (b *BindFailure) Unwrap() error { return b.Err }
 
 // bind moves one GPU's group to vfio-pci, fencing the GPU when it fails.
 // The caller holds the GPU's device lock.
-func (a *Agent) bind(ctx context.Context, why, addr string) error {
-	start := a.clk.Now()
-	mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
-	res, err := a.binder.Bind(mctx, addr)
+func (h *Host) Bind(ctx context.Context, why, addr string) error {
+	start := h.clk.Now()
+	mctx, cancel := h.moveContext(ctx, addr) // moves.go: no client cancels a move
+	res, err := h.binder.Bind(mctx, addr)
 	cancel()
-	a.rec.VFIOOperation(events.VFIOBind, clock.Since(a.clk, start), err)
+	h.rec.VFIOOperation(events.VFIOBind, clock.Since(h.clk, start), err)
 	if errors.Is(err, vfio.ErrGroupNotViable) {
 		// Refused before any write: the group changed since it was
 		// looked at. Unusable, not broken. (The device lock is held:
 		// nothing may be moved from here.)
-		a.noteReadiness(why, []string{addr})
+		h.NoteReadiness(why, []string{addr})
 		return err
 	}
 	if err != nil {
-		a.fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
+		h.Fence(addr, fmt.Sprintf("bind to vfio-pci failed (%s): %v", why, err))
 		return err
 	}
-	logChanges(a, why, res)
+	logChanges(h, why, res)
 	return nil
 }
 
@@ -63,34 +65,34 @@ func (a *Agent) bind(ctx context.Context, why, addr string) error {
 // idle driver, skipping skip. The caller holds their device locks, so a
 // claim that takes one of them now binds it only after this returns. Failures
 // fence the GPU; the release itself already happened in the ledger.
-func (a *Agent) toIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
-	a.toIdleScanned(ctx, why, addrs, skip, &groupScan{a: a})
+func (h *Host) ToIdleLocked(ctx context.Context, why string, addrs []string, skip string) {
+	h.ToIdleScanned(ctx, why, addrs, skip, &GroupScan{h: h})
 }
 
 // toIdleScanned is toIdleLocked with the /proc scan of a releaseLocked.
-func (a *Agent) toIdleScanned(ctx context.Context, why string, addrs []string, skip string, scan *groupScan) {
-	for _, addr := range a.unclaimed(addrs) {
-		if addr == skip || a.health(addr) != "" || a.unusable(addr) != "" || a.keepWhileOpen(addr, why, scan) {
+func (h *Host) ToIdleScanned(ctx context.Context, why string, addrs []string, skip string, scan *GroupScan) {
+	for _, addr := range h.unclaimed(addrs) {
+		if addr == skip || h.Health(addr) != "" || h.Unusable(addr) != "" || h.keepWhileOpen(addr, why, scan) {
 			continue // fenced, its group cannot be passed through, or a VM holds it: left where it is
 		}
-		start := a.clk.Now()
-		mctx, cancel := a.moveContext(ctx, addr) // moves.go: no client cancels a move
-		res, err := a.binder.Release(mctx, addr, a.policy)
+		start := h.clk.Now()
+		mctx, cancel := h.moveContext(ctx, addr) // moves.go: no client cancels a move
+		res, err := h.binder.Release(mctx, addr, h.policy)
 		cancel()
-		a.rec.VFIOOperation(events.VFIORelease, clock.Since(a.clk, start), err)
+		h.rec.VFIOOperation(events.VFIORelease, clock.Since(h.clk, start), err)
 		if err != nil {
-			a.fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", a.policy, why, err))
+			h.Fence(addr, fmt.Sprintf("could not be put on the idle driver %s (%s): %v", h.policy, why, err))
 			continue
 		}
-		logChanges(a, why, res)
+		logChanges(h, why, res)
 	}
 }
 
 // unclaimed keeps the addresses that no live claim holds (a GPU freed by an
 // expired reservation may already be in a new claim).
-func (a *Agent) unclaimed(addrs []string) []string {
+func (h *Host) unclaimed(addrs []string) []string {
 	held := map[string]bool{}
-	for _, s := range a.ledger.GPUStates(a.clk.Now()) {
+	for _, s := range h.ledger.GPUStates(h.clk.Now()) {
 		if s.ClaimID != "" {
 			held[s.GPU.Address] = true
 		}
@@ -106,13 +108,14 @@ func (a *Agent) unclaimed(addrs []string) []string {
 
 // logChanges logs every driver change of a bind or release: the operator's
 // record of what gpuherd did to the machine, and why.
-func logChanges(a *Agent, why string, res vfio.Result) {
+func logChanges(h *Host, why string, res vfio.Result) {
 	for _, ch := range res.Changes {
-		a.log.Info("driver changed", "why", why, "pci_address", ch.Address, "from", orNone(ch.From), "to", orNone(ch.To))
+		h.log.Info("driver changed", "why", why, "pci_address", ch.Address, "from", OrNone(ch.From), "to", OrNone(ch.To))
 	}
 }
 
-func orNone(s string) string {
+// OrNone names a driver for people: "(none)" when there is none.
+func OrNone(s string) string {
 	if s == "" {
 		return "(none)"
 	}
@@ -130,12 +133,12 @@ func orNone(s string) string {
 // may hold it. The caller returns the GPUs to the idle driver with
 // toIdleScanned and scan (under the locks, or under new ones), then calls
 // unlock; unlock is nil with an error.
-func (a *Agent) releaseLocked(id, why string, release func() (ledger.Claim, error)) (c ledger.Claim, scan *groupScan, unlock func(), err error) {
+func (h *Host) ReleaseLocked(id, why string, release func() (ledger.Claim, error)) (c ledger.Claim, scan *GroupScan, unlock func(), err error) {
 	var held []string
-	if cur, gerr := a.ledger.Get(id); gerr == nil {
+	if cur, gerr := h.ledger.Get(id); gerr == nil {
 		held = cur.GPUs
 	}
-	unlock = a.locks.Lock(held...)
+	unlock = h.locks.Lock(held...)
 	c, err = release()
 	if err != nil {
 		unlock()
@@ -145,12 +148,12 @@ func (a *Agent) releaseLocked(id, why string, release func() (ledger.Claim, erro
 		// Reserved again under the same ID between the read and the
 		// release: lock what the release freed.
 		unlock()
-		unlock = a.locks.Lock(c.GPUs...)
+		unlock = h.locks.Lock(c.GPUs...)
 	}
-	scan = &groupScan{a: a}
+	scan = &GroupScan{h: h}
 	for _, addr := range c.GPUs {
-		if a.health(addr) == "" && a.unusable(addr) == "" {
-			a.keepWhileOpen(addr, why, scan)
+		if h.Health(addr) == "" && h.Unusable(addr) == "" {
+			h.keepWhileOpen(addr, why, scan)
 		}
 	}
 	return c, scan, unlock, nil
