@@ -39,7 +39,6 @@ const (
 	codeUnreachable      = "unreachable"
 	codePermissionDenied = "permission_denied"
 	codeError            = "error"
-	codeNoEndpoint       = "no_such_endpoint"
 )
 
 // errorCode names the class of err in the API's vocabulary.
