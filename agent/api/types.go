@@ -308,30 +308,6 @@ type VersionInfo struct {
 	Go      string `json:"go"`
 }
 
-// Error codes. The HTTP status carries the class; the code tells which.
-const (
-	CodeInvalid      = "invalid_request" // 400: a field is wrong; Field names it
-	CodeUnknownModel = "unknown_model"   // 400: KnownModels lists the catalog
-	CodeNotFound     = "not_found"       // 404
-	CodeNotAvailable = "not_available"   // 409: Missing lists what could not be placed
-	CodeConflict     = "conflict"        // 409: the ID is taken by a different request
-	CodeLeaseExpired = "lease_expired"   // 409: a reservation expired before commit
-	CodeBindFailed   = "bind_failed"     // 500: a GPU could not be moved to vfio-pci
-	CodeInternal     = "internal"        // 500
-	CodeUnavailable  = "unavailable"     // 503: the agent cannot serve this now
-	CodeNotClaimed   = "not_claimed"     // 409: a domain names GPUs its claim does not hold; PCIAddresses lists them
-	CodeInUse        = "in_use"          // 409: the claim is in use by another VM, or a release would take GPUs from a VM using them
-	CodeNotBound     = "not_bound"       // 409: a GPU of the claim is not on vfio-pci; PCIAddresses lists them
-	CodeLost         = "lost"            // 410: the claim's server was removed from the cluster; release it to free the ID
-	CodeForbidden    = "forbidden"       // 403: a peer call without a verified caller, or naming a node other than its caller
-	CodeLimit        = "limit"           // 429: the caller holds as many records of this kind as one caller may
-	// CodeGoBack is between agents only: an owner refused to commit a
-	// claim whose ID last ran on another server (Node) within its
-	// remember_released, placed without any_node; the coordinator places
-	// it there instead. Clients never see it.
-	CodeGoBack = "go_back" // 409
-)
-
 // Error is the body of every non-2xx answer.
 type Error struct {
 	Status      int      `json:"-"`

@@ -11,24 +11,80 @@ import (
 
 // Exit codes, as documented in the README and in gpuherd(1). Each class has
 // its own, so that a script can tell what to do next without parsing text.
+// exitClasses says what each means and which error codes end in it.
 const (
 	exitOK           = 0
-	exitError        = 1 // anything else: a bug, a bad file, permission denied
-	exitUsage        = 2 // bad input; nothing was changed
-	exitNotAvailable = 3 // no server can hold the request now
-	exitNotFound     = 4 // no such claim, group or GPU; or a claim lost with its server
-	exitUnavailable  = 5 // retryable: an agent or a server did not answer
-	exitConflict     = 6 // held under another request, or in use by a VM
+	exitError        = 1
+	exitUsage        = 2
+	exitNotAvailable = 3
+	exitNotFound     = 4
+	exitUnavailable  = 5
+	exitConflict     = 6
 )
+
+// exitClass is one exit code: its name and the help's words on it, and the
+// error codes (the API's and the CLI's own) that end in it.
+type exitClass struct {
+	code  int
+	name  string
+	help  string // in parentheses after the name; "" for none
+	codes []string
+}
+
+// exitClasses is every exit code, once, in order, and every error code in
+// exactly one of them: the help's exit code table is made from it and
+// exitCode reads it; tests hold the README's table and api.ErrorCodes to it.
+var exitClasses = []exitClass{
+	{exitOK, "ok", "", nil},
+	// Anything else: a bug, a bad file, permission denied. Forbidden and
+	// limit are not the caller's input and not worth a retry: its
+	// certificate does not let it say that (or it holds too much already).
+	// go_back is between agents only.
+	{exitError, "error", "", []string{api.CodeBindFailed, api.CodeInternal, api.CodeNotClaimed, api.CodeNotBound,
+		api.CodeForbidden, api.CodeLimit, api.CodeGoBack, codePermissionDenied, codeError}},
+	{exitUsage, "usage", "bad input, nothing changed", []string{codeUsage, api.CodeUnknownModel}},
+	{exitNotAvailable, "not available", "no server can hold the request; alternatives follow", []string{api.CodeNotAvailable}},
+	{exitNotFound, "not found", "or lost with a removed server", []string{api.CodeNotFound, api.CodeLost}},
+	{exitUnavailable, "unavailable", "an agent or server did not answer, or a listing lacks a server: claims, " +
+		"availability and members then print what they have and name the missing servers; retry",
+		[]string{api.CodeUnavailable, api.CodeLeaseExpired, codeUnreachable}},
+	{exitConflict, "conflict", "the ID is held under another request, or the GPU is in use by a VM",
+		[]string{api.CodeConflict, api.CodeInUse}},
+}
 
 // exitCodesHelp is the exit code table of the root command's help (and so
 // of gpuherd(1)).
-const exitCodesHelp = `Exit codes: 0 ok; 1 error; 2 usage (bad input, nothing changed); 3 not
-available (no server can hold the request; alternatives follow); 4 not found
-(or lost with a removed server); 5 unavailable (an agent or server did not
-answer, or a listing lacks a server: claims, availability and members then
-print what they have and name the missing servers; retry); 6 conflict (the ID is held under another request, or the GPU
-is in use by a VM).`
+func exitCodesHelp() string {
+	parts := make([]string, len(exitClasses))
+	for i, c := range exitClasses {
+		parts[i] = fmt.Sprintf("%d %s", c.code, c.name)
+		if c.help != "" {
+			parts[i] += " (" + c.help + ")"
+		}
+	}
+	return wrapWords("Exit codes: "+strings.Join(parts, "; ")+".", 79)
+}
+
+// wrapWords breaks s between words into lines of at most width bytes (a
+// longer word gets a line of its own).
+func wrapWords(s string, width int) string {
+	var b strings.Builder
+	n := 0
+	for i, w := range strings.Fields(s) {
+		switch {
+		case i == 0:
+		case n+1+len(w) > width:
+			b.WriteByte('\n')
+			n = 0
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
+	}
+	return b.String()
+}
 
 type apiError = api.Error
 
@@ -39,7 +95,6 @@ const (
 	codeUnreachable      = "unreachable"
 	codePermissionDenied = "permission_denied"
 	codeError            = "error"
-	codeNoEndpoint       = "no_such_endpoint"
 )
 
 // errorCode names the class of err in the API's vocabulary.
@@ -61,24 +116,22 @@ func errorCode(err error) string {
 	return codeError
 }
 
-func exitCode(err error) int {
-	switch errorCode(err) {
-	case codeUsage, api.CodeUnknownModel:
-		return exitUsage
-	case api.CodeNotAvailable:
-		return exitNotAvailable
-	case api.CodeNotFound, api.CodeLost:
-		return exitNotFound
-	case api.CodeUnavailable, api.CodeLeaseExpired, codeUnreachable:
-		return exitUnavailable
-	case api.CodeConflict, api.CodeInUse:
-		return exitConflict
-	case api.CodeForbidden, api.CodeLimit:
-		// Not the caller's input and not worth a retry: its certificate
-		// does not let it say that (or it holds too much already).
-		return exitError
+// exitOf is the exit code of each error code, from exitClasses.
+var exitOf = func() map[string]int {
+	m := map[string]int{}
+	for _, c := range exitClasses {
+		for _, code := range c.codes {
+			m[code] = c.code
+		}
 	}
-	return exitError
+	return m
+}()
+
+func exitCode(err error) int {
+	if code, ok := exitOf[errorCode(err)]; ok {
+		return code
+	}
+	return exitError // a code of a newer agent
 }
 
 // usageError is bad input from the command line: exit 2.

@@ -96,7 +96,7 @@ with the same field names everywhere (pci_address; PCI IDs as hex strings
 such as "10de"). With json or yaml a failure is written on stderr as
 {"error": {"code": "...", "message": "..."}}.
 
-` + exitCodesHelp,
+` + exitCodesHelp(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

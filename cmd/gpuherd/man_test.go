@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,8 +57,8 @@ func TestManPages(t *testing.T) {
 	}
 	root1, _ := os.ReadFile(filepath.Join(dir, "gpuherd.1"))
 	words := strings.Join(strings.Fields(string(root1)), " ")
-	for _, code := range []string{"0 ok", "1 error", "2 usage", "3 not available", "4 not found", "5 unavailable", "6 conflict"} {
-		if !strings.Contains(words, code) {
+	for _, c := range exitClasses {
+		if code := fmt.Sprintf("%d %s", c.code, c.name); !strings.Contains(words, code) {
 			t.Errorf("gpuherd.1 does not document exit code %q", code)
 		}
 	}

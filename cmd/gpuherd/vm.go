@@ -9,10 +9,6 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 )
 
-// exitInUse: a release refused because a VM uses the claim's GPUs, one of
-// the conflicts of exitConflict (exit.go).
-const exitInUse = exitConflict
-
 // warn prints an answer's warnings for people, after the answer.
 func (g *globals) warn(warnings []string) {
 	for _, w := range warnings {

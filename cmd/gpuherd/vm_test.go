@@ -86,12 +86,12 @@ func TestCLIReleaseOfAGPUInUse(t *testing.T) {
 
 	r := gpuherd(t, sock, "release", "vm-b")
 	want := "gpuherd: claim vm-b: GPU " + g.PCIAddress + " is in use by pid 4242 (qemu-system-x86, domain vm-b); stop the VM first, or release with --force\n"
-	if r.code != exitInUse || r.stderr != want || r.stdout != "" {
+	if r.code != exitConflict || r.stderr != want || r.stdout != "" {
 		t.Fatalf("release while in use: %s; want exit 6 and %q", r, want)
 	}
 	r = gpuherd(t, sock, "release", "vm-b", "-o", "json")
 	var eb api.ErrorBody
-	if err := json.Unmarshal([]byte(r.stderr), &eb); err != nil || r.code != exitInUse || r.stdout != "" || eb.Error == nil || eb.Error.Code != api.CodeInUse {
+	if err := json.Unmarshal([]byte(r.stderr), &eb); err != nil || r.code != exitConflict || r.stdout != "" || eb.Error == nil || eb.Error.Code != api.CodeInUse {
 		t.Fatalf("release -o json while in use: %s", r)
 	}
 
