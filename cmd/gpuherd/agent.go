@@ -181,8 +181,15 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go notify.RunWatchdog(runCtx, a.Healthy)
+	// STOPPING=1 goes out before the process ends: the main path waits for
+	// it after Run returns on a stop (else an exit could beat it).
+	stopping := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		defer close(stopping)
+		<-runCtx.Done()
+		if ctx.Err() == nil {
+			return // Run ended on its own (an error): no stop to announce
+		}
 		log.Info("gpuherd agent stopping: finishing requests in progress, leaving gossip if clustered", "node", cfg.NodeName)
 		notify.Stopping()
 	}()
@@ -208,6 +215,9 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 		}
 		status()
 	})
+	if ctx.Err() != nil {
+		<-stopping
+	}
 	if err != nil {
 		log.Error("gpuherd agent stopped on an error", "node", cfg.NodeName, "err", err)
 		return err
