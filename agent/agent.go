@@ -14,18 +14,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
-	"github.com/gpuherd/gpuherd/internal/keyedlock"
-
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/internal/clock"
+	"github.com/gpuherd/gpuherd/internal/keyedlock"
 	"github.com/gpuherd/gpuherd/metrics"
 	"github.com/gpuherd/gpuherd/vfio"
 )
