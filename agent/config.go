@@ -11,10 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"go.yaml.in/yaml/v3"
 
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/vfio"
 )

@@ -10,9 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 )
 
 // Drain stops new claims on a GPU; a claim it is in stays.

@@ -4,9 +4,8 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 

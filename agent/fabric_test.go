@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 )
 
 func TestFabricRefusesClaimsThatAreNotAPartition(t *testing.T) {

@@ -11,11 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
-
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 )
 
 // Kubernetes node groups. Every node of a group gets the same GPUs, all of

@@ -11,9 +11,8 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
-
 	"github.com/gpuherd/gpuherd/gossip"
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
 )
 
 // The servers this agent has ever seen, kept on disk. Gossip only tells

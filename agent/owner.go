@@ -7,10 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 

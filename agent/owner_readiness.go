@@ -4,9 +4,8 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 )
 
 // The claim protocol's side of readiness (agent/host keeps the verdicts):

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )

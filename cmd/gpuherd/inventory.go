@@ -6,12 +6,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/gpuherd/gpuherd/agent/host"
-
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/vfio"
