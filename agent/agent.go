@@ -65,7 +65,8 @@ type Agent struct {
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
 	dir         *directory
-	boot        uint64 // this run's identity in gossip
+	notices     *dirNotices // what this agent, as an owner, owes the homes of its claims (notices.go)
+	boot        uint64      // this run's identity in gossip
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
 	lastRefusal atomic.Int64
@@ -198,6 +199,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a.watch.resync = make(chan struct{}, 1)
 	a.OnPCIChange(a.checkDriversOnEvents)
 	a.dir = newDirectory(a.clk.Now())
+	a.notices = newDirNotices()
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics

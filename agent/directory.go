@@ -19,12 +19,7 @@ import (
 // started or the membership changed less than directory_settle ago, or its
 // record is stale — the coordinator asks every server, as without it.
 
-const (
-	dirQueueLen     = 4096             // owner-side notifications waiting to be sent
-	dirSendAttempts = 3                // tries of one notification batch per home
-	dirResync       = time.Minute      // owners re-send where their claims are, at least this often
-	dirForget       = 10 * time.Minute // a stale intent is forgotten after this
-)
+const dirForget = 10 * time.Minute // a stale intent is forgotten after this
 
 // dirEntry is what the home knows about one claim ID.
 type dirEntry struct {
@@ -34,19 +29,12 @@ type dirEntry struct {
 }
 
 // directory is this agent's part of the directory: the entries of the IDs
-// homed here, and the notifications this agent, as an owner, owes the homes
-// of its claims.
+// homed here.
 type directory struct {
 	mu      sync.Mutex
 	entries map[string]*dirEntry
 	changed time.Time // the membership last changed, or this agent started
 	members uint64    // digest of the membership it changed to (name and boot of every usable member)
-
-	queue chan api.DirOp
-	// undelivered holds the claim IDs whose notification a home did not
-	// take; they are sent again, as the ledger has them then, every second.
-	undeliveredMu sync.Mutex
-	undelivered   map[string]bool
 
 	// released: where the IDs homed here were last released (lifecycle.go).
 	released map[string]lastRelease
@@ -56,7 +44,7 @@ type directory struct {
 }
 
 func newDirectory(now time.Time) *directory {
-	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}, released: map[string]lastRelease{}, counts: newDirCounts()}
+	return &directory{entries: map[string]*dirEntry{}, changed: now, released: map[string]lastRelease{}, counts: newDirCounts()}
 }
 
 // rendezvous is the weight of node for claim id; the highest weight wins.

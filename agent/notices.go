@@ -18,6 +18,26 @@ import (
 // "The claim directory"): a notice after every commit and release, in
 // order, and all of its claims again when the membership changes.
 
+const (
+	dirQueueLen     = 4096        // owner-side notifications waiting to be sent
+	dirSendAttempts = 3           // tries of one notification batch per home
+	dirResync       = time.Minute // owners re-send where their claims are, at least this often
+)
+
+// dirNotices are the notifications this agent, as an owner, owes the homes
+// of its claims.
+type dirNotices struct {
+	queue chan api.DirOp
+	// undelivered holds the claim IDs whose notification a home did not
+	// take; they are sent again, as the ledger has them then, every second.
+	undeliveredMu sync.Mutex
+	undelivered   map[string]bool
+}
+
+func newDirNotices() *dirNotices {
+	return &dirNotices{queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}}
+}
+
 // dirNote queues a notification for the home of claim id: this agent, as
 // its owner, committed it (DirOpHeld) or dropped it (DirOpGone).
 func (o *owner) dirNote(id, op string) {
@@ -25,7 +45,7 @@ func (o *owner) dirNote(id, op string) {
 		return
 	}
 	select {
-	case o.dir.queue <- api.DirOp{ID: id, Op: op}:
+	case o.notices.queue <- api.DirOp{ID: id, Op: op}:
 	default:
 		o.log.Warn("claim directory queue full; the periodic resync will catch up", "claim", id)
 	}
@@ -48,12 +68,12 @@ func (o *owner) dirWorker(ctx context.Context) {
 			return
 		case <-retry.C():
 			o.dirRetry(ctx)
-		case op := <-o.dir.queue:
+		case op := <-o.notices.queue:
 			batch := []api.DirOp{op}
 		more:
 			for len(batch) < api.MaxDirUpdateIDs {
 				select {
-				case op := <-o.dir.queue:
+				case op := <-o.notices.queue:
 					batch = append(batch, op)
 				default:
 					break more
@@ -124,7 +144,7 @@ func (o *owner) dirResyncAll(ctx context.Context) {
 // has the claims now (a claim released meanwhile is sent as gone, one
 // committed again as held), to their homes now.
 func (o *owner) dirRetry(ctx context.Context) {
-	d := o.dir
+	d := o.notices
 	d.undeliveredMu.Lock()
 	ids := d.undelivered
 	d.undelivered = map[string]bool{}
@@ -174,7 +194,7 @@ func (o *owner) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
 	if o.dirDeliver(ctx, home, api.DirUpdate{From: o.cfg.NodeName, Ops: ops}) {
 		return
 	}
-	d := o.dir
+	d := o.notices
 	d.undeliveredMu.Lock()
 	defer d.undeliveredMu.Unlock()
 	for _, op := range ops {
