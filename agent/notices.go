@@ -4,13 +4,12 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/ledger"
-	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
@@ -53,7 +52,8 @@ func (o *owner) dirNote(id, op string) {
 
 // dirWorker sends the owner's notifications to the homes, in order; re-sends
 // every claim of this server when the membership changes (homes move) and
-// every dirResync; and tracks the membership for dirTrusted.
+// every dirResync; and tells this agent's home of the membership changes,
+// for when it may vouch.
 func (o *owner) dirWorker(ctx context.Context) {
 	sub, cancel := o.cluster.g.Subscribe()
 	defer cancel()
@@ -99,32 +99,17 @@ func jitter(d time.Duration) time.Duration {
 	return d*3/4 + rand.N(d/2)
 }
 
-// dirMembership notes a change of the usable members (a member that came,
-// went, or restarted behind the same name) and reports whether there was one.
-//
-// It runs on every change of the view, capacity updates included, so it
-// computes an order-independent digest instead of comparing sorted names.
+// dirMembership tells this agent's home the usable members now, and reports
+// whether they changed (a member came, went, or restarted behind the same
+// name): then the homes of some IDs moved.
 func (o *owner) dirMembership() bool {
-	var set uint64
-	members := o.cluster.g.Members()
-	for _, m := range members {
+	var usable []home.Member
+	for _, m := range o.cluster.g.Members() {
 		if m.Usable() {
-			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
+			usable = append(usable, home.Member{Name: m.Name, Boot: m.Summary.Boot})
 		}
 	}
-	d := o.dir
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if set == d.members {
-		return false
-	}
-	d.members = set
-	d.changed = o.clk.Now()
-	// A coordinator that left places nothing any more (dirquota.go).
-	d.dropIntentsOf(func(n string) bool {
-		return n == o.cfg.NodeName || slices.ContainsFunc(members, func(m gossip.Member) bool { return m.Name == n && m.Usable() })
-	})
-	return true
+	return o.home.NoteMembership(usable)
 }
 
 // dirResyncAll re-sends every claim this server holds to its home.
@@ -171,7 +156,7 @@ func (o *owner) dirSend(ctx context.Context, ops []api.DirOp) {
 	byHome := map[string][]api.DirOp{}
 	homes := map[string]target{}
 	for _, op := range ops {
-		h := homeOf(op.ID, targets)
+		h := home.Of(op.ID, targets, targetName)
 		byHome[h.name] = append(byHome[h.name], op)
 		homes[h.name] = h
 	}

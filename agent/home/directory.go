@@ -1,8 +1,7 @@
-package agent
+package home
 
 import (
 	"hash/fnv"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -36,10 +35,10 @@ type directory struct {
 	changed time.Time // the membership last changed, or this agent started
 	members uint64    // digest of the membership it changed to (name and boot of every usable member)
 
-	// released: where the IDs homed here were last released (lifecycle.go).
+	// released: where the IDs homed here were last released (releases.go).
 	released map[string]lastRelease
 
-	// counts: the records above per caller, for their bounds (dirquota.go).
+	// counts: the records above per caller, for their bounds (quota.go).
 	counts dirCounts
 }
 
@@ -63,13 +62,18 @@ func rendezvous(node, id string) uint64 {
 	return x
 }
 
-// homeOf is the home of claim id among targets (which are never empty:
-// this agent is always one).
-func homeOf(id string, targets []target) target {
-	best, bestW := targets[0], rendezvous(targets[0].name, id)
-	for _, t := range targets[1:] {
-		if w := rendezvous(t.name, id); w > bestW || (w == bestW && t.name < best.name) {
-			best, bestW = t, w
+// Of is the home of claim id among members, which are never empty (the
+// agent asking is always one) and named by name: the member with the
+// highest rendezvous weight for id, the least name on a tie. Every agent
+// computes the same home from the same membership, and a member that comes
+// or goes moves only the IDs it was home for.
+func Of[M any](id string, members []M, name func(M) string) M {
+	best, bestName := members[0], name(members[0])
+	bestW := rendezvous(bestName, id)
+	for _, m := range members[1:] {
+		n := name(m)
+		if w := rendezvous(n, id); w > bestW || (w == bestW && n < bestName) {
+			best, bestName, bestW = m, n, w
 		}
 	}
 	return best
@@ -91,14 +95,14 @@ func (d *directory) answer(id string, now time.Time, ttl time.Duration) (api.Dir
 
 // apply applies one notification of from, which the peer API verified to
 // be the caller: an owner adds or removes only itself, a coordinator drops
-// only its own intent. It refuses a record past from's bound (dirquota.go).
+// only its own intent. It refuses a record past from's bound (quota.go).
 func (d *directory) apply(from string, op api.DirOp, now time.Time) error {
 	e := d.entries[op.ID]
 	switch op.Op {
 	case api.DirOpHeld:
 		if e == nil || !slices.Contains(e.owners, from) {
-			if d.counts.held[from] >= dirHeldPerCaller {
-				return limitError("claims reported held", from, dirHeldPerCaller)
+			if d.counts.held[from] >= HeldPerCaller {
+				return limitError("claims reported held", from, HeldPerCaller)
 			}
 		}
 		if e == nil {
@@ -152,6 +156,3 @@ func (d *directory) forget(now time.Time) {
 		}
 	}
 }
-
-// newBoot is a random, non-zero identity of this agent's run.
-func newBoot() uint64 { return rand.Uint64() | 1 }
