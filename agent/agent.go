@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -30,12 +31,13 @@ import (
 
 // Agent owns this server's GPUs. It wires the hardware, the ledger, gossip
 // and the servers, and runs the lifecycle; the claim protocol is its three
-// roles (docs/protocol.md): the coordinator, the owner and the home. Their
-// methods are promoted, so an *Agent serves the whole API.
+// roles (docs/protocol.md): the coordinator, the owner and the home. The
+// coordinator's and the owner's methods are promoted and the home's
+// forwarded, so an *Agent serves the whole API.
 type Agent struct {
 	*coordinator
 	*owner
-	*home
+	home *home.Home // the home role: the claim directory's records of the IDs homed here
 
 	cfg    Config
 	log    *slog.Logger
@@ -64,8 +66,8 @@ type Agent struct {
 	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
-	dir         *directory
-	boot        uint64 // this run's identity in gossip
+	notices     *dirNotices   // what this agent, as an owner, owes the homes of its claims (notices.go)
+	boot        uint64        // this run's identity in gossip
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
 	lastRefusal atomic.Int64
@@ -98,7 +100,26 @@ type Agent struct {
 	registry *registryState
 }
 
-var _ api.Service = (*Agent)(nil)
+var (
+	_ api.Service   = (*Agent)(nil)
+	_ api.Directory = (*Agent)(nil)
+)
+
+// BeginClaim is the home's (agent/home): an intent to place claim id.
+func (a *Agent) BeginClaim(ctx context.Context, id string, req api.DirBegin) (api.DirAnswer, error) {
+	return a.home.BeginClaim(ctx, id, req)
+}
+
+// LookupDirectory is the home's (agent/home): where claim id is.
+func (a *Agent) LookupDirectory(ctx context.Context, id string) (api.DirAnswer, error) {
+	return a.home.LookupDirectory(ctx, id)
+}
+
+// UpdateDirectory is the home's (agent/home): owners' and coordinators'
+// notifications.
+func (a *Agent) UpdateDirectory(ctx context.Context, u api.DirUpdate) error {
+	return a.home.UpdateDirectory(ctx, u)
+}
 
 // Option changes how New builds the agent; tests use them.
 type Option func(*options)
@@ -176,11 +197,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy,
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
-	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
+	a.coordinator, a.owner = &coordinator{a}, &owner{a}
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
 	a.feed.gen = rand.Uint64() >> 1
-	a.dir = newDirectory(a.clk.Now())
+	a.home = home.New(home.Deps{
+		NodeName:         cfg.NodeName,
+		Clock:            a.clk,
+		Members:          homeMembership{a},
+		DirectorySettle:  time.Duration(cfg.DirectorySettle),
+		RememberReleased: time.Duration(cfg.RememberReleased),
+		PendingTTL:       a.pendingTTL(),
+	})
+	a.notices = newDirNotices()
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics
@@ -377,6 +406,9 @@ func (a *Agent) ReloadGossipKeys(path string) error {
 	}
 	return a.cluster.g.ReloadKeys(path)
 }
+
+// newBoot is a random, non-zero identity of this agent's run.
+func newBoot() uint64 { return rand.Uint64() | 1 }
 
 // rnd breaks ties between equally good servers; each call gets its own
 // generator, so concurrent claims need no lock.

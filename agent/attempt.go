@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
 	"github.com/gpuherd/gpuherd/internal/clock"
@@ -44,7 +45,21 @@ type attempt struct {
 	named bool
 }
 
-// lookUp places a claim through its ID's home (see directory.go). It
+// pendingPatience is how long a coordinator waits on another agent's
+// intent to place the same claim ID before it looks the ID up on every
+// server itself. A real placement shows within it: its reservation (which
+// the every-server lookup then finds and finishes, or settles against) or
+// its commit. An intent alone proves nothing — any member can post one for
+// any ID — so it must not hold a real claim for a whole reservation's life.
+const pendingPatience = 2 * time.Second
+
+// pendingTTL is how long an intent counts as a placement in progress: a
+// coordinator reserves within reserveTimeout and commits within a lease.
+func (a *Agent) pendingTTL() time.Duration {
+	return reserveTimeout + time.Duration(a.cfg.ReservationLease) + 5*time.Second
+}
+
+// lookUp places a claim through its ID's home (see agent/home). It
 // reports done=false when the home cannot vouch for the ID (or does not
 // answer, or its record is stale): the caller then asks every server.
 //
@@ -58,7 +73,7 @@ type attempt struct {
 // held or being placed elsewhere; when the home cannot say, it is left for
 // the every-server lookup, which finds it and commits it (then settles).
 func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err error) {
-	home := homeOf(at.id, at.view)
+	home := home.Of(at.id, at.view, targetName)
 	dir, ok := home.owner.(api.Directory)
 	if !ok {
 		return api.Claim{}, false, nil

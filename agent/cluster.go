@@ -206,10 +206,39 @@ func clamp16(n int) uint16 {
 func (c *clusterState) peers() []target {
 	var out []target
 	for _, m := range c.g.Members() {
-		if m.Self || !m.Usable() || m.Summary.PeerAddr == "" {
-			continue
+		if askable(m) {
+			out = append(out, c.targetOf(m))
 		}
-		out = append(out, c.targetOf(m))
+	}
+	return out
+}
+
+// askable reports whether member m is a peer a coordinator may ask: another
+// alive server whose summary this agent can read, with a peer API.
+func askable(m gossip.Member) bool {
+	return !m.Self && m.Usable() && m.Summary.PeerAddr != ""
+}
+
+// homeMembership is the cluster as this agent's home reads it
+// (home.Membership); a server alone has not joined one.
+type homeMembership struct{ a *Agent }
+
+func (m homeMembership) Joined() bool {
+	c := m.a.cluster
+	return c != nil && c.joined.Load()
+}
+
+// Peers names the servers of peers, without building their targets.
+func (m homeMembership) Peers() []string {
+	c := m.a.cluster
+	if c == nil {
+		return nil
+	}
+	var out []string
+	for _, mb := range c.g.Members() {
+		if askable(mb) {
+			out = append(out, mb.Name)
+		}
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/placement"
@@ -136,7 +137,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 	c, err := at.place(ctx)
 	if err != nil && co.cluster != nil && !errors.Is(err, errCommitUnknown) {
 		// Nothing placed: drop the intent the home recorded for us.
-		at.abandon(ctx, homeOf(id, at.view))
+		at.abandon(ctx, home.Of(id, at.view, targetName))
 	}
 	return c, err
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 )
 
 // idHomedOn returns the first ID "vm-N" whose home, by a's view, is one of
@@ -16,7 +17,7 @@ import (
 func idHomedOn(a *Agent, homes ...string) string {
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("vm-%d", i)
-		if slices.Contains(homes, homeOf(id, a.targets()).name) {
+		if slices.Contains(homes, home.Of(id, a.targets(), targetName).name) {
 			return id
 		}
 	}
@@ -49,116 +50,6 @@ func startThree(tc *testCluster, pa, pb, pc string) (_ *testCluster, a, b, c *Ag
 	return tc, a, b, c
 }
 
-func namedTargets(n int) []target {
-	out := make([]target, n)
-	for i := range out {
-		out[i] = target{name: fmt.Sprintf("gpu-%03d", i)}
-	}
-	return out
-}
-
-// Homes spread evenly over the servers, and a server leaving moves only
-// the IDs it was home for.
-func TestDirectoryHomesSpreadAndStay(t *testing.T) {
-	const servers, ids = 50, 20000
-	all := namedTargets(servers)
-	count := map[string]int{}
-	home := map[string]string{}
-	for i := range ids {
-		id := fmt.Sprintf("vm-%d", i)
-		h := homeOf(id, all).name
-		count[h]++
-		home[id] = h
-	}
-	mean := ids / servers
-	for _, tg := range all {
-		if n := count[tg.name]; n < mean*7/10 || n > mean*13/10 {
-			t.Errorf("%s is home for %d IDs; the mean is %d", tg.name, n, mean)
-		}
-	}
-	gone := all[7].name
-	rest := append(append([]target{}, all[:7]...), all[8:]...)
-	moved := 0
-	for id, h := range home {
-		nh := homeOf(id, rest).name
-		switch {
-		case h != gone && nh != h:
-			t.Fatalf("%s moved from %s to %s although only %s left", id, h, nh, gone)
-		case h == gone:
-			moved++
-		}
-	}
-	if moved != count[gone] {
-		t.Errorf("%d IDs moved, %d were homed on %s", moved, count[gone], gone)
-	}
-}
-
-// The home's record of one ID through its life: an intent, the owner's
-// report, a release; a second coordinator sees the first one's intent; a
-// stale intent is unsure, never "absent".
-func TestDirectoryEntries(t *testing.T) {
-	d := newDirectory(time.Unix(0, 0))
-	now := time.Unix(100, 0)
-	const ttl = time.Minute
-	if _, ok := d.answer("vm-1", now, ttl); ok {
-		t.Fatal("an empty directory answered")
-	}
-	d.entries["vm-1"] = &dirEntry{coordinator: "a", since: now}
-	if ans, _ := d.answer("vm-1", now.Add(time.Second), ttl); ans.State != api.DirPending || ans.Coordinator != "a" {
-		t.Errorf("during a's placement: %+v", ans)
-	}
-	if ans, _ := d.answer("vm-1", now.Add(2*ttl), ttl); ans.State != api.DirUnsure {
-		t.Errorf("an intent older than its TTL: %+v, want unsure", ans)
-	}
-	// Another coordinator's abandon does not drop a's intent.
-	d.apply("b", api.DirOp{ID: "vm-1", Op: api.DirOpAbandon}, now)
-	if d.entries["vm-1"] == nil {
-		t.Fatal("b's abandon dropped a's intent")
-	}
-	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
-	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now) // a resync
-	if ans, _ := d.answer("vm-1", now.Add(2*ttl), ttl); ans.State != api.DirHeld || len(ans.Owners) != 1 || ans.Owners[0] != "owner-1" {
-		t.Errorf("after the commit: %+v", ans)
-	}
-	// A move: the new owner reports before the old one's release arrives.
-	d.apply("owner-2", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
-	d.apply("owner-1", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
-	if ans, _ := d.answer("vm-1", now, ttl); ans.State != api.DirHeld || len(ans.Owners) != 1 || ans.Owners[0] != "owner-2" {
-		t.Errorf("after a move: %+v", ans)
-	}
-	d.apply("owner-2", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
-	if _, ok := d.answer("vm-1", now, ttl); ok {
-		t.Errorf("released claim still has an entry: %+v", d.entries["vm-1"])
-	}
-	// A coordinator that placed nothing drops its own intent.
-	d.entries["vm-2"] = &dirEntry{coordinator: "a", since: now}
-	d.apply("a", api.DirOp{ID: "vm-2", Op: api.DirOpAbandon}, now)
-	if _, ok := d.answer("vm-2", now, ttl); ok {
-		t.Error("an abandoned intent stayed")
-	}
-}
-
-// Bad notifications are refused whole, naming what is wrong.
-func TestDirectoryRejectsBadUpdates(t *testing.T) {
-	tc := newTestCluster(t)
-	a := tc.start("a", "l40s-4")
-	ctx := context.Background()
-	for _, u := range []api.DirUpdate{
-		{From: "", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}}},
-		{From: "b c", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}}},
-		{From: "b", Ops: []api.DirOp{{ID: "vm-1", Op: api.DirOpHeld}, {ID: "../x", Op: api.DirOpHeld}}},
-		{From: "b", Ops: []api.DirOp{{ID: "vm-1", Op: "steal"}}},
-		{From: "b", Ops: make([]api.DirOp, api.MaxDirUpdateIDs+1)},
-	} {
-		if err := a.UpdateDirectory(ctx, u); !isCode(err, api.CodeInvalid) {
-			t.Errorf("update %+v: %v, want invalid", u.From, err)
-		}
-	}
-	if len(a.dir.entries) != 0 {
-		t.Errorf("a refused update changed the directory: %v", a.dir.entries)
-	}
-}
-
 // With the directory vouching, a claim, a get and a release need only the
 // ID's home and the owner: they work while another server's peer API does
 // not answer. A "not found" is never taken from the home alone: once the
@@ -179,14 +70,14 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 	for _, x := range []*Agent{a, b, c, d} {
 		for i := range 200 {
 			id := fmt.Sprintf("id-%d", i)
-			if x.isHome(id) != homeOf(id, x.targets()).self {
-				t.Fatalf("%s: isHome(%s) disagrees with homeOf", x.cfg.NodeName, id)
+			if x.home.IsHome(id) != home.Of(id, x.targets(), targetName).self {
+				t.Fatalf("%s: IsHome(%s) disagrees with home.Of", x.cfg.NodeName, id)
 			}
 		}
 	}
 	// An ID whose home is neither d (about to go quiet) nor b (the owner).
 	id := idHomedOn(a, "a", "c")
-	home := tc.agents[homeOf(id, a.targets()).name]
+	home := tc.agents[home.Of(id, a.targets(), targetName).name]
 	closePeerAPI(d) // d stays in gossip, its peer API is gone
 
 	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})
@@ -273,9 +164,9 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 		t.Fatalf("claim: %+v, %v", cl, err)
 	}
 	waitFor(t, "b's notice to be parked for a retry", 10*time.Second, func() bool {
-		b.dir.undeliveredMu.Lock()
-		defer b.dir.undeliveredMu.Unlock()
-		return b.dir.undelivered[id]
+		b.notices.undeliveredMu.Lock()
+		defer b.notices.undeliveredMu.Unlock()
+		return b.notices.undelivered[id]
 	})
 	if ans, _ := c.LookupDirectory(ctx, id); ans.State == api.DirHeld {
 		t.Fatalf("c learned of %s although b could not reach it: %+v", id, ans)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/sim"
 )
 
@@ -288,7 +289,7 @@ func TestPeerCallsSpeakOnlyForTheirCaller(t *testing.T) {
 	if a.ledger.Revision() != rev {
 		t.Errorf("refused calls changed a's ledger: revision %d → %d", rev, a.ledger.Revision())
 	}
-	if _, ok := c.dir.answer("vm-stolen", c.clk.Now(), time.Hour); ok {
+	if c.home.Knows("vm-stolen") {
 		t.Error("a refused begin left an intent")
 	}
 
@@ -330,7 +331,7 @@ func TestPeerCallWithoutCallerIsRefused(t *testing.T) {
 			t.Errorf("%s %s without a caller: %d %s", r.method, r.path, rec.Code, rec.Body)
 		}
 	}
-	if a.ledger.Revision() != rev || len(a.dir.entries) != 0 {
+	if a.ledger.Revision() != rev || a.home.Stats().Entries != 0 {
 		t.Error("a refused call changed the ledger or the directory")
 	}
 	rec := httptest.NewRecorder()
@@ -374,8 +375,8 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if n, err := send("intruder", api.DirOpHeld, "held"); !isCode(err, api.CodeLimit) || n > dirHeldPerCaller {
-		t.Errorf("100k held claims: %d batches' worth applied, %v; want a limit error by %d", n, err, dirHeldPerCaller)
+	if n, err := send("intruder", api.DirOpHeld, "held"); !isCode(err, api.CodeLimit) || n > home.HeldPerCaller {
+		t.Errorf("100k held claims: %d batches' worth applied, %v; want a limit error by %d", n, err, home.HeldPerCaller)
 	}
 	if n, err := send("intruder", api.DirOpGone, "gone"); err != nil {
 		t.Errorf("100k releases after %d: %v", n, err)
@@ -389,14 +390,13 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 			refused++
 		}
 	}
-	if refused != flood-dirIntentsPerCaller {
-		t.Errorf("%d of 100k intents refused, want all past %d", refused, dirIntentsPerCaller)
+	if refused != flood-home.IntentsPerCaller {
+		t.Errorf("%d of 100k intents refused, want all past %d", refused, home.IntentsPerCaller)
 	}
-	a.dir.mu.Lock()
-	entries, released, last := len(a.dir.entries), len(a.dir.released), a.dir.lastOwner("vm-real", a.clk.Now(), time.Hour)
-	a.dir.mu.Unlock()
-	if entries > dirHeldPerCaller+dirIntentsPerCaller || released > dirReleasesPerCaller+1 {
-		t.Errorf("one caller grew the home to %d entries and %d releases; bounds %d and %d", entries, released, dirHeldPerCaller+dirIntentsPerCaller, dirReleasesPerCaller)
+	st := a.home.Stats()
+	entries, released, last := st.Entries, st.Releases, a.home.LastOwner("vm-real")
+	if entries > home.HeldPerCaller+home.IntentsPerCaller || released > home.ReleasesPerCaller+1 {
+		t.Errorf("one caller grew the home to %d entries and %d releases; bounds %d and %d", entries, released, home.HeldPerCaller+home.IntentsPerCaller, home.ReleasesPerCaller)
 	}
 	if last != "owner-1" {
 		t.Errorf("owner-1's release of vm-real is forgotten (last owner %q)", last)
@@ -413,9 +413,7 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 	tc.start("b", "l40s-4")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		a.dir.mu.Lock()
-		n := a.dir.counts.intents["intruder"]
-		a.dir.mu.Unlock()
+		n := a.home.Stats().Intents["intruder"]
 		if n == 0 {
 			break
 		}
@@ -436,11 +434,11 @@ func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
 	tc.start("intruder", "a100-pcie-4")
 	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 4 })
 	id := idHomedOn(a, "a", "b")
-	home := a
-	if homeOf(id, a.targets()).name == "b" {
-		home = b
+	homeAgent := a
+	if home.Of(id, a.targets(), targetName).name == "b" {
+		homeAgent = b
 	}
-	if status, e := peerCallAs(t, tc, "intruder", home, "POST", "/v1/peer/directory/"+id+"/begin", `{}`); status != http.StatusOK {
+	if status, e := peerCallAs(t, tc, "intruder", homeAgent, "POST", "/v1/peer/directory/"+id+"/begin", `{}`); status != http.StatusOK {
 		t.Fatalf("the intruder's begin: %d %+v", status, e)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -458,25 +456,5 @@ func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
 	hits, _ := b.allCopies(context.Background(), b.targets(), id)
 	if len(hits) != 1 || hits[0].c.Node != cl.Node {
 		t.Errorf("copies of %s: %d, want the one on %s", id, len(hits), cl.Node)
-	}
-}
-
-// A release notice counts only from the server that holds the claim: one
-// from another member (in its own name, all it can send now) neither
-// removes the holder nor makes the sender the server the ID last ran on.
-func TestHomeTakesReleasesOnlyFromTheHolder(t *testing.T) {
-	d := newDirectory(time.Unix(0, 0))
-	now := time.Unix(100, 0)
-	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpHeld}, now)
-	d.apply("intruder", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(time.Second))
-	if ans, _ := d.answer("vm-1", now, time.Minute); ans.State != api.DirHeld || !slices.Equal(ans.Owners, []string{"a"}) {
-		t.Errorf("after another member's release notice: %+v, want held on a", ans)
-	}
-	if last := d.lastOwner("vm-1", now.Add(2*time.Second), time.Hour); last != "" {
-		t.Errorf("another member's release notice made %q the last owner", last)
-	}
-	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now.Add(3*time.Second))
-	if last := d.lastOwner("vm-1", now.Add(4*time.Second), time.Hour); last != "a" {
-		t.Errorf("the holder's release: last owner %q, want a", last)
 	}
 }

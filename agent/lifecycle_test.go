@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 )
 
 // A VM stopped and started again (release, then claim of the same ID with
@@ -36,12 +37,10 @@ func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
 	if _, err := b.Release(ctx, id); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	home := homeOf(id, a.targets()).name
+	home := home.Of(id, a.targets(), targetName).name
 	homeAgent := map[string]*Agent{"a": a, "b": b, "c": c}[home]
 	waitFor(t, "the home to learn where "+id+" was released", 5*time.Second, func() bool {
-		homeAgent.dir.mu.Lock()
-		defer homeAgent.dir.mu.Unlock()
-		return homeAgent.dir.lastOwner(id, homeAgent.clk.Now(), time.Hour) == "c"
+		return homeAgent.home.LastOwner(id) == "c"
 	})
 	if r, ok, err := c.ledger.Recall(id, c.clk.Now(), time.Hour); err != nil || !ok || api.DescribeItems(apiItems(r.Items)) != "1x NVIDIA H100 80GB" {
 		t.Fatalf("the owner's ledger remembers %+v, %v, %v", r, ok, err)
@@ -98,29 +97,6 @@ func TestClusterClaimGoesBackToTheServerItLastRanOn(t *testing.T) {
 	cl, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: one.GPUs, PreferNode: "a"})
 	if err != nil || cl.Node != "a" || len(cl.Warnings) != 0 {
 		t.Fatalf("start with --prefer-node a: %+v, %v", cl, err)
-	}
-}
-
-// The home keeps the latest release whatever order the notices arrive in
-// (an owner re-sends what it remembers at every resync), and forgets it
-// after remember_released.
-func TestDirectoryRemembersTheLatestRelease(t *testing.T) {
-	d := newDirectory(time.Unix(1000, 0))
-	now := time.Unix(2000, 0)
-	d.apply("b", api.DirOp{ID: "vm-1", Op: api.DirOpGone}, now)
-	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone, At: now.Add(-time.Hour)}, now) // a's resync of an older release
-	if got := d.lastOwner("vm-1", now, 24*time.Hour); got != "b" {
-		t.Errorf("last owner = %q, want b (the latest release)", got)
-	}
-	d.apply("a", api.DirOp{ID: "vm-1", Op: api.DirOpGone, At: now.Add(time.Hour)}, now) // from the future: now
-	if got := d.lastOwner("vm-1", now.Add(time.Minute), 24*time.Hour); got != "a" {
-		t.Errorf("last owner = %q, want a", got)
-	}
-	if got := d.lastOwner("vm-1", now.Add(25*time.Hour), 24*time.Hour); got != "" {
-		t.Errorf("after remember_released: %q, want forgotten", got)
-	}
-	if got := d.lastOwner("vm-1", now, 0); got != "" {
-		t.Errorf("remember_released 0: %q, want nothing", got)
 	}
 }
 
@@ -184,7 +160,7 @@ func TestClusterRestartOffersAlternativesInsteadOfMoving(t *testing.T) {
 	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}, PreferNode: "c"}); err != nil {
 		t.Fatal(err)
 	}
-	home := map[string]*Agent{"a": a, "b": b, "c": c}[homeOf("vm-s", a.targets()).name]
+	home := map[string]*Agent{"a": a, "b": b, "c": c}[home.Of("vm-s", a.targets(), targetName).name]
 	waitFor(t, "the home to learn the release", 5*time.Second, func() bool {
 		ans, err := home.LookupDirectory(ctx, "vm-s")
 		return err == nil && ans.LastOwner == "c"
@@ -244,7 +220,7 @@ func TestClusterGroupIgnoresRememberedNodes(t *testing.T) {
 	if _, err := c.Claim(ctx, "filler", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 7}}, PreferNode: "c"}); err != nil {
 		t.Fatal(err)
 	}
-	home := map[string]*Agent{"a": a, "b": b, "c": c}[homeOf(id, a.targets()).name]
+	home := map[string]*Agent{"a": a, "b": b, "c": c}[home.Of(id, a.targets(), targetName).name]
 	waitFor(t, "the home to learn the release", 5*time.Second, func() bool {
 		ans, err := home.LookupDirectory(ctx, id)
 		return err == nil && ans.LastOwner == "c"
@@ -306,9 +282,7 @@ func TestClusterNamedClaimGoesBackWithoutItsHome(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, x := range []*Agent{a, b, c} {
-		x.dir.mu.Lock()
-		x.dir.released = map[string]lastRelease{}
-		x.dir.mu.Unlock()
+		x.home.ForgetReleases()
 	}
 	before := len(tc.peers.Requests("a", "a")) + len(tc.peers.Requests("a", "b")) + len(tc.peers.Requests("a", "c"))
 	cl, err := a.Claim(ctx, id, one)

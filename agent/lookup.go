@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
@@ -67,7 +68,7 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 		}
 	}
 	var unseen []string
-	home := homeOf(id, targets)
+	home := home.Of(id, targets, targetName)
 	dir, ok := home.owner.(api.Directory)
 	if ok {
 		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)

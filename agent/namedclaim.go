@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
@@ -171,7 +172,7 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 	if at.prefer != "" || at.cluster == nil {
 		return ""
 	}
-	home := homeOf(at.id, at.view)
+	home := home.Of(at.id, at.view, targetName)
 	dir, ok := home.owner.(api.Directory)
 	if !ok {
 		return ""

@@ -4,19 +4,38 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/ledger"
-	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // An owner keeps the homes of its claim IDs up to date (docs/protocol.md,
 // "The claim directory"): a notice after every commit and release, in
 // order, and all of its claims again when the membership changes.
+
+const (
+	dirQueueLen     = 4096        // owner-side notifications waiting to be sent
+	dirSendAttempts = 3           // tries of one notification batch per home
+	dirResync       = time.Minute // owners re-send where their claims are, at least this often
+)
+
+// dirNotices are the notifications this agent, as an owner, owes the homes
+// of its claims.
+type dirNotices struct {
+	queue chan api.DirOp
+	// undelivered holds the claim IDs whose notification a home did not
+	// take; they are sent again, as the ledger has them then, every second.
+	undeliveredMu sync.Mutex
+	undelivered   map[string]bool
+}
+
+func newDirNotices() *dirNotices {
+	return &dirNotices{queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}}
+}
 
 // dirNote queues a notification for the home of claim id: this agent, as
 // its owner, committed it (DirOpHeld) or dropped it (DirOpGone).
@@ -25,7 +44,7 @@ func (o *owner) dirNote(id, op string) {
 		return
 	}
 	select {
-	case o.dir.queue <- api.DirOp{ID: id, Op: op}:
+	case o.notices.queue <- api.DirOp{ID: id, Op: op}:
 	default:
 		o.log.Warn("claim directory queue full; the periodic resync will catch up", "claim", id)
 	}
@@ -33,7 +52,8 @@ func (o *owner) dirNote(id, op string) {
 
 // dirWorker sends the owner's notifications to the homes, in order; re-sends
 // every claim of this server when the membership changes (homes move) and
-// every dirResync; and tracks the membership for dirTrusted.
+// every dirResync; and tells this agent's home of the membership changes,
+// for when it may vouch.
 func (o *owner) dirWorker(ctx context.Context) {
 	sub, cancel := o.cluster.g.Subscribe()
 	defer cancel()
@@ -48,12 +68,12 @@ func (o *owner) dirWorker(ctx context.Context) {
 			return
 		case <-retry.C():
 			o.dirRetry(ctx)
-		case op := <-o.dir.queue:
+		case op := <-o.notices.queue:
 			batch := []api.DirOp{op}
 		more:
 			for len(batch) < api.MaxDirUpdateIDs {
 				select {
-				case op := <-o.dir.queue:
+				case op := <-o.notices.queue:
 					batch = append(batch, op)
 				default:
 					break more
@@ -79,32 +99,17 @@ func jitter(d time.Duration) time.Duration {
 	return d*3/4 + rand.N(d/2)
 }
 
-// dirMembership notes a change of the usable members (a member that came,
-// went, or restarted behind the same name) and reports whether there was one.
-//
-// It runs on every change of the view, capacity updates included, so it
-// computes an order-independent digest instead of comparing sorted names.
+// dirMembership tells this agent's home the usable members now, and reports
+// whether they changed (a member came, went, or restarted behind the same
+// name): then the homes of some IDs moved.
 func (o *owner) dirMembership() bool {
-	var set uint64
-	members := o.cluster.g.Members()
-	for _, m := range members {
+	var usable []home.Member
+	for _, m := range o.cluster.g.Members() {
 		if m.Usable() {
-			set += rendezvous(m.Name, strconv.FormatUint(m.Summary.Boot, 16))
+			usable = append(usable, home.Member{Name: m.Name, Boot: m.Summary.Boot})
 		}
 	}
-	d := o.dir
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if set == d.members {
-		return false
-	}
-	d.members = set
-	d.changed = o.clk.Now()
-	// A coordinator that left places nothing any more (dirquota.go).
-	d.dropIntentsOf(func(n string) bool {
-		return n == o.cfg.NodeName || slices.ContainsFunc(members, func(m gossip.Member) bool { return m.Name == n && m.Usable() })
-	})
-	return true
+	return o.home.NoteMembership(usable)
 }
 
 // dirResyncAll re-sends every claim this server holds to its home.
@@ -124,7 +129,7 @@ func (o *owner) dirResyncAll(ctx context.Context) {
 // has the claims now (a claim released meanwhile is sent as gone, one
 // committed again as held), to their homes now.
 func (o *owner) dirRetry(ctx context.Context) {
-	d := o.dir
+	d := o.notices
 	d.undeliveredMu.Lock()
 	ids := d.undelivered
 	d.undelivered = map[string]bool{}
@@ -151,7 +156,7 @@ func (o *owner) dirSend(ctx context.Context, ops []api.DirOp) {
 	byHome := map[string][]api.DirOp{}
 	homes := map[string]target{}
 	for _, op := range ops {
-		h := homeOf(op.ID, targets)
+		h := home.Of(op.ID, targets, targetName)
 		byHome[h.name] = append(byHome[h.name], op)
 		homes[h.name] = h
 	}
@@ -174,7 +179,7 @@ func (o *owner) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
 	if o.dirDeliver(ctx, home, api.DirUpdate{From: o.cfg.NodeName, Ops: ops}) {
 		return
 	}
-	d := o.dir
+	d := o.notices
 	d.undeliveredMu.Lock()
 	defer d.undeliveredMu.Unlock()
 	for _, op := range ops {

@@ -46,3 +46,6 @@ func targetNamed(targets []target, name string) (target, bool) {
 	}
 	return target{}, false
 }
+
+// targetName is t's node name, by which home.Of chooses an ID's home.
+func targetName(t target) string { return t.name }

@@ -37,6 +37,7 @@ var layers = [][]string{
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
+	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
@@ -46,11 +47,11 @@ var layers = [][]string{
 // (docs/protocol.md). A file that declares a method on one of them is a
 // protocol file: it speaks in error codes and Recorder events, never in
 // HTTP statuses or metrics.
-var roleTypes = []string{"coordinator", "attempt", "owner", "home", "directory"}
+var roleTypes = []string{"coordinator", "attempt", "owner"}
 
 // rolePackages are the packages of the claim protocol's roles, split out of
 // agent: every file of one is a protocol file.
-var rolePackages = []string{"agent/host"}
+var rolePackages = []string{"agent/host", "agent/home"}
 
 // clockPackages are the packages whose code reads time only through
 // internal/clock, so that tests and the simulation can drive it: agent and

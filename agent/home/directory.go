@@ -1,8 +1,7 @@
-package agent
+package home
 
 import (
 	"hash/fnv"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -19,12 +18,7 @@ import (
 // started or the membership changed less than directory_settle ago, or its
 // record is stale — the coordinator asks every server, as without it.
 
-const (
-	dirQueueLen     = 4096             // owner-side notifications waiting to be sent
-	dirSendAttempts = 3                // tries of one notification batch per home
-	dirResync       = time.Minute      // owners re-send where their claims are, at least this often
-	dirForget       = 10 * time.Minute // a stale intent is forgotten after this
-)
+const dirForget = 10 * time.Minute // a stale intent is forgotten after this
 
 // dirEntry is what the home knows about one claim ID.
 type dirEntry struct {
@@ -34,29 +28,22 @@ type dirEntry struct {
 }
 
 // directory is this agent's part of the directory: the entries of the IDs
-// homed here, and the notifications this agent, as an owner, owes the homes
-// of its claims.
+// homed here.
 type directory struct {
 	mu      sync.Mutex
 	entries map[string]*dirEntry
 	changed time.Time // the membership last changed, or this agent started
 	members uint64    // digest of the membership it changed to (name and boot of every usable member)
 
-	queue chan api.DirOp
-	// undelivered holds the claim IDs whose notification a home did not
-	// take; they are sent again, as the ledger has them then, every second.
-	undeliveredMu sync.Mutex
-	undelivered   map[string]bool
-
-	// released: where the IDs homed here were last released (lifecycle.go).
+	// released: where the IDs homed here were last released (releases.go).
 	released map[string]lastRelease
 
-	// counts: the records above per caller, for their bounds (dirquota.go).
+	// counts: the records above per caller, for their bounds (quota.go).
 	counts dirCounts
 }
 
 func newDirectory(now time.Time) *directory {
-	return &directory{entries: map[string]*dirEntry{}, changed: now, queue: make(chan api.DirOp, dirQueueLen), undelivered: map[string]bool{}, released: map[string]lastRelease{}, counts: newDirCounts()}
+	return &directory{entries: map[string]*dirEntry{}, changed: now, released: map[string]lastRelease{}, counts: newDirCounts()}
 }
 
 // rendezvous is the weight of node for claim id; the highest weight wins.
@@ -75,13 +62,18 @@ func rendezvous(node, id string) uint64 {
 	return x
 }
 
-// homeOf is the home of claim id among targets (which are never empty:
-// this agent is always one).
-func homeOf(id string, targets []target) target {
-	best, bestW := targets[0], rendezvous(targets[0].name, id)
-	for _, t := range targets[1:] {
-		if w := rendezvous(t.name, id); w > bestW || (w == bestW && t.name < best.name) {
-			best, bestW = t, w
+// Of is the home of claim id among members, which are never empty (the
+// agent asking is always one) and named by name: the member with the
+// highest rendezvous weight for id, the least name on a tie. Every agent
+// computes the same home from the same membership, and a member that comes
+// or goes moves only the IDs it was home for.
+func Of[M any](id string, members []M, name func(M) string) M {
+	best, bestName := members[0], name(members[0])
+	bestW := rendezvous(bestName, id)
+	for _, m := range members[1:] {
+		n := name(m)
+		if w := rendezvous(n, id); w > bestW || (w == bestW && n < bestName) {
+			best, bestName, bestW = m, n, w
 		}
 	}
 	return best
@@ -103,14 +95,14 @@ func (d *directory) answer(id string, now time.Time, ttl time.Duration) (api.Dir
 
 // apply applies one notification of from, which the peer API verified to
 // be the caller: an owner adds or removes only itself, a coordinator drops
-// only its own intent. It refuses a record past from's bound (dirquota.go).
+// only its own intent. It refuses a record past from's bound (quota.go).
 func (d *directory) apply(from string, op api.DirOp, now time.Time) error {
 	e := d.entries[op.ID]
 	switch op.Op {
 	case api.DirOpHeld:
 		if e == nil || !slices.Contains(e.owners, from) {
-			if d.counts.held[from] >= dirHeldPerCaller {
-				return limitError("claims reported held", from, dirHeldPerCaller)
+			if d.counts.held[from] >= HeldPerCaller {
+				return limitError("claims reported held", from, HeldPerCaller)
 			}
 		}
 		if e == nil {
@@ -164,6 +156,3 @@ func (d *directory) forget(now time.Time) {
 		}
 	}
 }
-
-// newBoot is a random, non-zero identity of this agent's run.
-func newBoot() uint64 { return rand.Uint64() | 1 }

@@ -1,4 +1,4 @@
-package agent
+package home
 
 import (
 	"fmt"
@@ -15,29 +15,21 @@ import (
 // else's records out. A caller speaks only for itself (the peer API checks
 // its certificate), so counting per caller bounds every caller.
 const (
-	// dirIntentsPerCaller bounds the placements one coordinator has in
+	// IntentsPerCaller bounds the placements one coordinator has in
 	// progress at one home. A coordinator places a claim in milliseconds
 	// to seconds; thousands at once at one home is not a coordinator.
-	dirIntentsPerCaller = 4096
-	// dirHeldPerCaller bounds the claims one owner reports held to one
+	IntentsPerCaller = 4096
+	// HeldPerCaller bounds the claims one owner reports held to one
 	// home: every claim holds at least one GPU of its owner.
-	dirHeldPerCaller = 4096
-	// dirReleasesPerCaller bounds the releases of one owner a home
+	HeldPerCaller = 4096
+	// ReleasesPerCaller bounds the releases of one owner a home
 	// remembers (for remember_released); past it, that owner's oldest
 	// half is forgotten, nobody else's.
-	dirReleasesPerCaller = 4 * dirIntentsPerCaller
+	ReleasesPerCaller = 4 * IntentsPerCaller
 	// dirSweepEvery spaces the sweeps of expired intents that a caller
 	// at its bound triggers.
 	dirSweepEvery = time.Second
 )
-
-// pendingPatience is how long a coordinator waits on another agent's
-// intent to place the same claim ID before it looks the ID up on every
-// server itself. A real placement shows within it: its reservation (which
-// the every-server lookup then finds and finishes, or settles against) or
-// its commit. An intent alone proves nothing — any member can post one for
-// any ID — so it must not hold a real claim for a whole reservation's life.
-const pendingPatience = 2 * time.Second
 
 // dirCounts are the records a home keeps per caller.
 type dirCounts struct {
@@ -72,11 +64,11 @@ func limitError(what, who string, max int) error {
 func (d *directory) setIntent(id, coordinator string, now time.Time, ttl time.Duration) error {
 	old := d.entries[id]
 	if old == nil || old.coordinator != coordinator {
-		if d.counts.intents[coordinator] >= dirIntentsPerCaller {
+		if d.counts.intents[coordinator] >= IntentsPerCaller {
 			d.sweepIntents(now, ttl)
 		}
-		if d.counts.intents[coordinator] >= dirIntentsPerCaller {
-			return limitError("claim placements in progress", coordinator, dirIntentsPerCaller)
+		if d.counts.intents[coordinator] >= IntentsPerCaller {
+			return limitError("claim placements in progress", coordinator, IntentsPerCaller)
 		}
 	}
 	d.dropEntry(id)
@@ -143,7 +135,7 @@ func (d *directory) dropIntentsOf(member func(string) bool) {
 // roomForRelease makes room for one more release of node, forgetting the
 // oldest half of node's own when it is at its bound. The caller holds d.mu.
 func (d *directory) roomForRelease(node string) {
-	if d.counts.released[node] < dirReleasesPerCaller {
+	if d.counts.released[node] < ReleasesPerCaller {
 		return
 	}
 	type rel struct {
