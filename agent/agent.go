@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/sim"
@@ -28,12 +29,14 @@ import (
 
 // Agent owns this server's GPUs. It wires the hardware, the ledger, gossip
 // and the servers, and runs the lifecycle; the claim protocol is its three
-// roles (docs/protocol.md): the coordinator, the owner and the home. Their
-// methods are promoted, so an *Agent serves the whole API.
+// roles (docs/protocol.md): the coordinator, the owner and the home, and
+// the node groups over them. Their methods are promoted, so an *Agent
+// serves the whole API.
 type Agent struct {
 	*coordinator
 	*owner
 	*home
+	*groups.Groups
 
 	cfg    Config
 	log    *slog.Logger
@@ -59,7 +62,7 @@ type Agent struct {
 	gossipTune func(*memberlist.Config)
 	onChange   func()
 	// onGroupStep, when set (tests), runs before a group operation
-	// changes a node (groups_fence.go).
+	// changes a node (agent/groups).
 	onGroupStep func(group, node string)
 	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
@@ -192,6 +195,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy, fenced: make(map[string]string),
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner, a.home = &coordinator{a}, &owner{a}, &home{a}
+	a.Groups = newGroups(a)
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
 	a.feed.gen = rand.Uint64() >> 1

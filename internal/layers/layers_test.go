@@ -36,6 +36,7 @@ var layers = [][]string{
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
+	{"agent/groups"},                                         // the node groups, over the coordinator
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
@@ -49,7 +50,7 @@ var roleTypes = []string{"coordinator", "attempt", "owner", "home", "directory"}
 
 // rolePackages are the packages of the claim protocol's roles, split out of
 // agent: every file of one is a protocol file.
-var rolePackages = []string{}
+var rolePackages = []string{"agent/groups"}
 
 // clockPackages are the packages whose code reads time only through
 // internal/clock, so that tests and the simulation can drive it: agent and
