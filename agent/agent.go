@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
@@ -31,12 +32,14 @@ import (
 
 // Agent owns this server's GPUs. It wires the hardware, the ledger, gossip
 // and the servers, and runs the lifecycle; the claim protocol is its three
-// roles (docs/protocol.md): the coordinator, the owner and the home. The
-// coordinator's and the owner's methods are promoted and the home's
-// forwarded, so an *Agent serves the whole API.
+// roles (docs/protocol.md): the coordinator, the owner and the home, and
+// the node groups over them. The coordinator's, the owner's and the
+// groups' methods are promoted and the home's forwarded, so an *Agent
+// serves the whole API.
 type Agent struct {
 	*coordinator
 	*owner
+	*groups.Groups
 	home *home.Home // the home role: the claim directory's records of the IDs homed here
 
 	cfg    Config
@@ -61,7 +64,7 @@ type Agent struct {
 	gossipTune func(*memberlist.Config)
 	onChange   func()
 	// onGroupStep, when set (tests), runs before a group operation
-	// changes a node (groups_fence.go).
+	// changes a node (agent/groups).
 	onGroupStep func(group, node string)
 	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
@@ -198,6 +201,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy,
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
 	a.coordinator, a.owner = &coordinator{a}, &owner{a}
+	a.Groups = newGroups(a)
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
 	a.feed.gen = rand.Uint64() >> 1

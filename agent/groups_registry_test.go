@@ -301,54 +301,6 @@ func TestGroupResizePutsBackNodesWhenOneFails(t *testing.T) {
 	}
 }
 
-func TestNodesOffNamesEveryNodeNotAsItWas(t *testing.T) {
-	l1 := []api.Item{{Model: "L40S", Count: 1}}
-	l2 := []api.Item{{Model: "L40S", Count: 2}}
-	before := map[string]api.Claim{
-		"g.node-0": {Node: "a", Items: l1},
-		"g.node-1": {Node: "a", Items: l1},
-		"g.node-2": {Node: "b", Items: l1},
-		"g.node-3": {Node: "b", Items: l1},
-	}
-	now := map[string]api.Claim{
-		"g.node-0": {Node: "a", Items: l1}, // as it was
-		"g.node-1": {Node: "b", Items: l1}, // moved
-		"g.node-2": {Node: "b", Items: l2}, // resized
-		"g.node-4": {Node: "a", Items: l2}, // was missing
-	}
-	ids := []string{"g.node-0", "g.node-1", "g.node-2", "g.node-3", "g.node-4", "g.node-5"}
-	off := nodesOff(ids, before, now, map[string]error{"g.node-5": errors.New("c did not answer")})
-	want := []string{"g.node-1", "g.node-2", "g.node-3", "g.node-4", "g.node-5"}
-	if len(off) != len(want) {
-		t.Fatalf("off: %q", off)
-	}
-	for i, id := range want {
-		if !strings.HasPrefix(off[i], id+" ") {
-			t.Errorf("off[%d] = %q, want %s", i, off[i], id)
-		}
-	}
-}
-
-func TestGroupSpecRoundTrip(t *testing.T) {
-	items := []api.Item{{Model: "NVIDIA L40S", Count: 2}, {Model: "NVIDIA A100 80GB", Count: 1}}
-	s, err := groupSpec(3, items)
-	if err != nil || s != "group/1;nodes=3;gpus=NVIDIA A100 80GB:1,NVIDIA L40S:2" {
-		t.Fatalf("spec %q, %v", s, err)
-	}
-	n, got, err := parseGroupSpec(s)
-	if err != nil || n != 3 || !sameItems(got, items) {
-		t.Fatalf("parsed %d %v %v", n, got, err)
-	}
-	if s, _ := groupSpec(2, nil); s != "group/1;nodes=2;gpus=" {
-		t.Fatalf("no GPUs: %q", s)
-	}
-	for _, bad := range []string{"", "group/2;nodes=1;gpus=", "group/1;nodes=0;gpus=", "group/1;nodes=1;gpus=L40S", "group/1;nodes=1;gpus=L40S:0"} {
-		if _, _, err := parseGroupSpec(bad); err == nil {
-			t.Errorf("%q parsed", bad)
-		}
-	}
-}
-
 // While the registry cannot answer, group operations say so (a retryable
 // unavailable naming it) and place nothing.
 func TestGroupWhileTheRegistryIsDown(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/home"
 )
 
@@ -210,7 +211,7 @@ func TestClusterGroupIgnoresRememberedNodes(t *testing.T) {
 	_, a, b, c := threeAgents(t, 0, "dgx-h100", "dgx-h100", "dgx-h100")
 	ctx := context.Background()
 	two := []api.Item{{Model: "H100 80GB", Count: 2}}
-	id := nodeClaimID("pool", 0)
+	id := groups.NodeClaimID("pool", 0)
 	if cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: two, PreferNode: "c"}); err != nil || cl.Node != "c" {
 		t.Fatalf("the earlier group's node: %+v, %v", cl, err)
 	}

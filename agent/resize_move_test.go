@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
 
@@ -17,7 +18,7 @@ func (n *testNames) Move(ctx context.Context, key names.Key, token uint64, from,
 	return n.reg.Move(ctx, key, token, from, to, caller)
 }
 
-var _ groupRequester = (*testNames)(nil)
+var _ groups.Requester = (*testNames)(nil)
 
 func (n *testNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, caller string) (names.Record, error) {
 	if err := n.unavailable(names.OpConfirm, key); err != nil {

@@ -38,6 +38,7 @@ var layers = [][]string{
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
 	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
+	{"agent/groups"},                                         // the node groups, over the coordinator
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
@@ -51,7 +52,7 @@ var roleTypes = []string{"coordinator", "attempt", "owner"}
 
 // rolePackages are the packages of the claim protocol's roles, split out of
 // agent: every file of one is a protocol file.
-var rolePackages = []string{"agent/host", "agent/home"}
+var rolePackages = []string{"agent/host", "agent/home", "agent/groups"}
 
 // clockPackages are the packages whose code reads time only through
 // internal/clock, so that tests and the simulation can drive it: agent and

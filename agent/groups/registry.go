@@ -1,4 +1,4 @@
-package agent
+package groups
 
 import (
 	"context"
@@ -82,7 +82,7 @@ func groupEntryOf(r names.Record) (groupEntry, error) {
 // acquireGroupName takes the group's name in the registry, held by this
 // agent, with its node claims as members. retry: the name was taken for
 // the same request before (its first try, through any agent).
-func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items []api.Item) (groupEntry, bool, error) {
+func (gs *Groups) acquireGroupName(ctx context.Context, rec api.GroupRecord, items []api.Item) (groupEntry, bool, error) {
 	spec, err := groupSpec(rec.Nodes, items)
 	if err != nil {
 		return groupEntry{}, false, err
@@ -90,12 +90,12 @@ func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items
 	var members []string
 	if len(items) > 0 {
 		for i := range rec.Nodes {
-			members = append(members, nodeClaimID(rec.Name, i))
+			members = append(members, NodeClaimID(rec.Name, i))
 		}
 	}
 	key := names.Group(rec.Name)
-	a.awaitFounding(ctx)
-	g, err := a.names.Acquire(ctx, key, a.cfg.NodeName, a.cfg.NodeName, spec, members)
+	gs.awaitFounding(ctx)
+	g, err := gs.names().Acquire(ctx, key, gs.node, gs.node, spec, members)
 	if err != nil {
 		var re *names.RefusedError
 		if errors.As(err, &re) && re.Record != nil && (re.Code == names.CodeConflict || re.Code == names.CodeLost) {
@@ -109,7 +109,7 @@ func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items
 		// Held at once, before any node is placed: from here the group
 		// outlives this agent, and a create that stops half-way leaves a
 		// group that get shows with its missing nodes.
-		if r, err = a.names.Confirm(ctx, key, r.Token, a.cfg.NodeName, members); err != nil {
+		if r, err = gs.names().Confirm(ctx, key, r.Token, gs.node, members); err != nil {
 			return groupEntry{}, false, registryError(err, "group "+rec.Name)
 		}
 	}
@@ -118,8 +118,8 @@ func (a *Agent) acquireGroupName(ctx context.Context, rec api.GroupRecord, items
 }
 
 // readGroupName reads a group from the registry.
-func (a *Agent) readGroupName(ctx context.Context, name string) (groupEntry, error) {
-	r, err := a.names.Lookup(ctx, names.Group(name), names.Linearizable)
+func (gs *Groups) readGroupName(ctx context.Context, name string) (groupEntry, error) {
+	r, err := gs.names().Lookup(ctx, names.Group(name), names.Linearizable)
 	if errors.Is(err, names.ErrNotFound) {
 		return groupEntry{}, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("group %s not found: the name registry holds no such group (gpuherd group create %s --nodes N --gpu MODEL[:COUNT] makes one)", name, name)}
@@ -131,40 +131,40 @@ func (a *Agent) readGroupName(ctx context.Context, name string) (groupEntry, err
 }
 
 // releaseGroupName frees the group's name; a name already free is fine.
-func (a *Agent) releaseGroupName(ctx context.Context, e groupEntry) error {
-	_, err := a.names.Release(ctx, names.Group(e.rec.Name), e.token, "")
+func (gs *Groups) releaseGroupName(ctx context.Context, e groupEntry) error {
+	_, err := gs.names().Release(ctx, names.Group(e.rec.Name), e.token, "")
 	if err == nil || errors.Is(err, names.ErrNotFound) {
 		return nil
 	}
 	return registryError(err, "group "+e.rec.Name)
 }
 
-// groupRequester is what a group resize needs of the name authority
-// beyond NameAuthority (*names.Registry has it).
-type groupRequester interface {
+// Requester is what a group resize needs of the name authority beyond
+// Names (*names.Registry has it).
+type Requester interface {
 	SetRequest(ctx context.Context, key names.Key, token uint64, request string) (names.Record, error)
 }
 
-var _ groupRequester = (*names.Registry)(nil)
+var _ Requester = (*names.Registry)(nil)
 
 // noteGroupGPUs records, after a resize, the GPUs every node of the group
 // now has, so that the record says so even when no node is left to ask
 // (all released directly: repair places them with these). A record that
 // cannot be updated is logged: the nodes have their GPUs either way.
-func (a *Agent) noteGroupGPUs(ctx context.Context, e groupEntry, items []api.Item) {
-	if a.names == nil || sameItems(e.gpus, items) {
+func (gs *Groups) noteGroupGPUs(ctx context.Context, e groupEntry, items []api.Item) {
+	if gs.names() == nil || sameItems(e.gpus, items) {
 		return
 	}
 	spec, err := groupSpec(e.rec.Nodes, items)
 	if err == nil {
-		if gr, ok := a.names.(groupRequester); ok {
+		if gr, ok := gs.names().(Requester); ok {
 			_, err = gr.SetRequest(ctx, names.Group(e.rec.Name), e.token, spec)
 		} else {
 			err = errors.New("the name authority cannot change a group's request")
 		}
 	}
 	if err != nil {
-		a.log.Warn("group resized, but its record still names its old GPUs per node", "group", e.rec.Name,
+		gs.log.Warn("group resized, but its record still names its old GPUs per node", "group", e.rec.Name,
 			"record", api.DescribeItems(e.gpus), "nodes", api.DescribeItems(items), "err", err)
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package groups
 
 import (
 	"context"
@@ -19,12 +19,12 @@ import (
 // changed meanwhile), every node already changed is put back and then
 // read again: the answer says that every node is as it was, or names,
 // loudly, each node that is not.
-func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
+func (gs *Groups) ResizeGroup(ctx context.Context, name string, req api.ResizeRequest) (api.Group, error) {
 	ctx, cancel := groupContext(ctx)
 	defer cancel()
 	// Stamped before the nodes are read: an older operation on the group
-	// still running stops at its next node (groups_fence.go).
-	s, f, err := a.startGroupOp(ctx, name)
+	// still running stops at its next node (fence.go).
+	s, f, err := gs.startGroupOp(ctx, name)
 	if err != nil {
 		return api.Group{}, err
 	}
@@ -35,21 +35,21 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 	if len(req.GPUs) == 0 {
 		return api.Group{}, api.Invalid("gpus", "group %s has GPUs and must keep at least one per node", name)
 	}
-	lreq, err := a.resolve(api.ClaimRequest{GPUs: req.GPUs})
+	lreq, err := gs.catalog.Resolve(api.ClaimRequest{GPUs: req.GPUs})
 	if err != nil {
 		return api.Group{}, err
 	}
 	items := apiItems(lreq.Items)
-	if err := a.groupFits(ctx, s, items); err != nil {
+	if err := gs.groupFits(ctx, s, items); err != nil {
 		return api.Group{}, err
 	}
 	var done []groupStep
 	for i, id := range s.e.nodes {
 		before, held := s.claims[id]
 		if !held || !sameItems(before.Items, items) {
-			a.groupStep(name, id)
+			gs.groupStep(name, id)
 			if err := f.check(ctx); err != nil {
-				return api.Group{}, a.resizeStopped(ctx, f, s, items, done, err, id, fmt.Sprintf("%d of %d nodes resized", i, len(s.e.nodes)))
+				return api.Group{}, gs.resizeStopped(ctx, f, s, items, done, err, id, fmt.Sprintf("%d of %d nodes resized", i, len(s.e.nodes)))
 			}
 		}
 		var err error
@@ -57,25 +57,25 @@ func (a *Agent) ResizeGroup(ctx context.Context, name string, req api.ResizeRequ
 		case !held:
 			e := s.e
 			e.kubernetes = kubernetesNodes(s.claims)
-			_, err = a.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
+			_, err = gs.claims.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
 		case sameItems(before.Items, items):
 			continue
 		default:
-			_, err = a.Resize(ctx, id, api.ResizeRequest{GPUs: items})
+			_, err = gs.claims.Resize(ctx, id, api.ResizeRequest{GPUs: items}, "")
 		}
 		if err != nil {
-			return api.Group{}, a.restoreGroup(ctx, f, s, items, done, id, err)
+			return api.Group{}, gs.restoreGroup(ctx, f, s, items, done, id, err)
 		}
 		done = append(done, groupStep{id: id, before: before, held: held})
 	}
 	if err := f.check(ctx); err != nil {
-		return api.Group{}, a.resizeStopped(ctx, f, s, items, done, err, "the group's record", "every node resized")
+		return api.Group{}, gs.resizeStopped(ctx, f, s, items, done, err, "the group's record", "every node resized")
 	}
-	a.noteGroupGPUs(ctx, s.e, items)
+	gs.noteGroupGPUs(ctx, s.e, items)
 	if len(done) > 0 {
-		a.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
+		gs.log.Info("group resized", "group", name, "gpus_per_node", api.DescribeItems(items), "nodes_changed", len(done))
 	}
-	return a.GetGroup(ctx, name)
+	return gs.GetGroup(ctx, name)
 }
 
 // groupStep is one node a group resize changed: its claim before (none
@@ -90,11 +90,9 @@ type groupStep struct {
 // node can get items at once: on the free GPUs the servers report now,
 // counting each node's own GPUs as free on its server (it lets them go as
 // it changes).
-func (a *Agent) groupFits(ctx context.Context, s groupState, items []api.Item) error {
-	targets := a.targets()
+func (gs *Groups) groupFits(ctx context.Context, s groupState, items []api.Item) error {
 	want := itemWants(items)
-	at := &attempt{coordinator: a.coordinator, want: want}
-	servers := at.recheck(ctx, targets)
+	servers := gs.view.ServersNow(ctx, want)
 	for i := range servers {
 		free := make(map[string]int, len(servers[i].Free))
 		for m, n := range servers[i].Free {
@@ -112,14 +110,14 @@ func (a *Agent) groupFits(ctx context.Context, s groupState, items []api.Item) e
 	if placement.Copies(servers, want) >= len(s.e.nodes) {
 		return nil
 	}
-	return a.refuseGroup(s.e.rec.Name, items, len(s.e.nodes), servers, nil)
+	return gs.refuseGroup(s.e.rec.Name, items, len(s.e.nodes), servers, nil)
 }
 
 // restoreGroup puts back every node a failed group resize to items
 // changed (done), newest first, then reads every node again and compares
 // it with what it was. failed is the node that could not be resized,
 // cause why.
-func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
+func (gs *Groups) restoreGroup(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, failed string, cause error) error {
 	name := s.e.rec.Name
 	rctx := context.WithoutCancel(ctx)
 	for i := len(done) - 1; i >= 0; i-- {
@@ -129,26 +127,26 @@ func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, i
 			// registry that does not answer the check does not stop the
 			// putting back: each step then fails or not on its own, and
 			// the nodes are compared below.)
-			a.log.Warn("group resize failed, and another operation took the group over before its nodes were put back", "group", name, "node", failed, "err", cause)
+			gs.log.Warn("group resize failed, and another operation took the group over before its nodes were put back", "group", name, "node", failed, "err", cause)
 			return f.stopped(rctx, err, fmt.Sprintf("node %s could not be resized (%v), %d nodes not put back", failed, cause, i+1), nil)
 		}
 		var err error
 		if !st.held {
-			_, err = a.Release(rctx, st.id)
+			_, err = gs.claims.Release(rctx, st.id)
 			if isCode(err, api.CodeNotFound) {
 				err = nil
 			}
 		} else {
-			_, err = a.resizeOn(rctx, st.id, api.ResizeRequest{GPUs: st.before.Items}, st.before.Node)
+			_, err = gs.claims.Resize(rctx, st.id, api.ResizeRequest{GPUs: st.before.Items}, st.before.Node)
 		}
 		if err != nil {
-			a.log.Error("putting back a node of a failed group resize", "group", name, "claim", st.id, "err", err)
+			gs.log.Error("putting back a node of a failed group resize", "group", name, "claim", st.id, "err", err)
 		}
 	}
 	now := map[string]api.Claim{}
 	unread := map[string]error{}
 	for _, id := range s.e.nodes {
-		c, err := a.Get(rctx, id)
+		c, err := gs.claims.Get(rctx, id)
 		switch {
 		case err == nil:
 			now[id] = c
@@ -158,15 +156,15 @@ func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, i
 	}
 	off := nodesOff(s.e.nodes, s.claims, now, unread)
 	if len(off) == 0 {
-		a.log.Warn("group resize failed; every node is as it was", "group", name, "node", failed, "err", cause)
+		gs.log.Warn("group resize failed; every node is as it was", "group", name, "node", failed, "err", cause)
 		if isCode(cause, api.CodeNotAvailable) {
-			e := a.refuseGroup(name, items, len(s.e.nodes), serversOf(a.targets()), cause)
+			e := gs.refuseGroup(name, items, len(s.e.nodes), gs.view.Servers(), cause)
 			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
 			return e
 		}
 		return annotate(cause, "group %[2]s: node %[3]s could not be resized (%[1]s); every node is as it was", name, failed)
 	}
-	a.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
+	gs.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
 	return &api.Error{Code: api.CodeInternal,
 		Message: fmt.Sprintf("group %s: node %s could not be resized (%v), and these nodes are not as they were: %v; see group get %s, then resize the group again", name, failed, cause, off, name)}
 }
@@ -176,11 +174,11 @@ func (a *Agent) restoreGroup(ctx context.Context, f *groupFence, s groupState, i
 // leaves every node as it is, for that operation; stopped for any other
 // reason (the registry did not answer), it puts back the nodes it changed,
 // as for a node that failed.
-func (a *Agent) resizeStopped(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, err error, next, progress string) error {
+func (gs *Groups) resizeStopped(ctx context.Context, f *groupFence, s groupState, items []api.Item, done []groupStep, err error, next, progress string) error {
 	if errors.As(err, new(*groupOvertaken)) {
 		return f.stopped(ctx, err, progress, nil)
 	}
-	return a.restoreGroup(ctx, f, s, items, done, next, err)
+	return gs.restoreGroup(ctx, f, s, items, done, next, err)
 }
 
 // nodesOff compares each node claim now with before (absent: no server

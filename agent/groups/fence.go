@@ -1,4 +1,4 @@
-package agent
+package groups
 
 import (
 	"context"
@@ -29,20 +29,20 @@ import (
 // window left is one node's step: an operation that read its stamp just
 // before it was overtaken still finishes the step it began.
 
-// groupStamper is what fencing needs of the name authority beyond
-// NameAuthority (*names.Registry has it).
-type groupStamper interface {
+// Stamper is what fencing needs of the name authority beyond Names
+// (*names.Registry has it).
+type Stamper interface {
 	Stamp(ctx context.Context, key names.Key, token uint64) (names.Record, error)
 }
 
-var _ groupStamper = (*names.Registry)(nil)
+var _ Stamper = (*names.Registry)(nil)
 
 // groupFence is one group operation's claim to act on the group: the
 // group's token, and the Index of the record as this operation last wrote
 // it. A zero index fences nothing (groups kept in record files, or a name
 // authority that cannot stamp).
 type groupFence struct {
-	a     *Agent
+	gs    *Groups
 	name  string
 	token uint64
 	index uint64
@@ -50,17 +50,17 @@ type groupFence struct {
 
 // fenceOf is the fence of an operation that wrote e's record itself (a
 // create, which confirmed the name): its Index is the operation's own.
-func (a *Agent) fenceOf(e groupEntry) *groupFence {
-	return &groupFence{a: a, name: e.rec.Name, token: e.token, index: e.index}
+func (gs *Groups) fenceOf(e groupEntry) *groupFence {
+	return &groupFence{gs: gs, name: e.rec.Name, token: e.token, index: e.index}
 }
 
 // beginGroupOp stamps group e for an operation that begins now, and
 // returns the group as the stamped record has it, with the operation's
 // fence. Every older operation on the group stops at its next step.
-func (a *Agent) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *groupFence, error) {
-	st, ok := a.names.(groupStamper)
+func (gs *Groups) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *groupFence, error) {
+	st, ok := gs.names().(Stamper)
 	if !ok || e.token == 0 {
-		return e, &groupFence{a: a, name: e.rec.Name}, nil
+		return e, &groupFence{gs: gs, name: e.rec.Name}, nil
 	}
 	r, err := st.Stamp(ctx, names.Group(e.rec.Name), e.token)
 	var re *names.RefusedError
@@ -76,24 +76,24 @@ func (a *Agent) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *gr
 		return groupEntry{}, nil, err
 	}
 	fresh.where, fresh.kubernetes = e.where, e.kubernetes
-	return fresh, &groupFence{a: a, name: e.rec.Name, token: r.Token, index: r.Index}, nil
+	return fresh, &groupFence{gs: gs, name: e.rec.Name, token: r.Token, index: r.Index}, nil
 }
 
 // startGroupOp reads group name, stamps it for an operation that begins
 // now and reads its nodes: the start of a resize or a delete.
-func (a *Agent) startGroupOp(ctx context.Context, name string) (groupState, *groupFence, error) {
+func (gs *Groups) startGroupOp(ctx context.Context, name string) (groupState, *groupFence, error) {
 	if err := validateGroupName(name); err != nil {
 		return groupState{}, nil, err
 	}
-	e, err := a.readGroup(ctx, name)
+	e, err := gs.readGroup(ctx, name)
 	if err != nil {
 		return groupState{}, nil, err
 	}
-	e, f, err := a.beginGroupOp(ctx, e)
+	e, f, err := gs.beginGroupOp(ctx, e)
 	if err != nil {
 		return groupState{}, nil, err
 	}
-	s, err := a.readNodes(ctx, e)
+	s, err := gs.readNodes(ctx, e)
 	return s, f, err
 }
 
@@ -119,7 +119,7 @@ func (f *groupFence) check(ctx context.Context) error {
 	if f == nil || f.index == 0 {
 		return nil
 	}
-	r, err := f.a.names.Lookup(ctx, names.Group(f.name), names.Linearizable)
+	r, err := f.gs.names().Lookup(ctx, names.Group(f.name), names.Linearizable)
 	switch {
 	case errors.Is(err, names.ErrNotFound):
 		return &groupOvertaken{name: f.name, gone: true}
@@ -144,17 +144,17 @@ func (f *groupFence) stopped(ctx context.Context, err error, done string, placed
 		return annotate(err, "group %[2]s: %[1]s; this operation stopped (%[3]s): see group get %[2]s, then retry", f.name, done)
 	}
 	if !ov.gone {
-		f.a.log.Warn("group operation overtaken by a newer one; stopping", "group", f.name, "done", done)
+		f.gs.log.Warn("group operation overtaken by a newer one; stopping", "group", f.name, "done", done)
 		return &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("%v; this one stopped (%s) and left the group to it: see group get %s", ov, done, f.name)}
 	}
 	var kept []string
 	for _, c := range placed {
-		if _, rerr := f.a.Release(context.WithoutCancel(ctx), c.ID); rerr != nil && !isCode(rerr, api.CodeNotFound) {
+		if _, rerr := f.gs.claims.Release(context.WithoutCancel(ctx), c.ID); rerr != nil && !isCode(rerr, api.CodeNotFound) {
 			kept = append(kept, fmt.Sprintf("%s on %s (%v)", c.ID, c.Node, rerr))
 		}
 	}
-	f.a.log.Warn("group deleted while an operation on it ran; stopping", "group", f.name, "done", done, "released", len(placed)-len(kept))
+	f.gs.log.Warn("group deleted while an operation on it ran; stopping", "group", f.name, "done", done, "released", len(placed)-len(kept))
 	msg := fmt.Sprintf("%v; this one stopped (%s)", ov, done)
 	if len(placed) > 0 {
 		msg += "; the nodes it had placed were released"
