@@ -23,6 +23,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
@@ -38,7 +39,7 @@ import (
 // serves the whole API.
 type Agent struct {
 	*coordinator
-	*owner
+	*owner.Owner
 	*groups.Groups
 	home *home.Home // the home role: the claim directory's records of the IDs homed here
 
@@ -54,12 +55,8 @@ type Agent struct {
 
 	host       *host.Host    // the GPUs and their drivers (agent/host)
 	claimLocks keyedlock.Set // by claim ID
-	// commitLocks run an owner's commits of one claim ID one at a time
-	// (owner.Commit): a commit that failed after its hold lets the name
-	// go before another reservation of the ID holds it.
-	commitLocks keyedlock.Set
-	rec         Recorder
-	cluster     *clusterState // nil when this server runs alone
+	rec        Recorder
+	cluster    *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
 	gossipTune func(*memberlist.Config)
 	onChange   func()
@@ -69,7 +66,6 @@ type Agent struct {
 	feed        changeFeed
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
-	notices     *dirNotices   // what this agent, as an owner, owes the homes of its claims (notices.go)
 	boot        uint64        // this run's identity in gossip
 	// lastRefusal is when an owner last refused this coordinator (a.now
 	// UnixNano; 0 never): see contended.
@@ -77,10 +73,6 @@ type Agent struct {
 	// readFirstUntil is until when claims through this agent read their
 	// ID in the registry before placing it (a.now, UnixNano; readNameFirst).
 	readFirstUntil atomic.Int64
-	// bound maps a claim ID to the CreatedAt of its reservation once
-	// reserveAndBind has bound all of its GPUs: its commit then need not
-	// check them again (see Commit).
-	bound sync.Map
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims
@@ -97,7 +89,6 @@ type Agent struct {
 	// names is the authority over claim IDs and group names; nil when this
 	// server runs alone (nameauthority.go).
 	names NameAuthority
-	ae    antiEntropy // the owner's pass over names and ledger (antientropy.go)
 	// registry runs the name registry on this agent (registry.go); nil
 	// when this server runs alone or its authority was injected.
 	registry *registryState
@@ -200,7 +191,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy,
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
-	a.coordinator, a.owner = &coordinator{a}, &owner{a}
+	a.coordinator = &coordinator{a}
 	a.Groups = newGroups(a)
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
@@ -213,7 +204,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		RememberReleased: time.Duration(cfg.RememberReleased),
 		PendingTTL:       a.pendingTTL(),
 	})
-	a.notices = newDirNotices()
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
 		a.rec = a.metrics
@@ -279,6 +269,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			ProcRoot: cfg.ProcRoot, FabricMode: cfg.FabricMode, AllowUnsafeInterrupts: cfg.AllowUnsafeInterrupts, NVML: a.nvml != nil},
 		PCI: pci, Binder: binder, Inventory: a.inv, Ledger: a.ledger, Proc: host.ProcFor(fs, cfg.ProcRoot, o.fs != nil),
 		Events: events, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log, Changed: a.changed,
+	})
+	a.Owner = owner.New(owner.Deps{
+		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
+			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
+		Ledger: a.ledger, Host: a.host, Home: a.home, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log,
+		Names: a.ownerNames, Cluster: a.ownerCluster, Peers: a.peers,
+		Drained: a.serverDrained, Changed: a.changed, ClaimLocks: &a.claimLocks,
 	})
 	a.setPhase(phaseDiscovering)
 	if err := a.host.Discover(); err != nil {

@@ -45,7 +45,7 @@ func TestAntiEntropyReleasesLeftoverOfReleasedName(t *testing.T) {
 	a := settled(t, tc.start("a", "l40s-4"))
 	namedClaim(t, a, "vm-left", 41)
 
-	rep := a.antiEntropyPass(context.Background())
+	rep := a.AntiEntropyPass(context.Background())
 	if len(rep.Adopted) != 0 || len(rep.Released) != 0 || len(rep.Kept) != 1 || rep.Kept[0] != "vm-left" {
 		t.Fatalf("first pass: %+v, want vm-left kept (marked), not adopted", rep)
 	}
@@ -55,7 +55,7 @@ func TestAntiEntropyReleasesLeftoverOfReleasedName(t *testing.T) {
 	if c, err := a.Lookup(context.Background(), "vm-left"); err != nil || !c.Duplicate {
 		t.Errorf("leftover after the first pass: %+v, %v; want marked", c, err)
 	}
-	rep = a.antiEntropyPass(context.Background())
+	rep = a.AntiEntropyPass(context.Background())
 	if len(rep.Released) != 1 || rep.Released[0] != "vm-left" {
 		t.Fatalf("second pass: %+v, want vm-left released", rep)
 	}
@@ -84,7 +84,7 @@ func TestAntiEntropyKeepsLeftoverInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		if rep := a.antiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released)+len(rep.Adopted) != 0 {
+		if rep := a.AntiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released)+len(rep.Adopted) != 0 {
 			t.Fatalf("pass %d: %+v, want the leftover in use kept", i+1, rep)
 		}
 	}
@@ -111,7 +111,7 @@ func TestAntiEntropyHandsMovedNameBack(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rep := b.antiEntropyPass(context.Background())
+	rep := b.AntiEntropyPass(context.Background())
 	if len(rep.HandedBack) != 1 || rep.HandedBack[0] != "vm-m" || len(rep.Freed) != 0 {
 		t.Fatalf("b's pass: %+v, want vm-m handed back", rep)
 	}
@@ -119,10 +119,10 @@ func TestAntiEntropyHandsMovedNameBack(t *testing.T) {
 	if !held || got.Owner != "b" || got.Move == nil || got.Move.To != "a" {
 		t.Fatalf("vm-m's name after b's pass: %+v, want on b moving to a", got)
 	}
-	if rep := b.antiEntropyPass(context.Background()); len(rep.Freed)+len(rep.HandedBack) != 0 {
+	if rep := b.AntiEntropyPass(context.Background()); len(rep.Freed)+len(rep.HandedBack) != 0 {
 		t.Fatalf("b's pass while the move back is under way: %+v, want nothing done", rep)
 	}
-	rep = a.antiEntropyPass(context.Background())
+	rep = a.AntiEntropyPass(context.Background())
 	if len(rep.Confirmed) != 1 || len(rep.Released)+len(rep.Kept) != 0 {
 		t.Fatalf("a's pass: %+v, want vm-m's move confirmed", rep)
 	}
@@ -135,7 +135,7 @@ func TestAntiEntropyHandsMovedNameBack(t *testing.T) {
 		t.Fatalf("a's copy: %+v, %v; want the same copy under token %d", c, err, got.Token)
 	}
 	for _, x := range []*Agent{a, b} {
-		if rep := x.antiEntropyPass(context.Background()); len(rep.Freed)+len(rep.HandedBack)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept) != 0 {
+		if rep := x.AntiEntropyPass(context.Background()); len(rep.Freed)+len(rep.HandedBack)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept) != 0 {
 			t.Errorf("%s's pass after it settled: %+v", x.cfg.NodeName, rep)
 		}
 	}
@@ -161,7 +161,7 @@ func TestAntiEntropyFreesMovedNameOfAReleasedClaim(t *testing.T) {
 	if err := b.ledger.Remember(c, b.clk.Now(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	rep := b.antiEntropyPass(context.Background())
+	rep := b.AntiEntropyPass(context.Background())
 	if len(rep.Freed) != 1 || len(rep.HandedBack) != 0 {
 		t.Fatalf("b's pass: %+v, want vm-m freed, not handed back", rep)
 	}
@@ -184,7 +184,7 @@ func TestAntiEntropyReleasesNameHandedBackInVain(t *testing.T) {
 	if _, err := n.ConfirmMove(context.Background(), names.Claim("vm-m"), mv, "b", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if rep := b.antiEntropyPass(context.Background()); len(rep.HandedBack) != 1 {
+	if rep := b.AntiEntropyPass(context.Background()); len(rep.HandedBack) != 1 {
 		t.Fatalf("b's pass: %+v, want vm-m handed back", rep)
 	}
 	got, _ := nameOf(t, n, "vm-m")
@@ -198,7 +198,7 @@ func TestAntiEntropyReleasesNameHandedBackInVain(t *testing.T) {
 	if got, _ := nameOf(t, n, "vm-m"); got.Move != nil || got.Owner != "b" {
 		t.Fatalf("vm-m after its move back lapsed: %+v, want on b, no move", got)
 	}
-	rep := b.antiEntropyPass(context.Background())
+	rep := b.AntiEntropyPass(context.Background())
 	if len(rep.Freed) != 1 || len(rep.HandedBack) != 0 {
 		t.Fatalf("b's pass after the move back lapsed: %+v, want vm-m freed", rep)
 	}
@@ -218,7 +218,7 @@ func TestAntiEntropyConfirmsMoveToItsCopy(t *testing.T) {
 	namedClaim(t, a, "vm-m", r.Token)
 	mv := moveName(t, n, "vm-m", r.Token, "b", "a")
 
-	rep := a.antiEntropyPass(context.Background())
+	rep := a.AntiEntropyPass(context.Background())
 	if len(rep.Confirmed) != 1 || rep.Confirmed[0] != "vm-m" || len(rep.Kept)+len(rep.Released) != 0 {
 		t.Fatalf("a's pass: %+v, want vm-m's move confirmed", rep)
 	}
@@ -244,7 +244,7 @@ func TestAntiEntropyKeepsDuplicateTheHolderDoesNotHold(t *testing.T) {
 	namedClaim(t, b, "vm-d", r.Token)
 
 	for i := range 3 {
-		if rep := b.antiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
+		if rep := b.AntiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
 			t.Fatalf("b's pass %d while a holds no copy: %+v, want b's copy kept", i+1, rep)
 		}
 	}
@@ -255,7 +255,7 @@ func TestAntiEntropyKeepsDuplicateTheHolderDoesNotHold(t *testing.T) {
 		t.Error("b did not log why it kept its copy")
 	}
 	namedClaim(t, a, "vm-d", r.Token)
-	if rep := b.antiEntropyPass(context.Background()); len(rep.Released) != 1 {
+	if rep := b.AntiEntropyPass(context.Background()); len(rep.Released) != 1 {
 		t.Fatalf("b's pass once a holds its copy: %+v, want b's copy released", rep)
 	}
 	if _, err := a.ledger.Get("vm-d"); err != nil {
@@ -273,7 +273,7 @@ func TestAntiEntropyKeepsDuplicateWhenTheHolderIsGone(t *testing.T) {
 	namedClaim(t, b, "vm-d", r.Token)
 	tc.stop("a")
 	for i := range 2 {
-		if rep := b.antiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
+		if rep := b.AntiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
 			t.Fatalf("b's pass %d with a gone: %+v, want b's copy kept", i+1, rep)
 		}
 	}

@@ -74,7 +74,7 @@ func namedCluster(t *testing.T) (*testCluster, *testNames, *logBook) {
 func settled(t *testing.T, a *Agent) *Agent {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for a.ae.passes.Load() == 0 {
+	for a.AntiEntropyPasses() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s ran no anti-entropy pass at start", a.cfg.NodeName)
 		}
@@ -138,7 +138,7 @@ func TestAntiEntropyReleasesNamesWithoutClaim(t *testing.T) {
 	}
 	holdName(t, n, "vm-committing", "a")
 
-	rep := a.antiEntropyPass(context.Background())
+	rep := a.AntiEntropyPass(context.Background())
 	if rep.Skipped || len(rep.Freed) != 1 || rep.Freed[0] != "vm-gone" {
 		t.Fatalf("pass: %+v, want vm-gone freed", rep)
 	}
@@ -154,7 +154,7 @@ func TestAntiEntropyReleasesNamesWithoutClaim(t *testing.T) {
 	if logs.count("a", "level=WARN", "no claim in its ledger released", "claim=vm-gone") != 1 {
 		t.Error("the freed name was not logged")
 	}
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Freed) != 0 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Freed) != 0 {
 		t.Errorf("second pass freed %v", rep.Freed)
 	}
 }
@@ -167,7 +167,7 @@ func TestAntiEntropyAdoptsClaimsOfAnOlderLedger(t *testing.T) {
 	a := settled(t, tc.start("a", "l40s-4"))
 	olderClaim(t, a, "vm-old")
 
-	rep := a.antiEntropyPass(context.Background())
+	rep := a.AntiEntropyPass(context.Background())
 	if len(rep.Adopted) != 1 || rep.Adopted[0] != "vm-old" {
 		t.Fatalf("pass: %+v, want vm-old adopted", rep)
 	}
@@ -185,7 +185,7 @@ func TestAntiEntropyAdoptsClaimsOfAnOlderLedger(t *testing.T) {
 	if got := counter(t, a, "gpuherd_claim_names_adopted_total"); got != 1 {
 		t.Errorf("gpuherd_claim_names_adopted_total = %v, want 1", got)
 	}
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Adopted)+len(rep.Freed)+len(rep.Released) != 0 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Adopted)+len(rep.Freed)+len(rep.Released) != 0 {
 		t.Errorf("second pass changed something: %+v", rep)
 	}
 }
@@ -200,14 +200,14 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	a := settled(t, tc.start("a", "l40s-4"))
 	b := settled(t, tc.start("b", "l40s-4"))
 	kept := olderClaim(t, a, "vm-d")
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
 		t.Fatalf("a's pass: %+v, want vm-d adopted", rep)
 	}
 	olderClaim(t, b, "vm-d")
 
 	// The first pass that sees it marks it; the next one, seeing the same
 	// record, releases it.
-	rep := b.antiEntropyPass(context.Background())
+	rep := b.AntiEntropyPass(context.Background())
 	if len(rep.Released) != 0 || len(rep.Kept) != 1 || rep.Kept[0] != "vm-d" {
 		t.Fatalf("b's first pass: %+v, want its copy of vm-d marked", rep)
 	}
@@ -218,7 +218,7 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 		t.Errorf("b's copy after the first pass: %+v, %v; want marked duplicate, kept on a", c, err)
 	}
 	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 2 })
-	rep = b.antiEntropyPass(context.Background())
+	rep = b.AntiEntropyPass(context.Background())
 	if len(rep.Released) != 1 || rep.Released[0] != "vm-d" || len(rep.Kept) != 0 {
 		t.Fatalf("b's second pass: %+v, want its copy of vm-d released", rep)
 	}
@@ -243,7 +243,7 @@ func TestAntiEntropyReleasesUnusedDuplicate(t *testing.T) {
 	if got := gauge(t, b, "gpuherd_claim_duplicates", "", ""); got != 0 {
 		t.Errorf("gpuherd_claim_duplicates = %v after the release, want 0", got)
 	}
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Released)+len(rep.Kept)+len(rep.Freed) != 0 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Released)+len(rep.Kept)+len(rep.Freed) != 0 {
 		t.Errorf("a's pass touched the kept copy: %+v", rep)
 	}
 }
@@ -256,7 +256,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 	a := settled(t, tc.start("a", "l40s-4"))
 	b := settled(t, tc.start("b", "l40s-4"))
 	olderClaim(t, a, "vm-d")
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
 		t.Fatalf("a's pass: %+v, want vm-d adopted", rep)
 	}
 	dup := olderClaim(t, b, "vm-d")
@@ -265,7 +265,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rep := b.antiEntropyPass(context.Background())
+	rep := b.AntiEntropyPass(context.Background())
 	if len(rep.Kept) != 1 || rep.Kept[0] != "vm-d" || len(rep.Released) != 0 {
 		t.Fatalf("b's pass: %+v, want its copy kept", rep)
 	}
@@ -293,7 +293,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 		t.Errorf("claims of vm-d through a: %v, want a's plain and b's marked", marks)
 	}
 
-	if rep := b.antiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
+	if rep := b.AntiEntropyPass(context.Background()); len(rep.Kept) != 1 || len(rep.Released) != 0 {
 		t.Fatalf("b's second pass with the VM running: %+v, want its copy still kept", rep)
 	}
 	if logs.count("b", "held on several servers") != 1 {
@@ -304,7 +304,7 @@ func TestAntiEntropyKeepsDuplicateInUseUntilItsVMStops(t *testing.T) {
 	if _, _, err := b.ledger.EndUse("vm-d", use.Domain, false, b.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	rep = b.antiEntropyPass(context.Background())
+	rep = b.AntiEntropyPass(context.Background())
 	if len(rep.Released) != 1 {
 		t.Fatalf("b's pass after the VM stopped: %+v, want its copy released", rep)
 	}
@@ -326,7 +326,7 @@ func TestAntiEntropySkipsWhileRegistryIsDown(t *testing.T) {
 	before := counter(t, a, "gpuherd_anti_entropy_skipped_total")
 	n.SetDown(true)
 	for range 3 {
-		if rep := a.antiEntropyPass(context.Background()); !rep.Skipped {
+		if rep := a.AntiEntropyPass(context.Background()); !rep.Skipped {
 			t.Fatalf("pass with the registry down: %+v, want skipped", rep)
 		}
 	}
@@ -340,7 +340,7 @@ func TestAntiEntropySkipsWhileRegistryIsDown(t *testing.T) {
 	if _, held := nameOf(t, n, "vm-gone"); !held {
 		t.Fatal("a skipped pass released a name")
 	}
-	if rep := a.antiEntropyPass(context.Background()); len(rep.Freed) != 1 {
+	if rep := a.AntiEntropyPass(context.Background()); len(rep.Freed) != 1 {
 		t.Fatalf("pass after the registry came back: %+v, want vm-gone freed", rep)
 	}
 	if logs.count("a", "answers again") != 1 {

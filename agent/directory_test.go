@@ -164,9 +164,7 @@ func TestClusterDirectoryNoticeRetried(t *testing.T) {
 		t.Fatalf("claim: %+v, %v", cl, err)
 	}
 	waitFor(t, "b's notice to be parked for a retry", 10*time.Second, func() bool {
-		b.notices.undeliveredMu.Lock()
-		defer b.notices.undeliveredMu.Unlock()
-		return b.notices.undelivered[id]
+		return b.NoticeOwed(id)
 	})
 	if ans, _ := c.LookupDirectory(ctx, id); ans.State == api.DirHeld {
 		t.Fatalf("c learned of %s although b could not reach it: %+v", id, ans)

@@ -2,12 +2,8 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +11,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
@@ -29,30 +26,6 @@ import (
 // nameTimeout bounds one call to the registry; the registry itself waits
 // up to its Timing.Hold for a leader before it answers unavailable.
 const nameTimeout = 8 * time.Second
-
-// requestDigest is the registry's digest of a request: its items (counts
-// by model, in model order) and labels, so every agent computes the same
-// one for the same request, whatever order the caller listed them in, and
-// the owner computes it again from its reservation (digestOf).
-func requestDigest(rr api.ReserveRequest) string {
-	counts := map[string]int{}
-	for _, it := range rr.Items {
-		counts[it.Model] += it.Count
-	}
-	h := sha256.New()
-	for _, m := range slices.Sorted(maps.Keys(counts)) {
-		fmt.Fprintf(h, "item %q %d\n", m, counts[m])
-	}
-	for _, k := range slices.Sorted(maps.Keys(rr.Labels)) {
-		fmt.Fprintf(h, "label %q %q\n", k, rr.Labels[k])
-	}
-	// Only pinned requests name devices, so every other digest is the
-	// one it always was.
-	for _, d := range rr.Devices {
-		fmt.Fprintf(h, "device %q\n", d)
-	}
-	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
-}
 
 // placeNamed places a claim on the registry path. The owner that commits
 // it holds the ID in the registry first, in one write (owner.holdName),
@@ -70,7 +43,7 @@ func requestDigest(rr api.ReserveRequest) string {
 // an unavailable registry is then a 503 naming its servers at once, not a
 // reservation left waiting for a hold that cannot happen.
 func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
-	digest := requestDigest(at.rr)
+	digest := owner.RequestDigest(at.rr)
 	// Where the ID last ran: without any_node (and no server named), the
 	// registry refuses to hold it anywhere else (owner.holdName with
 	// recall), and the owner sends the claim back there: nothing to wait

@@ -14,6 +14,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/owner"
 )
 
 // The claim path through the name registry (namedclaim.go, ownernames.go):
@@ -259,12 +260,12 @@ func TestClusterNamedPausedCoordinatorIsFenced(t *testing.T) {
 
 	// a acquires vm-x and reserves all of b's L40S, then "sleeps".
 	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 4}}, Coordinator: "a"}
-	g, err := tc.names.Acquire(ctx, names.Claim("vm-x"), "a", "", requestDigest(rr), nil)
+	g, err := tc.names.Acquire(ctx, names.Claim("vm-x"), "a", "", owner.RequestDigest(rr), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr.Token = g.Record.Token
-	if _, err := b.owner.Reserve(ctx, "vm-x", rr); err != nil {
+	if _, err := b.Owner.Reserve(ctx, "vm-x", rr); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a's grant to lapse", 10*time.Second, func() bool {
@@ -281,7 +282,7 @@ func TestClusterNamedPausedCoordinatorIsFenced(t *testing.T) {
 	}
 
 	// a wakes and commits on b under its old grant: refused.
-	if _, err := b.owner.Commit(ctx, "vm-x"); !isCode(err, api.CodeLeaseExpired) {
+	if _, err := b.Owner.Commit(ctx, "vm-x"); !isCode(err, api.CodeLeaseExpired) {
 		t.Fatalf("commit under the lapsed grant: %v; want lease_expired (stale token)", err)
 	}
 	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != "c" {
@@ -419,7 +420,7 @@ func TestClusterNamedClaimWaitsForAPendingGrant(t *testing.T) {
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
 	ctx := context.Background()
 	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}}
-	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-x"), "a", "", requestDigest(rr), nil)
+	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-x"), "a", "", owner.RequestDigest(rr), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,22 +464,22 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 	ctx := context.Background()
 	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a"}
 
-	if _, err := b.owner.Reserve(ctx, "vm-1", rr); err != nil {
+	if _, err := b.Owner.Reserve(ctx, "vm-1", rr); err != nil {
 		t.Fatal(err)
 	}
 	tc.names.SetDown(true)
-	if _, err := b.owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) {
+	if _, err := b.Owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) {
 		t.Fatalf("commit with the registry down: %v; want unavailable", err)
 	}
 	if cl, err := b.ledger.Get("vm-1"); err != nil || cl.State != ledger.StateReserved {
 		t.Fatalf("reservation after the unconfirmed commit: %+v, %v; want it kept", cl, err)
 	}
 	tc.names.SetDown(false)
-	if _, err := b.owner.Commit(ctx, "vm-1"); err != nil {
+	if _, err := b.Owner.Commit(ctx, "vm-1"); err != nil {
 		t.Fatalf("commit once the registry answers: %v", err)
 	}
 	rec, err := tc.names.Lookup(ctx, names.Claim("vm-1"), names.Linearizable)
-	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" || rec.Caller != "a" || rec.Request != requestDigest(rr) {
+	if err != nil || rec.State != names.StateHeld || rec.Owner != "b" || rec.Caller != "a" || rec.Request != owner.RequestDigest(rr) {
 		t.Fatalf("registry record after the commit: %+v, %v; want held on b for a's request", rec, err)
 	}
 	if cl, _ := b.ledger.Get("vm-1"); cl.NameToken != rec.Token {
@@ -487,10 +488,10 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 
 	// Held on b: c's commit of the same ID is refused, and c lets its
 	// GPU go.
-	if _, err := c.owner.Reserve(ctx, "vm-1", rr); err != nil {
+	if _, err := c.Owner.Reserve(ctx, "vm-1", rr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "held on b") {
+	if _, err := c.Owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "held on b") {
 		t.Fatalf("commit on c of an ID held on b: %v; want a conflict naming b", err)
 	}
 	if _, err := c.ledger.Get("vm-1"); !errors.Is(err, ledger.ErrNotFound) {
@@ -498,15 +499,15 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 	}
 
 	// The two-step way, under a token.
-	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-2"), "a", "", requestDigest(rr), nil)
+	g, err := tc.names.as("a").Acquire(ctx, names.Claim("vm-2"), "a", "", owner.RequestDigest(rr), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr.Token = g.Record.Token
-	if _, err := c.owner.Reserve(ctx, "vm-2", rr); err != nil {
+	if _, err := c.Owner.Reserve(ctx, "vm-2", rr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.owner.Commit(ctx, "vm-2"); err != nil {
+	if _, err := c.Owner.Commit(ctx, "vm-2"); err != nil {
 		t.Fatalf("commit under a token: %v", err)
 	}
 	if rec, err := tc.names.Lookup(ctx, names.Claim("vm-2"), names.Linearizable); err != nil || rec.Owner != "c" || rec.Token != g.Record.Token {
@@ -517,7 +518,7 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 		a  *Agent
 		id string
 	}{{b, "vm-1"}, {c, "vm-2"}} {
-		if _, err := x.a.owner.Abort(ctx, x.id); err != nil {
+		if _, err := x.a.Owner.Abort(ctx, x.id); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tc.names.Lookup(ctx, names.Claim(x.id), names.Linearizable); !isNamesNotFound(err) {
@@ -647,10 +648,10 @@ func TestClusterNamedReleaseFollowsANameMovedAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
-	if _, err := b.owner.Reserve(ctx, "vm-x", rr); err != nil {
+	if _, err := b.Owner.Reserve(ctx, "vm-x", rr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.owner.Commit(ctx, "vm-x"); err != nil {
+	if _, err := b.Owner.Commit(ctx, "vm-x"); err != nil {
 		t.Fatal(err)
 	}
 	r.holder, r.back = "b", "c"
@@ -700,79 +701,3 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 	}
 }
 
-// The owner's hold goes out while the GPUs are still being reserved and
-// bound (owner.holdEarly), under the ID's commit lock. A hold whose
-// reservation failed is let go before the answer when no claim of the ID
-// is on the server (owner.settleEarly), so the next server is not refused
-// with the ID held here; one with a claim here is kept. The anti-entropy
-// pass frees a name held with no claim only under the same lock
-// (Agent.freeName), so it never frees an early hold before its
-// reservation is made.
-func TestClusterNamedEarlyHoldSettles(t *testing.T) {
-	tc, _, b, _ := namedThree(t)
-	ctx := context.Background()
-	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Commit: true}
-	req := ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}
-	held := func(id string) (names.Record, bool) {
-		rec, err := tc.names.Lookup(ctx, names.Claim(id), names.Linearizable)
-		return rec, err == nil
-	}
-
-	// The reservation failed: let go.
-	early := b.owner.holdEarly(ctx, "vm-failed", rr, req)
-	if early == nil {
-		t.Fatal("no early hold on a server with room")
-	}
-	if rec, err := early.wait(); err != nil || rec.Owner != "b" {
-		t.Fatalf("early hold: %+v, %v", rec, err)
-	}
-	b.owner.settleEarly(ctx, early)
-	if rec, ok := held("vm-failed"); ok {
-		t.Fatalf("vm-failed still held (%+v) after its reservation failed", rec)
-	}
-
-	// A reservation stands: kept for its commit.
-	early = b.owner.holdEarly(ctx, "vm-kept", rr, req)
-	if _, err := b.ledger.Reserve("vm-kept", req, "a", b.clk.Now(), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	b.owner.settleEarly(ctx, early)
-	if rec, ok := held("vm-kept"); !ok || rec.Owner != "b" {
-		t.Fatalf("vm-kept: %+v, %v; want held on b", rec, ok)
-	}
-
-	// No early hold without room, or with the ID already here.
-	if h := b.owner.holdEarly(ctx, "vm-kept", rr, req); h != nil {
-		t.Fatal("early hold of an ID this server already has")
-	}
-	big := rr
-	big.Items = []api.Item{{Model: l40s, Count: 5}}
-	if h := b.owner.holdEarly(ctx, "vm-big", big, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 5}}}); h != nil {
-		t.Fatal("early hold on a server without room")
-	}
-
-	// The pass waits for the commit lock before it frees a name held
-	// here with no claim, and reads the ledger again.
-	early = b.owner.holdEarly(ctx, "vm-racing", rr, req)
-	rec, err := early.wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	freed := make(chan bool)
-	go func() { freed <- b.freeName(ctx, rec) }()
-	select {
-	case <-freed:
-		t.Fatal("the pass freed an early hold while its commit lock was held")
-	case <-time.After(50 * time.Millisecond):
-	}
-	if _, err := b.ledger.Reserve("vm-racing", req, "a", b.clk.Now(), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	b.owner.settleEarly(ctx, early)
-	if <-freed {
-		t.Fatal("the pass freed the name of a reservation made under its lock")
-	}
-	if _, ok := held("vm-racing"); !ok {
-		t.Fatal("vm-racing lost its name")
-	}
-}

@@ -3,11 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
@@ -70,18 +68,6 @@ func errText(err error) string {
 		return "dropped"
 	}
 	return err.Error()
-}
-
-// replacedGPUs returns the GPUs of prev, the live reservation under the ID
-// before a Reserve that returned c, when c replaced it under a newer name
-// token; nil otherwise. The caller returns them to the idle driver (those c
-// took again stay bound: toIdleLocked skips held GPUs).
-func replacedGPUs(prev ledger.Claim, found bool, c ledger.Claim) []string {
-	if !found || prev.State != ledger.StateReserved || prev.CreatedAt.Equal(c.CreatedAt) ||
-		c.NameToken == 0 || prev.NameToken >= c.NameToken {
-		return nil
-	}
-	return slices.Clone(prev.GPUs)
 }
 
 // dropOrphan is ask's answer to a conflict from t's Reserve: when t's copy

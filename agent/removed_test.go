@@ -69,7 +69,7 @@ func TestMembersRemoveMakesClaimsLost(t *testing.T) {
 	c := tc.start("c", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 3 })
 	olderClaim(t, b, "vm-1")
-	if rep := b.antiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
+	if rep := b.AntiEntropyPass(context.Background()); len(rep.Adopted) != 1 {
 		t.Fatalf("b's pass: %+v, want vm-1 given its name", rep)
 	}
 	ctx := context.Background()

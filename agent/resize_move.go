@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -34,15 +35,6 @@ import (
 // old copy is the duplicate. A step that fails is undone before the
 // answer, and whatever could not be undone is named in it.
 
-// nameMover is what a move needs of the name authority beyond
-// NameAuthority (*names.Registry has it).
-type nameMover interface {
-	Move(ctx context.Context, key names.Key, token uint64, from, to, caller string) (names.Record, error)
-	ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, caller string) (names.Record, error)
-}
-
-var _ nameMover = (*names.Registry)(nil)
-
 // move moves claim at.id, committed on from, to the first server of
 // ranked whose owner takes it. all are the servers a refusal describes.
 func (at *attempt) move(ctx context.Context, from target, ranked []string, byName map[string]target, all []placement.Server) (api.Claim, error) {
@@ -59,7 +51,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: the name registry has it %s on %s but %s holds it; retry the resize once they agree", at.id, rec.State, rec.Owner, from.name)}
 	}
-	mover, ok := at.names.(nameMover)
+	mover, ok := at.names.(owner.NameMover)
 	if named && !ok {
 		return api.Claim{}, fmt.Errorf("claim %s: the name authority cannot move names", at.id)
 	}
@@ -195,11 +187,11 @@ func (at *attempt) moveNameBack(ctx context.Context, key names.Key, to, from str
 	if err != nil {
 		return err
 	}
-	m, err := at.names.(nameMover).Move(ctx, key, rec.Token, to, from, at.cfg.NodeName)
+	m, err := at.names.(owner.NameMover).Move(ctx, key, rec.Token, to, from, at.cfg.NodeName)
 	if err != nil {
 		return err
 	}
-	_, err = at.names.(nameMover).ConfirmMove(ctx, key, m.Move.Token, from, at.cfg.NodeName)
+	_, err = at.names.(owner.NameMover).ConfirmMove(ctx, key, m.Move.Token, from, at.cfg.NodeName)
 	return err
 }
 

@@ -7,9 +7,10 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/owner"
 )
 
-var _ nameMover = (*testNames)(nil)
+var _ owner.NameMover = (*testNames)(nil)
 
 func (n *testNames) Move(ctx context.Context, key names.Key, token uint64, from, to, caller string) (names.Record, error) {
 	if err := n.unavailable(names.OpMove, key); err != nil {

@@ -38,8 +38,8 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			}
 			c.joined.Store(true)
 		}()
-		go a.dirWorker(ctx)
-		go a.antiEntropyLoop(ctx)
+		go a.RunNotices(ctx)
+		go a.RunAntiEntropy(ctx)
 		go a.watchKnownMembers(ctx)
 		c.publish()
 	}

@@ -124,41 +124,6 @@ func (a *Agent) stateView(s gpuState) api.GPU {
 	}
 }
 
-func (a *Agent) claimView(c ledger.Claim) api.Claim {
-	v := api.Claim{
-		ID:          c.ID,
-		Node:        a.cfg.NodeName,
-		State:       api.StateReserved,
-		Labels:      c.Labels,
-		CreatedAt:   c.CreatedAt,
-		ExpiresAt:   c.ExpiresAt,
-		CommittedAt: c.CommittedAt,
-		GPUs:        make([]api.ClaimGPU, 0, len(c.GPUs)),
-	}
-	if c.State == ledger.StateCommitted {
-		v.State = api.StateClaimed
-	}
-	for _, it := range c.Items {
-		v.Items = append(v.Items, api.Item{Model: it.Model, Count: it.Count})
-	}
-	for _, addr := range c.GPUs {
-		g, _ := a.host.GPU(addr)
-		cg := api.ClaimGPU{PCIAddress: addr, Model: g.Model, IOMMUGroup: g.IOMMUGroup}
-		if g.IOMMUGroup >= 0 {
-			cg.VFIODevice = fmt.Sprintf("/dev/vfio/%d", g.IOMMUGroup)
-		}
-		for _, f := range g.Companions {
-			cg.Companions = append(cg.Companions, api.PCIFunction{PCIAddress: f})
-		}
-		v.GPUs = append(v.GPUs, cg)
-	}
-	if u := c.Use; u.Domain != "" {
-		v.Domain = &api.DomainUse{UUID: u.Domain, Name: u.Name, Started: u.Started, Since: u.Since}
-	}
-	a.duplicateMark(&v)
-	return v
-}
-
 // Version is this build.
 func (a *Agent) Version() api.VersionInfo { return VersionInfo() }
 

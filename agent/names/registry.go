@@ -22,6 +22,7 @@ type Registry struct {
 	raft  *raft.Raft // nil for a client
 	fsm   *FSM       // nil for a client
 	store *Store     // nil in memory or for a client
+	local *localLog  // set for a registry without raft (NewLocal)
 
 	// readyTerm is the term in which this server, as leader, saw a barrier
 	// applied: from then its FSM holds every entry committed before its
@@ -440,6 +441,9 @@ func refused(op Op, key Key, res Result) error {
 // for a stale read), else at the leader. While no leader answers it waits
 // up to Timing.Hold, then names the servers it could not reach.
 func (r *Registry) do(ctx context.Context, req Request) (Result, error) {
+	if r.local != nil {
+		return r.doLocal(ctx, req)
+	}
 	if req.Stale && isRead(req.Op) && r.fsm != nil {
 		return r.readLocal(req)
 	}

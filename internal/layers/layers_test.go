@@ -38,21 +38,22 @@ var layers = [][]string{
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
 	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
+	{"agent/owner"},                                          // the protocol: the owner role, this server's claims
 	{"agent/groups"},                                         // the node groups, over the coordinator
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
-	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
+	{"agent/internal/testdisk", "agent/internal/testmain", "agent/host/hosttest", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
 }
 
 // roleTypes are the types of the claim protocol's roles in package agent
 // (docs/protocol.md). A file that declares a method on one of them is a
 // protocol file: it speaks in error codes and Recorder events, never in
 // HTTP statuses or metrics.
-var roleTypes = []string{"coordinator", "attempt", "owner"}
+var roleTypes = []string{"coordinator", "attempt"}
 
 // rolePackages are the packages of the claim protocol's roles, split out of
 // agent: every file of one is a protocol file.
-var rolePackages = []string{"agent/host", "agent/home", "agent/groups"}
+var rolePackages = []string{"agent/host", "agent/home", "agent/owner", "agent/groups"}
 
 // clockPackages are the packages whose code reads time only through
 // internal/clock, so that tests and the simulation can drive it: agent and

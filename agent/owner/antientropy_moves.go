@@ -1,4 +1,4 @@
-package agent
+package owner
 
 import (
 	"context"
@@ -44,43 +44,43 @@ const (
 // the server it came from, once per token; any other (or one handed back
 // before, still here) is released. A name with a move under way is left
 // to that move.
-func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcome {
-	self := a.cfg.NodeName
+func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcome {
+	self := o.cfg.NodeName
 	if r.Move != nil {
 		return nameKept // the move confirms or lapses; the next pass sees which
 	}
 	if r.State != names.StateHeld || r.MovedFrom == "" || r.MovedFrom == self {
-		if a.freeName(ctx, r) {
+		if o.freeName(ctx, r) {
 			return nameFreed
 		}
 		return nameKept
 	}
-	a.ae.mu.Lock()
-	tried := a.ae.handedBack[r.Name] == r.Token
-	a.ae.mu.Unlock()
+	o.ae.mu.Lock()
+	tried := o.ae.handedBack[r.Name] == r.Token
+	o.ae.mu.Unlock()
 	if tried {
 		// Its server did not take it back: it holds no copy either.
-		if a.freeName(ctx, r) {
+		if o.freeName(ctx, r) {
 			return nameFreed
 		}
 		return nameKept
 	}
-	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.clk.Now()) {
+	if c, err := o.ledger.Get(r.Name); err == nil && c.Live(o.clk.Now()) {
 		return nameKept // committed or reserved since the pass read the ledger
 	}
-	if rel, ok, _ := a.ledger.Recall(r.Name, a.clk.Now(), time.Duration(a.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
+	if rel, ok, _ := o.ledger.Recall(r.Name, o.clk.Now(), time.Duration(o.cfg.RememberReleased)); ok && rel.NameToken == r.Token {
 		// Its claim was committed here under this very token and released
 		// since: the name's release did not reach the registry. The old
 		// server's copy, if any, is a leftover of the same release.
-		if a.freeName(ctx, r) {
+		if o.freeName(ctx, r) {
 			return nameFreed
 		}
 		return nameKept
 	}
-	mover, ok := a.names.(nameMover)
+	mover, ok := o.names().(NameMover)
 	if !ok {
-		a.log.Warn("anti-entropy: the name authority cannot move names; releasing a moved name with no claim instead of handing it back", "claim", r.Name, "moved_from", r.MovedFrom)
-		if a.freeName(ctx, r) {
+		o.log.Warn("anti-entropy: the name authority cannot move names; releasing a moved name with no claim instead of handing it back", "claim", r.Name, "moved_from", r.MovedFrom)
+		if o.freeName(ctx, r) {
 			return nameFreed
 		}
 		return nameKept
@@ -91,28 +91,28 @@ func (a *Agent) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale), errors.Is(err, names.ErrConflict):
 		return nameKept // released, moved or granted again since the list was read
 	default:
-		a.log.Warn("anti-entropy: handing a moved name with no claim back failed; the next pass retries", "claim", r.Name, "to", r.MovedFrom, "err", err)
+		o.log.Warn("anti-entropy: handing a moved name with no claim back failed; the next pass retries", "claim", r.Name, "to", r.MovedFrom, "err", err)
 		return nameKept
 	}
-	a.ae.mu.Lock()
-	if a.ae.handedBack == nil {
-		a.ae.handedBack = map[string]uint64{}
+	o.ae.mu.Lock()
+	if o.ae.handedBack == nil {
+		o.ae.handedBack = map[string]uint64{}
 	}
-	a.ae.handedBack[r.Name] = r.Token
-	a.ae.mu.Unlock()
-	a.log.Warn("anti-entropy: name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
+	o.ae.handedBack[r.Name] = r.Token
+	o.ae.mu.Unlock()
+	o.log.Warn("anti-entropy: name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
 		"claim", r.Name, "to", r.MovedFrom, "token", r.Token)
 	return nameHandedBack
 }
 
 // forgetHandedBack drops the hand-backs of names no longer held here
 // without a claim (the IDs in still).
-func (a *Agent) forgetHandedBack(still map[string]bool) {
-	a.ae.mu.Lock()
-	defer a.ae.mu.Unlock()
-	for id := range a.ae.handedBack {
+func (o *Owner) forgetHandedBack(still map[string]bool) {
+	o.ae.mu.Lock()
+	defer o.ae.mu.Unlock()
+	for id := range o.ae.handedBack {
 		if !still[id] {
-			delete(a.ae.handedBack, id)
+			delete(o.ae.handedBack, id)
 		}
 	}
 }
@@ -121,17 +121,17 @@ func (a *Agent) forgetHandedBack(still map[string]bool) {
 // c's name r to this server: the copy here takes the name (a move's
 // coordinator that stopped before its confirm, or a name handed back),
 // and the ledger records its token.
-func (a *Agent) confirmMoveHere(ctx context.Context, c ledger.Claim, r names.Record) bool {
-	self := a.cfg.NodeName
-	got, err := a.names.Confirm(ctx, names.Claim(c.ID), r.Move.Token, self, nil)
+func (o *Owner) confirmMoveHere(ctx context.Context, c ledger.Claim, r names.Record) bool {
+	self := o.cfg.NodeName
+	got, err := o.names().Confirm(ctx, names.Claim(c.ID), r.Move.Token, self, nil)
 	if err != nil {
-		a.log.Info("anti-entropy: the move of a claim's name to this server was not confirmed this pass", "claim", c.ID, "from", r.Owner, "err", err)
+		o.log.Info("anti-entropy: the move of a claim's name to this server was not confirmed this pass", "claim", c.ID, "from", r.Owner, "err", err)
 		return false
 	}
-	if _, err := a.ledger.SetNameToken(c.ID, got.Token); err != nil {
-		a.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", got.Token, "err", err)
+	if _, err := o.ledger.SetNameToken(c.ID, got.Token); err != nil {
+		o.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", got.Token, "err", err)
 	}
-	a.log.Warn("anti-entropy: name moving to this server's committed copy confirmed here", "claim", c.ID, "from", r.Owner, "token", got.Token, "gpus", c.GPUs)
+	o.log.Warn("anti-entropy: name moving to this server's committed copy confirmed here", "claim", c.ID, "from", r.Owner, "token", got.Token, "gpus", c.GPUs)
 	return true
 }
 
@@ -139,42 +139,42 @@ func (a *Agent) confirmMoveHere(ctx context.Context, c ledger.Claim, r names.Rec
 // name was released (its ledger has a name token; the registry no name):
 // released on the second sighting in a row (again), never while a VM uses
 // it. It reports whether c was released.
-func (a *Agent) resolveLeftover(ctx context.Context, c ledger.Claim, again bool) bool {
+func (o *Owner) resolveLeftover(ctx context.Context, c ledger.Claim, again bool) bool {
 	if !again {
-		a.log.Warn("claim committed here under a name token has no name in the registry: its name was released, so this copy is a leftover",
+		o.log.Warn("claim committed here under a name token has no name in the registry: its name was released, so this copy is a leftover",
 			"claim", c.ID, "token", c.NameToken, "gpus", c.GPUs)
 	}
-	unlock := a.claimLocks.Lock(c.ID)
+	unlock := o.claimLocks.Lock(c.ID)
 	defer unlock()
-	cur, err := a.ledger.Get(c.ID)
+	cur, err := o.ledger.Get(c.ID)
 	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) || cur.NameToken != c.NameToken {
 		return false // released or replaced meanwhile: the next pass looks again
 	}
-	if why := a.inUseWhy(cur); why != "" {
+	if why := o.inUseWhy(cur); why != "" {
 		if !again {
-			a.log.Warn("leftover kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "in_use", why)
+			o.log.Warn("leftover kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "in_use", why)
 		}
 		return false
 	}
 	if !again {
-		a.log.Info("leftover unused; released by the next pass if it is still one", "claim", c.ID)
+		o.log.Info("leftover unused; released by the next pass if it is still one", "claim", c.ID)
 		return false
 	}
-	return a.releaseCopy(ctx, c, "leftover", "its name was released", "token", c.NameToken)
+	return o.releaseCopy(ctx, c, "leftover", "its name was released", "token", c.NameToken)
 }
 
 // holderLacks asks server holder, which the registry names as holding
 // claim id, whether it holds the claim committed: "" when it does, else
 // why this copy must stay (it answers that it does not, or does not
 // answer).
-func (a *Agent) holderLacks(ctx context.Context, holder, id string) string {
-	t, ok := targetNamed(a.targets(), holder)
+func (o *Owner) holderLacks(ctx context.Context, holder, id string) string {
+	p, ok := o.peer(holder)
 	if !ok {
 		return fmt.Sprintf("%s is not among the servers this one sees", holder)
 	}
-	lctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	lctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 	defer cancel()
-	c, err := t.owner.Lookup(lctx, id)
+	c, err := p.Owner.Lookup(lctx, id)
 	switch {
 	case isCode(err, api.CodeNotFound):
 		return fmt.Sprintf("%s does not hold it", holder)

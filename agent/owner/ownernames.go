@@ -1,9 +1,13 @@
-package agent
+package owner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -27,7 +31,7 @@ import (
 // the two-step way, or lost) drops the reservation and names who has the
 // ID; an unavailable registry keeps it, for the coordinator's retried
 // commit.
-func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (uint64, error) {
+func (o *Owner) holdName(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (uint64, error) {
 	id := pending.ID
 	var (
 		rec names.Record
@@ -39,8 +43,8 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 	} else {
 		// Not cancelled with the request: a hold that took effect must be
 		// followed by the ledger commit it allows.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-		rec, err = o.names.Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digest, recall)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
+		rec, err = o.names().Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digest, recall)
 		cancel()
 	}
 	if err == nil {
@@ -55,7 +59,7 @@ func (o *owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 // holdError is this owner's answer for a claim whose ID the registry did
 // not hold here: unavailable (the reservation, if any, is kept for the
 // coordinator's retried commit), or refused, naming who has the ID.
-func (o *owner) holdError(id string, err error) error {
+func (o *Owner) holdError(id string, err error) error {
 	if names.IsUnavailable(err) {
 		return &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: not committed on %s, the name registry could not hold its ID: %v", id, o.cfg.NodeName, err)}
@@ -89,7 +93,7 @@ func digestOf(c ledger.Claim) string {
 	for _, it := range c.Items {
 		rr.Items = append(rr.Items, api.Item{Model: it.Model, Count: it.Count})
 	}
-	return requestDigest(rr)
+	return RequestDigest(rr)
 }
 
 // confirmName asks the registry to make this server the holder of the
@@ -99,12 +103,12 @@ func digestOf(c ledger.Claim) string {
 // the ID held on another server) drops the reservation, so nothing is
 // committed under a grant that no longer holds; an unavailable registry
 // keeps it, for the coordinator's retried commit.
-func (o *owner) confirmName(ctx context.Context, pending ledger.Claim) error {
+func (o *Owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 	id := pending.ID
 	// Not cancelled with the request: a confirmation that took effect
 	// must be followed by the ledger commit it allows.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	_, err := o.names.Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
+	_, err := o.names().Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
 	cancel()
 	if err == nil {
 		return nil
@@ -137,7 +141,7 @@ func (o *owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 // dropUnconfirmed drops a reservation whose claim ID the registry refused
 // to confirm and returns its GPUs to the idle driver. The caller holds the
 // reservation's device locks.
-func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why error) {
+func (o *Owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why error) {
 	c, err := o.ledger.AbortReservation(pending.ID, o.clk.Now())
 	if err != nil {
 		if !errors.Is(err, ledger.ErrNotFound) {
@@ -156,12 +160,12 @@ func (o *owner) dropUnconfirmed(ctx context.Context, pending ledger.Claim, why e
 // registry that cannot be reached leaves the name held on this server
 // until the owner's pass over names held without a claim
 // (pendingNameRelease) lets it go.
-func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
-	if o.names == nil || c.NameToken == 0 {
+func (o *Owner) releaseName(ctx context.Context, c ledger.Claim) {
+	if o.names() == nil || c.NameToken == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
-	_, err := o.names.Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
+	_, err := o.names().Release(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName)
 	cancel()
 	o.noteNameRelease(c, err) // not found or stale: free already, or granted again since
 }
@@ -175,15 +179,15 @@ func (o *owner) releaseName(ctx context.Context, c ledger.Claim) {
 // staying here without one. The caller holds the ID's commit lock since
 // before the ledger released the claim: a hold of the ID here meanwhile
 // would be answered with the very name this lets go.
-func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
-	if o.names == nil || c.NameToken == 0 {
+func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) {
+	if o.names() == nil || c.NameToken == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	defer cancel()
 	// Where it ran is remembered with the release: a claim of the ID
 	// without any_node comes back here (owner.holdName with recall).
-	_, err := o.names.ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
+	_, err := o.names().ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
 	var r *names.RefusedError
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
@@ -193,7 +197,7 @@ func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
 	if _, gerr := o.ledger.Get(c.ID); gerr == nil {
 		return // claimed here again: the name is that claim's
 	}
-	_, err = o.names.Release(rctx, names.Claim(c.ID), r.Record.Token, o.cfg.NodeName)
+	_, err = o.names().Release(rctx, names.Claim(c.ID), r.Record.Token, o.cfg.NodeName)
 	if err == nil {
 		o.log.Info("claim name let go under the newer token it was moved back here with", "claim", c.ID, "token", r.Record.Token, "committed_token", c.NameToken)
 	}
@@ -201,7 +205,7 @@ func (o *owner) releasedName(ctx context.Context, c ledger.Claim) {
 }
 
 // noteNameRelease logs what became of a name release.
-func (o *owner) noteNameRelease(c ledger.Claim, err error) {
+func (o *Owner) noteNameRelease(c ledger.Claim, err error) {
 	switch {
 	case err == nil:
 	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale):
@@ -214,7 +218,7 @@ func (o *owner) noteNameRelease(c ledger.Claim, err error) {
 // pendingNameRelease is where a name this server could not let go is left:
 // logged for now, for the owner's background pass over names held on this
 // server without a claim in its ledger, which releases them.
-func (o *owner) pendingNameRelease(c ledger.Claim, err error) {
+func (o *Owner) pendingNameRelease(c ledger.Claim, err error) {
 	o.log.Warn("claim released, but its name is still held in the name registry; left for the owner's background pass over names without a claim",
 		"claim", c.ID, "token", c.NameToken, "err", err)
 }
@@ -245,8 +249,8 @@ func (h *earlyHold) wait() (names.Record, error) {
 // request: the reservation will most likely stand, so holding now costs
 // nothing extra. Otherwise, nil: the commit holds after the reservation,
 // and a server without room writes nothing to the registry.
-func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest, req ledger.Request) *earlyHold {
-	if o.names == nil || !rr.Commit || rr.Token != 0 {
+func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest, req ledger.Request) *earlyHold {
+	if o.names() == nil || !rr.Commit || rr.Token != 0 {
 		return nil
 	}
 	free := o.ledger.Free(o.clk.Now())
@@ -260,7 +264,7 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		unlock()
 		return nil
 	}
-	h := &earlyHold{digest: requestDigest(rr), done: make(chan struct{}), unlock: unlock}
+	h := &earlyHold{digest: RequestDigest(rr), done: make(chan struct{}), unlock: unlock}
 	// The hold's request goes out before the reservation's own work: a
 	// new goroutine otherwise waits for this one to block, and on a busy
 	// machine the reservation and its binds ran first, the hold only after
@@ -272,9 +276,9 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		defer close(h.done)
 		close(started)
 		// Not cancelled with the request, as in holdName.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nameTimeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 		defer cancel()
-		h.rec, h.err = o.names.Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
+		h.rec, h.err = o.names().Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
 	}()
 	<-started
 	return h
@@ -287,8 +291,8 @@ func (o *owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 // another agent) then reserves nothing and moves no driver. With vfio-pci
 // as the idle driver, binding changes nothing, so the hold overlaps the
 // reservation.
-func (o *owner) awaitHoldBeforeMoves(id string, h *earlyHold) error {
-	if h == nil || o.policy == vfio.IdleVFIO {
+func (o *Owner) awaitHoldBeforeMoves(id string, h *earlyHold) error {
+	if h == nil || o.cfg.IdlePolicy == vfio.IdleVFIO {
 		return nil
 	}
 	if _, err := h.wait(); err != nil && !names.IsUnavailable(err) {
@@ -301,7 +305,7 @@ func (o *owner) awaitHoldBeforeMoves(id string, h *earlyHold) error {
 // commit lock go: a hold the commit did not take (the reservation failed)
 // is let go when this server holds no claim of the ID, so a refused
 // reservation leaves no name behind.
-func (o *owner) settleEarly(ctx context.Context, h *earlyHold) {
+func (o *Owner) settleEarly(ctx context.Context, h *earlyHold) {
 	if h == nil {
 		return
 	}
@@ -317,4 +321,28 @@ func (o *owner) settleEarly(ctx context.Context, h *earlyHold) {
 		return // a claim of the ID is here: the name is its
 	}
 	o.releaseName(ctx, ledger.Claim{ID: rec.Name, NameToken: rec.Token})
+}
+
+// RequestDigest is the registry's digest of a request: its items (counts
+// by model, in model order) and labels, so every agent computes the same
+// one for the same request, whatever order the caller listed them in, and
+// the owner computes it again from its reservation (digestOf).
+func RequestDigest(rr api.ReserveRequest) string {
+	counts := map[string]int{}
+	for _, it := range rr.Items {
+		counts[it.Model] += it.Count
+	}
+	h := sha256.New()
+	for _, m := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Fprintf(h, "item %q %d\n", m, counts[m])
+	}
+	for _, k := range slices.Sorted(maps.Keys(rr.Labels)) {
+		fmt.Fprintf(h, "label %q %q\n", k, rr.Labels[k])
+	}
+	// Only pinned requests name devices, so every other digest is the
+	// one it always was.
+	for _, d := range rr.Devices {
+		fmt.Fprintf(h, "device %q\n", d)
+	}
+	return "v1:" + hex.EncodeToString(h.Sum(nil))[:32]
 }

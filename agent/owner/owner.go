@@ -1,4 +1,4 @@
-package agent
+package owner
 
 import (
 	"context"
@@ -21,12 +21,6 @@ import (
 // "Roles"): the ledger-side check-and-take, commit, release, resize and
 // capacity, for itself or for a coordinator elsewhere. It shares the
 // agent's wiring (ledger, hardware, log, recorder).
-type owner struct {
-	*Agent
-}
-
-var _ api.Owner = (*Agent)(nil)
-
 // bindAttempts bounds how often a claim is retried on other GPUs after a
 // GPU failed to bind. Each failure fences one GPU, so retries end anyway;
 // the bound keeps a server whose every card misbehaves from taking minutes.
@@ -35,7 +29,7 @@ const bindAttempts = 8
 // Reserve takes the GPUs of req on this server under a lease and binds them
 // to vfio-pci; the coordinator then commits, or lets the lease run out. A GPU
 // that fails to bind is fenced off and the reservation retried on the others.
-func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
+func (o *Owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
 	req := ledger.Request{Labels: rr.Labels, NameToken: rr.Token, Devices: rr.Devices}
 	for _, it := range rr.Items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
@@ -72,7 +66,7 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 		if rr.Commit {
 			return o.commitAtOnce(ctx, id, c, rr.Recall, early)
 		}
-		return o.claimView(c), nil
+		return o.ClaimView(c), nil
 	}
 }
 
@@ -82,12 +76,12 @@ func (o *owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 // the coordinator commits again; a refusal is the answer, its reservation
 // dropped. recall as in api.ReserveRequest; early, when not nil, is the
 // ID's hold already under way, whose commit lock the caller holds.
-func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool, early *earlyHold) (api.Claim, error) {
+func (o *Owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool, early *earlyHold) (api.Claim, error) {
 	committed, err := o.commit(ctx, id, recall, early)
 	var e *api.Error
 	if err != nil && (!errors.As(err, &e) || e.ServerFault()) {
 		o.log.Debug("reservation kept for the coordinator's commit", "claim", id, "err", err)
-		return o.claimView(c), nil
+		return o.ClaimView(c), nil
 	}
 	return committed, err
 }
@@ -95,7 +89,7 @@ func (o *owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, rec
 // reserveAndBind reserves in the ledger, then binds each GPU, keeping the
 // lease ahead of the binding. A GPU that fails is fenced, the reservation
 // dropped and its other GPUs returned to the idle driver.
-func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
+func (o *Owner) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
 	lease := time.Duration(o.cfg.ReservationLease)
 	prev, perr := o.ledger.Get(id)
 	c, err := o.ledger.Reserve(id, req, coordinator, o.clk.Now(), lease)
@@ -103,7 +97,7 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 		return ledger.Claim{}, err
 	}
 	fresh := c.State == ledger.StateReserved
-	orphaned := replacedGPUs(prev, perr == nil, c) // orphans.go
+	orphaned := replacedGPUs(prev, perr == nil, c)
 	unlock := o.host.LockGPUs(append(slices.Clone(c.GPUs), orphaned...)...)
 	defer unlock()
 	if len(orphaned) > 0 {
@@ -178,12 +172,12 @@ func (o *owner) reserveAndBind(ctx context.Context, id string, req ledger.Reques
 // a committed claim's GPUs are always ready for its VM. When this agent's
 // own reservation bound them (all of them, under the device locks it takes
 // here too), there is nothing left to check.
-func (o *owner) Commit(ctx context.Context, id string) (api.Claim, error) {
+func (o *Owner) Commit(ctx context.Context, id string) (api.Claim, error) {
 	return o.commit(ctx, id, false, nil)
 }
 
 // commit is Commit; recall and early as in commitAtOnce.
-func (o *owner) commit(ctx context.Context, id string, recall bool, early *earlyHold) (api.Claim, error) {
+func (o *Owner) commit(ctx context.Context, id string, recall bool, early *earlyHold) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -222,7 +216,7 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 	// With a name registry, the claim ID must be held on this server
 	// before the ledger commits it (ownernames.go): held in one write, or
 	// confirmed under the token the reservation was made with.
-	named := o.names != nil && pending.State == ledger.StateReserved && pending.Live(o.clk.Now())
+	named := o.names() != nil && pending.State == ledger.StateReserved && pending.Live(o.clk.Now())
 	if named {
 		if pending.NameToken != 0 {
 			if err := o.confirmName(ctx, pending); err != nil {
@@ -254,12 +248,12 @@ func (o *owner) commit(ctx context.Context, id string, recall bool, early *early
 	o.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
 	o.dirNote(id, api.DirOpHeld)
 	o.changed()
-	return o.claimView(c), nil
+	return o.ClaimView(c), nil
 }
 
 // reservedAgain reports whether the ledger holds id, reserved or
 // committed, other than as the reservation pending.
-func (o *owner) reservedAgain(id string, pending ledger.Claim) bool {
+func (o *Owner) reservedAgain(id string, pending ledger.Claim) bool {
 	cur, err := o.ledger.Get(id)
 	return err == nil && !cur.CreatedAt.Equal(pending.CreatedAt)
 }
@@ -267,24 +261,24 @@ func (o *owner) reservedAgain(id string, pending ledger.Claim) bool {
 // boundBy reports whether reserveAndBind finished binding the GPUs of the
 // reservation pending (this very one, not an earlier one under the same ID)
 // in this process. The caller holds the GPUs' device locks.
-func (o *owner) boundBy(id string, pending ledger.Claim) bool {
+func (o *Owner) boundBy(id string, pending ledger.Claim) bool {
 	v, ok := o.bound.Load(id)
 	return ok && v.(time.Time).Equal(pending.CreatedAt)
 }
 
 // Abort drops a claim of this server, committed or reserved, and returns its
 // GPUs to the idle driver.
-func (o *owner) Abort(ctx context.Context, id string) (api.Claim, error) {
+func (o *Owner) Abort(ctx context.Context, id string) (api.Claim, error) {
 	return o.abort(ctx, id, false)
 }
 
 // AbortReservation drops a reservation of this server and returns its GPUs
 // to the idle driver; a claim committed under the ID stays (409 conflict).
-func (o *owner) AbortReservation(ctx context.Context, id string) (api.Claim, error) {
+func (o *Owner) AbortReservation(ctx context.Context, id string) (api.Claim, error) {
 	return o.abort(ctx, id, true)
 }
 
-func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api.Claim, error) {
+func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -327,11 +321,11 @@ func (o *owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	o.host.ToIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
-	return o.claimView(c), nil
+	return o.ClaimView(c), nil
 }
 
 // Lookup returns one claim of this server.
-func (o *owner) Lookup(_ context.Context, id string) (api.Claim, error) {
+func (o *Owner) Lookup(_ context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -342,17 +336,17 @@ func (o *owner) Lookup(_ context.Context, id string) (api.Claim, error) {
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
-	return o.claimView(c), nil
+	return o.ClaimView(c), nil
 }
 
 // List returns the live claims of this server.
-func (o *owner) List(context.Context) ([]api.Claim, error) {
+func (o *Owner) List(context.Context) ([]api.Claim, error) {
 	cs := o.ledger.List()
 	out := make([]api.Claim, 0, len(cs))
 	now := o.clk.Now()
 	for _, c := range cs {
 		if c.Live(now) {
-			out = append(out, o.claimView(c))
+			out = append(out, o.ClaimView(c))
 		}
 	}
 	return out, nil
@@ -362,7 +356,7 @@ func (o *owner) List(context.Context) ([]api.Claim, error) {
 // bound to vfio-pci, dropped ones return to the idle driver. The GPUs the
 // claim gains are bound before the ledger hands them over, so a GPU the
 // ledger calls claimed is on vfio-pci from that moment, as for a new claim.
-func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) (api.Claim, error) {
+func (o *Owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) (api.Claim, error) {
 	req := ledger.Request{}
 	for _, it := range items {
 		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
@@ -425,21 +419,21 @@ func (o *owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) 
 	o.host.ToIdleLocked(ctx, "resize "+id, append(before.GPUs, bound...), "")
 	o.log.Info("resized", "claim", id, "from", before.GPUs, "to", c.GPUs)
 	o.changed()
-	return o.claimView(c), nil
+	return o.ClaimView(c), nil
 }
 
 // Capacity is this server's free GPUs per model now, from its ledger.
-func (o *owner) Capacity(context.Context) (api.Capacity, error) {
+func (o *Owner) Capacity(context.Context) (api.Capacity, error) {
 	free := map[string]int{}
 	for m, t := range o.ledger.Totals(o.clk.Now()) {
 		free[m] = t.Free
 	}
-	return api.Capacity{Free: free, Drained: o.serverDrained()}, nil
+	return api.Capacity{Free: free, Drained: o.drained()}, nil
 }
 
 // Sweep drops reservations whose lease ran out and returns their GPUs to
 // the idle driver.
-func (o *owner) Sweep(ctx context.Context) {
+func (o *Owner) Sweep(ctx context.Context) {
 	expired, err := o.ledger.Expire(o.clk.Now())
 	if err != nil {
 		o.log.Error("expiring reservations", "err", err)
@@ -456,4 +450,16 @@ func (o *owner) Sweep(ctx context.Context) {
 	if len(expired) > 0 {
 		o.changed()
 	}
+}
+
+// replacedGPUs returns the GPUs of prev, the live reservation under the ID
+// before a Reserve that returned c, when c replaced it under a newer name
+// token; nil otherwise. The caller returns them to the idle driver (those c
+// took again stay bound: toIdleLocked skips held GPUs).
+func replacedGPUs(prev ledger.Claim, found bool, c ledger.Claim) []string {
+	if !found || prev.State != ledger.StateReserved || prev.CreatedAt.Equal(c.CreatedAt) ||
+		c.NameToken == 0 || prev.NameToken >= c.NameToken {
+		return nil
+	}
+	return slices.Clone(prev.GPUs)
 }

@@ -1,4 +1,4 @@
-package agent
+package owner
 
 import (
 	"context"
@@ -92,8 +92,8 @@ type sighting struct {
 	token uint64
 }
 
-// antiEntropyReport is what one pass did, for tests and the log.
-type antiEntropyReport struct {
+// AntiEntropyReport is what one pass did, for tests and the log.
+type AntiEntropyReport struct {
 	Skipped    bool
 	Freed      []string // names released: no claim in the ledger
 	HandedBack []string // names with no claim here moved back where they came from
@@ -103,17 +103,17 @@ type antiEntropyReport struct {
 	Kept       []string // duplicate and leftover copies kept: a VM uses them, first seen, or the holder did not say
 }
 
-// antiEntropyLoop runs a pass at once, then one every antiEntropyEvery
+// RunAntiEntropy runs a pass at once, then one every antiEntropyEvery
 // (± a fifth, so that owners started together do not ask together),
 // until ctx ends.
-func (a *Agent) antiEntropyLoop(ctx context.Context) {
-	if a.names == nil {
+func (o *Owner) RunAntiEntropy(ctx context.Context) {
+	if o.names() == nil {
 		return
 	}
 	for {
-		a.antiEntropyPass(ctx)
+		o.AntiEntropyPass(ctx)
 		jitter := time.Duration(rand.Int64N(int64(antiEntropyEvery)*2/5)) - antiEntropyEvery/5
-		t := a.clk.NewTimer(antiEntropyEvery + jitter)
+		t := o.clk.NewTimer(antiEntropyEvery + jitter)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -123,23 +123,23 @@ func (a *Agent) antiEntropyLoop(ctx context.Context) {
 	}
 }
 
-// antiEntropyPass compares the registry's names held on this server with
+// AntiEntropyPass compares the registry's names held on this server with
 // its ledger once, and repairs what differs.
-func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
-	var rep antiEntropyReport
-	if a.names == nil {
+func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
+	var rep AntiEntropyReport
+	if o.names() == nil {
 		return rep
 	}
-	a.ae.pass.Lock()
-	defer a.ae.pass.Unlock()
-	defer a.ae.passes.Add(1)
-	self := a.cfg.NodeName
+	o.ae.pass.Lock()
+	defer o.ae.pass.Unlock()
+	defer o.ae.passes.Add(1)
+	self := o.cfg.NodeName
 	// The registry first, the ledger second: an owner confirms a name
 	// before it commits, so a name confirmed after this read has at least
 	// a reservation in the ledger read after it, and is left alone.
-	listing, err := a.names.List(ctx, names.Filter{Kind: names.KindClaim, Owner: self}, names.Linearizable)
+	listing, err := o.names().List(ctx, names.Filter{Kind: names.KindClaim, Owner: self}, names.Linearizable)
 	if err != nil {
-		return a.antiEntropySkipped(err)
+		return o.antiEntropySkipped(err)
 	}
 	held := map[string]names.Record{}
 	for _, r := range listing.Records {
@@ -147,9 +147,9 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			held[r.Name] = r
 		}
 	}
-	now := a.clk.Now()
+	now := o.clk.Now()
 	claims := map[string]ledger.Claim{}
-	for _, c := range a.ledger.List() {
+	for _, c := range o.ledger.List() {
 		if c.Live(now) {
 			claims[c.ID] = c
 		}
@@ -161,18 +161,18 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			continue
 		}
 		nameless[id] = true
-		switch a.nameWithoutClaim(ctx, held[id]) {
+		switch o.nameWithoutClaim(ctx, held[id]) {
 		case nameFreed:
 			rep.Freed = append(rep.Freed, id)
 		case nameHandedBack:
 			rep.HandedBack = append(rep.HandedBack, id)
 		}
 	}
-	a.forgetHandedBack(nameless)
+	o.forgetHandedBack(nameless)
 
-	a.ae.mu.Lock()
-	prev := a.ae.dups
-	a.ae.mu.Unlock()
+	o.ae.mu.Lock()
+	prev := o.ae.dups
+	o.ae.mu.Unlock()
 	dups := map[string]sighting{}
 	lostHere := map[string]bool{}
 	for _, id := range slices.Sorted(maps.Keys(claims)) {
@@ -181,40 +181,40 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			continue // being placed: the claim path names it
 		}
 		if r, ok := held[id]; ok {
-			a.ownName(c, r, lostHere)
+			o.ownName(c, r, lostHere)
 			continue
 		}
-		r, err := a.names.Lookup(ctx, names.Claim(id), names.Linearizable)
+		r, err := o.names().Lookup(ctx, names.Claim(id), names.Linearizable)
 		switch {
 		case errors.Is(err, names.ErrNotFound) && c.NameToken != 0:
 			seen := sighting{token: c.NameToken}
-			if a.resolveLeftover(ctx, c, prev[id] == seen) {
+			if o.resolveLeftover(ctx, c, prev[id] == seen) {
 				rep.Released = append(rep.Released, id)
 			} else {
 				dups[id] = seen
 				rep.Kept = append(rep.Kept, id)
 			}
 		case errors.Is(err, names.ErrNotFound):
-			if a.adoptName(ctx, c) {
+			if o.adoptName(ctx, c) {
 				rep.Adopted = append(rep.Adopted, id)
 			}
 		case err != nil:
 			if names.IsUnavailable(err) {
-				return a.antiEntropySkipped(err)
+				return o.antiEntropySkipped(err)
 			}
-			a.log.Warn("anti-entropy: looking a claim's name up failed", "claim", id, "err", err)
+			o.log.Warn("anti-entropy: looking a claim's name up failed", "claim", id, "err", err)
 		case r.State == names.StatePending:
 			// Another coordinator is placing the ID now; its owner's
 			// confirm decides, and the next pass sees the outcome.
 		case r.Owner == self:
 			// Confirmed here since the list was read.
 		case r.Move != nil && r.Move.To == self:
-			if a.confirmMoveHere(ctx, c, r) {
+			if o.confirmMoveHere(ctx, c, r) {
 				rep.Confirmed = append(rep.Confirmed, id)
 			}
 		default:
 			seen := sighting{owner: r.Owner, token: r.Token}
-			if a.resolveDuplicate(ctx, c, r, prev[id] == seen) {
+			if o.resolveDuplicate(ctx, c, r, prev[id] == seen) {
 				rep.Released = append(rep.Released, id)
 			} else {
 				dups[id] = seen
@@ -222,17 +222,17 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 			}
 		}
 	}
-	a.ae.mu.Lock()
-	if a.ae.down {
-		a.log.Info("anti-entropy: the name registry answers again; passes resumed")
+	o.ae.mu.Lock()
+	if o.ae.down {
+		o.log.Info("anti-entropy: the name registry answers again; passes resumed")
 	}
-	a.ae.down = false
-	a.ae.dups = dups
-	a.ae.lostHere = lostHere
-	a.ae.mu.Unlock()
-	a.metrics.SetClaimDuplicates(len(dups))
+	o.ae.down = false
+	o.ae.dups = dups
+	o.ae.lostHere = lostHere
+	o.ae.mu.Unlock()
+	o.counters.SetClaimDuplicates(len(dups))
 	if len(rep.Freed)+len(rep.HandedBack)+len(rep.Adopted)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept) > 0 {
-		a.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_handed_back", rep.HandedBack,
+		o.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_handed_back", rep.HandedBack,
 			"names_adopted", rep.Adopted, "moves_confirmed", rep.Confirmed,
 			"duplicates_released", rep.Released, "duplicates_kept", rep.Kept)
 	}
@@ -241,16 +241,16 @@ func (a *Agent) antiEntropyPass(ctx context.Context) antiEntropyReport {
 
 // antiEntropySkipped ends a pass the registry did not answer, logging it
 // only when the previous pass got through.
-func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
-	a.metrics.AntiEntropySkipped()
-	a.ae.mu.Lock()
-	first := !a.ae.down
-	a.ae.down = true
-	a.ae.mu.Unlock()
+func (o *Owner) antiEntropySkipped(err error) AntiEntropyReport {
+	o.counters.AntiEntropySkipped()
+	o.ae.mu.Lock()
+	first := !o.ae.down
+	o.ae.down = true
+	o.ae.mu.Unlock()
 	if first {
-		a.log.Warn("anti-entropy: the name registry does not answer; passes skipped until it does (claims and their GPUs are unaffected)", "err", err)
+		o.log.Warn("anti-entropy: the name registry does not answer; passes skipped until it does (claims and their GPUs are unaffected)", "err", err)
 	}
-	return antiEntropyReport{Skipped: true}
+	return AntiEntropyReport{Skipped: true}
 }
 
 // freeName releases name r, held on this server with no claim in its
@@ -259,22 +259,22 @@ func (a *Agent) antiEntropySkipped(err error) antiEntropyReport {
 // under the ID's commit lock: a claim committed since the pass read it, or
 // being placed here now (an early hold comes before its reservation,
 // owner.holdEarly), keeps its name.
-func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
-	unlock := a.commitLocks.Lock(r.Name)
+func (o *Owner) freeName(ctx context.Context, r names.Record) bool {
+	unlock := o.commitLocks.Lock(r.Name)
 	defer unlock()
-	if c, err := a.ledger.Get(r.Name); err == nil && c.Live(a.clk.Now()) {
+	if c, err := o.ledger.Get(r.Name); err == nil && c.Live(o.clk.Now()) {
 		return false
 	}
-	_, err := a.names.Release(ctx, names.Claim(r.Name), r.Token, a.cfg.NodeName)
+	_, err := o.names().Release(ctx, names.Claim(r.Name), r.Token, o.cfg.NodeName)
 	switch {
 	case err == nil:
-		a.metrics.ClaimNameFreed()
-		a.log.Warn("anti-entropy: name held on this server with no claim in its ledger released", "claim", r.Name, "state", r.State, "token", r.Token)
+		o.counters.ClaimNameFreed()
+		o.log.Warn("anti-entropy: name held on this server with no claim in its ledger released", "claim", r.Name, "state", r.State, "token", r.Token)
 		return true
 	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale), errors.Is(err, names.ErrConflict):
 		// Released, or granted again, since the list was read.
 	default:
-		a.log.Warn("anti-entropy: releasing a name with no claim failed; the next pass retries", "claim", r.Name, "err", err)
+		o.log.Warn("anti-entropy: releasing a name with no claim failed; the next pass retries", "claim", r.Name, "err", err)
 	}
 	return false
 }
@@ -283,21 +283,21 @@ func (a *Agent) freeName(ctx context.Context, r names.Record) bool {
 // server: the ledger learns the token if it lacks it; a name the registry
 // lists as lost (this server was removed while it still ran) is kept as it
 // is, warned about once: the operator decides.
-func (a *Agent) ownName(c ledger.Claim, r names.Record, lostHere map[string]bool) {
+func (o *Owner) ownName(c ledger.Claim, r names.Record, lostHere map[string]bool) {
 	if r.State == names.StateLost {
 		lostHere[c.ID] = true
-		a.ae.mu.Lock()
-		warned := a.ae.lostHere[c.ID]
-		a.ae.mu.Unlock()
+		o.ae.mu.Lock()
+		warned := o.ae.lostHere[c.ID]
+		o.ae.mu.Unlock()
 		if !warned {
-			a.log.Warn("claim held here is listed as lost: this server was removed from the cluster (members remove) while it ran; release the claim, or keep its VM here and release the lost name, after which this server adopts it again",
+			o.log.Warn("claim held here is listed as lost: this server was removed from the cluster (members remove) while it ran; release the claim, or keep its VM here and release the lost name, after which this server adopts it again",
 				"claim", c.ID, "gpus", c.GPUs)
 		}
 		return
 	}
 	if c.NameToken != r.Token {
-		if _, err := a.ledger.SetNameToken(c.ID, r.Token); err != nil {
-			a.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
+		if _, err := o.ledger.SetNameToken(c.ID, r.Token); err != nil {
+			o.log.Warn("anti-entropy: recording a claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
 		}
 	}
 }
@@ -319,24 +319,24 @@ func adoptedRequest(c ledger.Claim) string {
 // (no name token: a ledger from before the registry), one held on this
 // server. Another request that takes the name first wins; the next pass
 // then finds this copy a duplicate.
-func (a *Agent) adoptName(ctx context.Context, c ledger.Claim) bool {
-	self := a.cfg.NodeName
+func (o *Owner) adoptName(ctx context.Context, c ledger.Claim) bool {
+	self := o.cfg.NodeName
 	key := names.Claim(c.ID)
-	g, err := a.names.Acquire(ctx, key, self, self, adoptedRequest(c), nil)
+	g, err := o.names().Acquire(ctx, key, self, self, adoptedRequest(c), nil)
 	if err != nil {
-		a.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
+		o.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
 		return false
 	}
-	r, err := a.names.Confirm(ctx, key, g.Record.Token, self, nil)
+	r, err := o.names().Confirm(ctx, key, g.Record.Token, self, nil)
 	if err != nil {
-		a.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
+		o.log.Info("anti-entropy: claim not adopted this pass", "claim", c.ID, "err", err)
 		return false
 	}
-	if _, err := a.ledger.SetNameToken(c.ID, r.Token); err != nil {
-		a.log.Warn("anti-entropy: recording an adopted claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
+	if _, err := o.ledger.SetNameToken(c.ID, r.Token); err != nil {
+		o.log.Warn("anti-entropy: recording an adopted claim's name token failed", "claim", c.ID, "token", r.Token, "err", err)
 	}
-	a.metrics.ClaimNameAdopted()
-	a.log.Info("anti-entropy: claim from before the name registry adopted", "claim", c.ID, "token", r.Token, "gpus", c.GPUs)
+	o.counters.ClaimNameAdopted()
+	o.log.Info("anti-entropy: claim from before the name registry adopted", "claim", c.ID, "token", r.Token, "gpus", c.GPUs)
 	return true
 }
 
@@ -345,58 +345,58 @@ func (a *Agent) adoptName(ctx context.Context, c ledger.Claim) bool {
 // released unless a VM uses it. again says the previous pass saw the same
 // record: a first sighting only marks the copy. It reports whether c was
 // released.
-func (a *Agent) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Record, again bool) bool {
+func (o *Owner) resolveDuplicate(ctx context.Context, c ledger.Claim, r names.Record, again bool) bool {
 	if !again {
-		a.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
-			"copy_on", a.cfg.NodeName, "gpus", c.GPUs)
+		o.log.Warn("claim held on several servers", "claim", c.ID, "kept_on", r.Owner, "kept_state", r.State,
+			"copy_on", o.cfg.NodeName, "gpus", c.GPUs)
 	}
-	unlock := a.claimLocks.Lock(c.ID)
+	unlock := o.claimLocks.Lock(c.ID)
 	defer unlock()
-	cur, err := a.ledger.Get(c.ID)
+	cur, err := o.ledger.Get(c.ID)
 	if err != nil || cur.State != ledger.StateCommitted || !cur.CommittedAt.Equal(c.CommittedAt) {
 		return false // released or replaced meanwhile: the next pass looks again
 	}
 	if r.State == names.StateLost {
 		if !again {
-			a.log.Warn("duplicate kept: the registry's copy was on a removed server; release the lost name to let this server adopt its copy", "claim", c.ID, "lost_on", r.Owner)
+			o.log.Warn("duplicate kept: the registry's copy was on a removed server; release the lost name to let this server adopt its copy", "claim", c.ID, "lost_on", r.Owner)
 		}
 		return false
 	}
-	if why := a.inUseWhy(cur); why != "" {
+	if why := o.inUseWhy(cur); why != "" {
 		if !again {
-			a.log.Warn("duplicate kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "kept_on", r.Owner, "in_use", why)
+			o.log.Warn("duplicate kept while a VM uses it; it is released once the VM stops", "claim", c.ID, "kept_on", r.Owner, "in_use", why)
 		}
 		return false
 	}
 	if !again {
-		a.log.Info("duplicate unused; released by the next pass if it is still one", "claim", c.ID, "kept_on", r.Owner)
+		o.log.Info("duplicate unused; released by the next pass if it is still one", "claim", c.ID, "kept_on", r.Owner)
 		return false
 	}
-	if why := a.holderLacks(ctx, r.Owner, c.ID); why != "" {
-		a.log.Warn("duplicate kept: the server the registry names does not confirm it holds the claim; the next pass asks again", "claim", c.ID, "kept_on", r.Owner, "why", why)
+	if why := o.holderLacks(ctx, r.Owner, c.ID); why != "" {
+		o.log.Warn("duplicate kept: the server the registry names does not confirm it holds the claim; the next pass asks again", "claim", c.ID, "kept_on", r.Owner, "why", why)
 		return false
 	}
-	return a.releaseCopy(ctx, c, "duplicate", "the name registry names the copy on another server", "kept_on", r.Owner)
+	return o.releaseCopy(ctx, c, "duplicate", "the name registry names the copy on another server", "kept_on", r.Owner)
 }
 
 // releaseCopy releases claim c, a copy the registry does not name (what
 // says which kind, why says why, with attrs for the log), and returns its
 // GPUs to the idle driver. It reports whether c was released.
-func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
+func (o *Owner) releaseCopy(ctx context.Context, c ledger.Claim, what, why string, attrs ...any) bool {
 	moved := what + " " + c.ID + " released"
-	rel, scan, devs, err := a.host.ReleaseLocked(c.ID, moved, func() (ledger.Claim, error) { return a.ledger.Release(c.ID, a.clk.Now()) })
+	rel, scan, devs, err := o.host.ReleaseLocked(c.ID, moved, func() (ledger.Claim, error) { return o.ledger.Release(c.ID, o.clk.Now()) })
 	if err != nil {
-		a.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
+		o.log.Error("releasing a "+what+" claim failed; the next pass retries", "claim", c.ID, "err", err)
 		return false
 	}
-	a.rec.Reservation(events.ReservationReleased)
-	a.metrics.ClaimDuplicateReleased()
-	a.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
+	o.rec.Reservation(events.ReservationReleased)
+	o.counters.ClaimDuplicateReleased()
+	o.log.Warn(what+" claim released: "+why, append([]any{"claim", c.ID, "gpus", rel.GPUs}, attrs...)...)
 	// The pass's context ends with the agent; a driver move, once begun,
 	// runs to its own deadline.
-	a.host.ToIdleScanned(context.WithoutCancel(ctx), moved, rel.GPUs, "", scan)
+	o.host.ToIdleScanned(context.WithoutCancel(ctx), moved, rel.GPUs, "", scan)
 	devs()
-	a.changed()
+	o.changed()
 	return true
 }
 
@@ -404,7 +404,7 @@ func (a *Agent) releaseCopy(ctx context.Context, c ledger.Claim, what, why strin
 // hook's use mark, or a process holding one of its VFIO groups open. A
 // /proc that cannot be read counts as in use: never take GPUs away on a
 // guess.
-func (a *Agent) inUseWhy(c ledger.Claim) string {
+func (o *Owner) inUseWhy(c ledger.Claim) string {
 	if c.Use.Domain != "" {
 		name := c.Use.Name
 		if name == "" {
@@ -412,7 +412,7 @@ func (a *Agent) inUseWhy(c ledger.Claim) string {
 		}
 		return "domain " + name + " is marked running on it"
 	}
-	used, err := a.host.UsedBy(c.GPUs)
+	used, err := o.host.UsedBy(c.GPUs)
 	if err != nil {
 		return "cannot tell whether a VM uses its GPUs: " + err.Error()
 	}
@@ -420,6 +420,9 @@ func (a *Agent) inUseWhy(c ledger.Claim) string {
 }
 
 // duplicateMark adds the anti-entropy pass's mark to a claim view.
-func (a *Agent) duplicateMark(v *api.Claim) {
-	v.Duplicate, v.KeptOn = a.ae.mark(v.ID)
+func (o *Owner) duplicateMark(v *api.Claim) {
+	v.Duplicate, v.KeptOn = o.ae.mark(v.ID)
 }
+
+// AntiEntropyPasses is how many passes have ended since the start.
+func (o *Owner) AntiEntropyPasses() int64 { return o.ae.passes.Load() }

@@ -1,4 +1,4 @@
-package agent
+package owner
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // The owner decides, as for every claim of its GPUs; the Agent serves it on
 // the local socket only (api.Domains).
 
-var _ api.Domains = (*Agent)(nil)
+var _ api.Domains = (*Owner)(nil)
 
 // bootID names this boot of the host: a use recorded in another boot is
 // stale, as no VM outlives a reboot. "" when it cannot be read (then uses
@@ -37,7 +37,7 @@ var bootID = sync.OnceValue(func() string {
 
 // UseClaim checks that a domain may run on claim id's GPUs and, unless
 // req.CheckOnly, marks the claim in use by it (see api.UseRequest).
-func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.Claim, error) {
+func (o *Owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, o.apiError(err)
 	}
@@ -88,7 +88,7 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 			Message: fmt.Sprintf("GPUs of claim %s are not on vfio-pci: %s; something rebound them behind gpuherd (a managed='yes' domain, a manual bind): the agent binds them back within driver_check_interval (30 s by default) or at its restart (systemctl restart gpuherd), then start the domain again; `gpuherd status` and the agent's log say if they stay off", id, strings.Join(drivers, ", "))}
 	}
 	if req.CheckOnly {
-		return o.claimView(c), nil
+		return o.ClaimView(c), nil
 	}
 	use := ledger.Use{Domain: req.DomainUUID, Name: req.DomainName, BootID: bootID(), Started: req.Started}
 	marked, err := o.ledger.MarkUse(id, c.GPUs, use, o.clk.Now())
@@ -106,12 +106,12 @@ func (o *owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	if marked.Use != c.Use {
 		o.log.Info("claim in use by domain", "claim", id, "domain", req.DomainName, "domain_uuid", req.DomainUUID, "started", marked.Use.Started)
 	}
-	return o.claimView(marked), nil
+	return o.ClaimView(marked), nil
 }
 
 // EndUse ends a domain's use of claim id; with release, the claim is
 // released too, if that domain had marked it and started.
-func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool) (api.UseEnd, error) {
+func (o *Owner) EndUse(ctx context.Context, id, domainUUID string, release bool) (api.UseEnd, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.UseEnd{}, o.apiError(err)
 	}
@@ -121,7 +121,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	switch {
 	case errors.Is(err, ledger.ErrNotMarked):
 		o.log.Info("domain stopped without using the claim; nothing changed", "claim", id, "domain_uuid", domainUUID)
-		return api.UseEnd{Claim: o.claimView(c), Reason: fmt.Sprintf("claim %s is not in use by domain %s: nothing released", id, domainUUID)}, nil
+		return api.UseEnd{Claim: o.ClaimView(c), Reason: fmt.Sprintf("claim %s is not in use by domain %s: nothing released", id, domainUUID)}, nil
 	case err != nil:
 		return api.UseEnd{}, o.apiError(err)
 	}
@@ -131,7 +131,7 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 			reason = fmt.Sprintf("domain %s never started on claim %s: nothing released", domainUUID, id)
 		}
 		o.log.Info("domain stopped; claim kept", "claim", id, "domain_uuid", domainUUID, "release_asked", release)
-		return api.UseEnd{Claim: o.claimView(c), Reason: reason}, nil
+		return api.UseEnd{Claim: o.ClaimView(c), Reason: reason}, nil
 	}
 	o.rec.Reservation(events.ReservationReleased)
 	o.dirNote(id, api.DirOpGone)
@@ -141,14 +141,14 @@ func (o *owner) EndUse(ctx context.Context, id, domainUUID string, release bool)
 	o.host.ToIdleLocked(ctx, "release "+id+" at domain stop", c.GPUs, "")
 	unlock()
 	o.changed()
-	return api.UseEnd{Claim: o.claimView(c), Released: true}, nil
+	return api.UseEnd{Claim: o.ClaimView(c), Released: true}, nil
 }
 
 // notClaimed is the refusal a VM start shows: what is wrong with claim
 // id (why; exists when the claim is held here, on other GPUs), which
 // claims of this server hold addrs instead (also in HeldBy, for the hook's
 // advice), and what to do.
-func (o *owner) notClaimed(id string, addrs []string, why string, exists bool) error {
+func (o *Owner) notClaimed(id string, addrs []string, why string, exists bool) error {
 	if len(addrs) == 0 {
 		return &api.Error{Code: api.CodeNotClaimed, Message: fmt.Sprintf("claim %s: %s", id, why)}
 	}
@@ -169,7 +169,7 @@ func (o *owner) notClaimed(id string, addrs []string, why string, exists bool) e
 
 // holdersOf lists the committed claims other than id that hold one of the
 // functions addrs, sorted.
-func (o *owner) holdersOf(addrs []string, id string) []string {
+func (o *Owner) holdersOf(addrs []string, id string) []string {
 	var out []string
 	for _, c := range o.ledger.List() {
 		if c.ID == id || c.State != ledger.StateCommitted {
@@ -189,7 +189,7 @@ func (o *owner) holdersOf(addrs []string, id string) []string {
 
 // managedAmong keeps the addresses that are this server's GPUs or their
 // companion functions, sorted.
-func (o *owner) managedAmong(addrs []string) []string {
+func (o *Owner) managedAmong(addrs []string) []string {
 	all := o.host.Addresses()
 	ours := o.functionsOf(all)
 	var out []string
@@ -203,7 +203,7 @@ func (o *owner) managedAmong(addrs []string) []string {
 }
 
 // functionsOf is the GPUs at gpus with their companion functions.
-func (o *owner) functionsOf(gpus []string) map[string]bool {
+func (o *Owner) functionsOf(gpus []string) map[string]bool {
 	out := map[string]bool{}
 	for _, addr := range gpus {
 		out[addr] = true

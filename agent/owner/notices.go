@@ -1,4 +1,4 @@
-package agent
+package owner
 
 import (
 	"context"
@@ -39,8 +39,8 @@ func newDirNotices() *dirNotices {
 
 // dirNote queues a notification for the home of claim id: this agent, as
 // its owner, committed it (DirOpHeld) or dropped it (DirOpGone).
-func (o *owner) dirNote(id, op string) {
-	if o.cluster == nil {
+func (o *Owner) dirNote(id, op string) {
+	if o.cluster() == nil {
 		return
 	}
 	select {
@@ -50,12 +50,16 @@ func (o *owner) dirNote(id, op string) {
 	}
 }
 
-// dirWorker sends the owner's notifications to the homes, in order; re-sends
+// RunNotices sends the owner's notifications to the homes, in order; re-sends
 // every claim of this server when the membership changes (homes move) and
 // every dirResync; and tells this agent's home of the membership changes,
 // for when it may vouch.
-func (o *owner) dirWorker(ctx context.Context) {
-	sub, cancel := o.cluster.g.Subscribe()
+func (o *Owner) RunNotices(ctx context.Context) {
+	c := o.cluster()
+	if c == nil {
+		return
+	}
+	sub, cancel := c.Subscribe()
 	defer cancel()
 	o.dirMembership()
 	resync := o.clk.NewTimer(jitter(dirResync))
@@ -102,18 +106,16 @@ func jitter(d time.Duration) time.Duration {
 // dirMembership tells this agent's home the usable members now, and reports
 // whether they changed (a member came, went, or restarted behind the same
 // name): then the homes of some IDs moved.
-func (o *owner) dirMembership() bool {
-	var usable []home.Member
-	for _, m := range o.cluster.g.Members() {
-		if m.Usable() {
-			usable = append(usable, home.Member{Name: m.Name, Boot: m.Summary.Boot})
-		}
+func (o *Owner) dirMembership() bool {
+	c := o.cluster()
+	if c == nil {
+		return false
 	}
-	return o.home.NoteMembership(usable)
+	return o.home.NoteMembership(c.Usable())
 }
 
 // dirResyncAll re-sends every claim this server holds to its home.
-func (o *owner) dirResyncAll(ctx context.Context) {
+func (o *Owner) dirResyncAll(ctx context.Context) {
 	var ops []api.DirOp
 	for _, c := range o.ledger.List() {
 		if c.State == ledger.StateCommitted {
@@ -128,7 +130,7 @@ func (o *owner) dirResyncAll(ctx context.Context) {
 // dirRetry sends again the notifications homes did not take, as the ledger
 // has the claims now (a claim released meanwhile is sent as gone, one
 // committed again as held), to their homes now.
-func (o *owner) dirRetry(ctx context.Context) {
+func (o *Owner) dirRetry(ctx context.Context) {
 	d := o.notices
 	d.undeliveredMu.Lock()
 	ids := d.undelivered
@@ -151,14 +153,14 @@ func (o *owner) dirRetry(ctx context.Context) {
 // dirSend delivers ops to their homes, in batches of at most
 // api.MaxDirUpdateIDs per home, the homes in parallel. The IDs of a batch a
 // home does not take go to dirRetry.
-func (o *owner) dirSend(ctx context.Context, ops []api.DirOp) {
-	targets := o.targets()
+func (o *Owner) dirSend(ctx context.Context, ops []api.DirOp) {
+	peers := o.peers()
 	byHome := map[string][]api.DirOp{}
-	homes := map[string]target{}
+	homes := map[string]Peer{}
 	for _, op := range ops {
-		h := home.Of(op.ID, targets, targetName)
-		byHome[h.name] = append(byHome[h.name], op)
-		homes[h.name] = h
+		h := home.Of(op.ID, peers, func(p Peer) string { return p.Name })
+		byHome[h.Name] = append(byHome[h.Name], op)
+		homes[h.Name] = h
 	}
 	var wg sync.WaitGroup
 	for name, ops := range byHome {
@@ -175,8 +177,8 @@ func (o *owner) dirSend(ctx context.Context, ops []api.DirOp) {
 
 // dirSendTo delivers one batch to one home, parking its IDs for dirRetry
 // when the home does not take it.
-func (o *owner) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
-	if o.dirDeliver(ctx, home, api.DirUpdate{From: o.cfg.NodeName, Ops: ops}) {
+func (o *Owner) dirSendTo(ctx context.Context, to Peer, ops []api.DirOp) {
+	if o.dirDeliver(ctx, to, api.DirUpdate{From: o.cfg.NodeName, Ops: ops}) {
 		return
 	}
 	d := o.notices
@@ -189,16 +191,16 @@ func (o *owner) dirSendTo(ctx context.Context, home target, ops []api.DirOp) {
 	}
 }
 
-// dirDeliver sends u to home, with a few quick retries; false when the home
-// did not take it.
-func (o *owner) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bool {
-	d, ok := home.owner.(api.Directory)
+// dirDeliver sends u to the home to, with a few quick retries; false when
+// the home did not take it.
+func (o *Owner) dirDeliver(ctx context.Context, to Peer, u api.DirUpdate) bool {
+	d, ok := to.Owner.(api.Directory)
 	if !ok {
 		return true
 	}
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		sctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		sctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 		err := d.UpdateDirectory(sctx, u)
 		cancel()
 		if err == nil {
@@ -208,7 +210,7 @@ func (o *owner) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bo
 			return false
 		}
 		if attempt == dirSendAttempts {
-			o.log.Info("claim directory: a home did not take our notifications; retrying every second", "home", home.name, "claims", len(u.Ops), "err", err)
+			o.log.Info("claim directory: a home did not take our notifications; retrying every second", "home", to.Name, "claims", len(u.Ops), "err", err)
 			return false
 		}
 		select {
@@ -218,4 +220,12 @@ func (o *owner) dirDeliver(ctx context.Context, home target, u api.DirUpdate) bo
 		}
 		wait *= 4
 	}
+}
+
+// NoticeOwed reports whether a notice about claim id waits to be sent
+// again because its home did not take it.
+func (o *Owner) NoticeOwed(id string) bool {
+	o.notices.undeliveredMu.Lock()
+	defer o.notices.undeliveredMu.Unlock()
+	return o.notices.undelivered[id]
 }

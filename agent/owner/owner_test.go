@@ -1,0 +1,180 @@
+package owner
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/host/hosttest"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/internal/keyedlock"
+)
+
+const (
+	l40s = "NVIDIA L40S"
+	a100 = "NVIDIA A100 80GB"
+)
+
+// counters is a fake of the anti-entropy counters.
+type counters struct{}
+
+func (counters) SetClaimDuplicates(int)  {}
+func (counters) AntiEntropySkipped()     {}
+func (counters) ClaimNameFreed()         {}
+func (counters) ClaimNameAdopted()       {}
+func (counters) ClaimDuplicateReleased() {}
+
+// testOwner is an owner on a simulated machine (hosttest), alone in its
+// cluster, with reg as its name registry when set.
+type testOwner struct {
+	*Owner
+	h *hosttest.Host
+}
+
+func newTestOwner(t *testing.T, profile string, reg Names) *testOwner {
+	t.Helper()
+	h := hosttest.New(t, profile)
+	o := New(Deps{
+		Config:     Config{NodeName: "gpu-1", ReservationLease: 30 * time.Second, RememberReleased: time.Hour},
+		Ledger:     h.Ledger,
+		Host:       h.Host,
+		Clock:      h.Clock,
+		Recorder:   h.Recorder,
+		Counters:   counters{},
+		Log:        h.Log,
+		Names:      func() Names { return reg },
+		Peers:      func() []Peer { return nil },
+		Drained:    func() bool { return false },
+		Changed:    h.Changed,
+		ClaimLocks: &keyedlock.Set{},
+	})
+	return &testOwner{Owner: o, h: h}
+}
+
+// awaitLockWaiter returns once someone waits for the device lock of addr
+// (the test holds it).
+func (o *testOwner) awaitLockWaiter(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for o.host.DeviceLockUsers(addr) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody waits for the device lock of %s", addr)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A commit reads the reservation, then waits for its GPUs' device locks;
+// an abort (or a sweep) that drops the reservation and returns its GPUs to
+// the idle driver first must not be undone by the commit binding them
+// again.
+func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
+	o := newTestOwner(t, "a100-pcie-4", nil)
+	ctx := context.Background()
+	r, err := o.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: a100, Count: 1}}, Coordinator: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := r.GPUs[0].PCIAddress
+
+	unlock := o.host.LockGPUs(addr)
+	committed := make(chan error, 1)
+	go func() {
+		_, err := o.Commit(ctx, "vm-1")
+		committed <- err
+	}()
+	o.awaitLockWaiter(t, addr)
+	o.bound.Delete("vm-1") // what the abort does first
+	if _, err := o.ledger.AbortReservation("vm-1", o.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	o.host.ToIdleLocked(ctx, "test abort", []string{addr}, "")
+	unlock()
+
+	if err := <-committed; !isCode(err, api.CodeNotFound) {
+		t.Errorf("commit of a reservation aborted while it waited: %v, want not_found", err)
+	}
+	if d := o.h.Driver(t, addr); d != "" {
+		t.Errorf("free GPU %s is on %q after a commit of an aborted reservation, want the idle policy's none", addr, d)
+	}
+}
+
+// The owner's hold goes out while the GPUs are still being reserved and
+// bound (holdEarly), under the ID's commit lock. A hold whose reservation
+// failed is let go before the answer when no claim of the ID is on the
+// server (settleEarly), so the next server is not refused with the ID held
+// here; one with a claim here is kept. The anti-entropy pass frees a name
+// held with no claim only under the same lock (freeName), so it never
+// frees an early hold before its reservation is made.
+func TestEarlyHoldSettles(t *testing.T) {
+	o := newTestOwner(t, "l40s-4", nil)
+	reg := names.NewLocal(o.clk.Now, 30*time.Second)
+	o.namesNow = func() Names { return reg }
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Commit: true}
+	req := ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}
+	held := func(id string) (names.Record, bool) {
+		rec, err := reg.Lookup(ctx, names.Claim(id), names.Linearizable)
+		return rec, err == nil
+	}
+
+	// The reservation failed: let go.
+	early := o.holdEarly(ctx, "vm-failed", rr, req)
+	if early == nil {
+		t.Fatal("no early hold on a server with room")
+	}
+	if rec, err := early.wait(); err != nil || rec.Owner != "gpu-1" {
+		t.Fatalf("early hold: %+v, %v", rec, err)
+	}
+	o.settleEarly(ctx, early)
+	if rec, ok := held("vm-failed"); ok {
+		t.Fatalf("vm-failed still held (%+v) after its reservation failed", rec)
+	}
+
+	// A reservation stands: kept for its commit.
+	early = o.holdEarly(ctx, "vm-kept", rr, req)
+	if _, err := o.ledger.Reserve("vm-kept", req, "a", o.clk.Now(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	o.settleEarly(ctx, early)
+	if rec, ok := held("vm-kept"); !ok || rec.Owner != "gpu-1" {
+		t.Fatalf("vm-kept: %+v, %v; want held on gpu-1", rec, ok)
+	}
+
+	// No early hold without room, or with the ID already here.
+	if h := o.holdEarly(ctx, "vm-kept", rr, req); h != nil {
+		t.Fatal("early hold of an ID this server already has")
+	}
+	big := rr
+	big.Items = []api.Item{{Model: l40s, Count: 5}}
+	if h := o.holdEarly(ctx, "vm-big", big, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 5}}}); h != nil {
+		t.Fatal("early hold on a server without room")
+	}
+
+	// The pass waits for the commit lock before it frees a name held
+	// here with no claim, and reads the ledger again.
+	early = o.holdEarly(ctx, "vm-racing", rr, req)
+	rec, err := early.wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed := make(chan bool)
+	go func() { freed <- o.freeName(ctx, rec) }()
+	select {
+	case <-freed:
+		t.Fatal("the pass freed an early hold while its commit lock was held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := o.ledger.Reserve("vm-racing", req, "a", o.clk.Now(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	o.settleEarly(ctx, early)
+	if <-freed {
+		t.Fatal("the pass freed the name of a reservation made under its lock")
+	}
+	if _, ok := held("vm-racing"); !ok {
+		t.Fatal("vm-racing lost its name")
+	}
+}
