@@ -700,4 +700,3 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
 	}
 }
-

@@ -71,4 +71,3 @@ func awaitLockWaiter(t *testing.T, a *Agent, addr string) {
 		time.Sleep(time.Millisecond)
 	}
 }
-

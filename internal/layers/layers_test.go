@@ -283,9 +283,9 @@ import (
 	tm "time"
 )
 
-type owner struct{}
+type attempt struct{}
 
-func (o *owner) Reserve() { _ = tm.Now(); f := tm.After; _ = f; _ = http.StatusOK; _ = tm.Second }
+func (at *attempt) Reserve() { _ = tm.Now(); f := tm.After; _ = f; _ = http.StatusOK; _ = tm.Second }
 `
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, "owner.go", src, 0)
@@ -293,7 +293,7 @@ func (o *owner) Reserve() { _ = tm.Now(); f := tm.After; _ = f; _ = http.StatusO
 		t.Fatal(err)
 	}
 	if !isProtocolFile(f) {
-		t.Error("a file with a method on owner is not a protocol file")
+		t.Error("a file with a method on attempt is not a protocol file")
 	}
 	if got := forbiddenImports(f); !slices.Equal(got, []string{"net/http"}) {
 		t.Errorf("forbidden imports %q, want net/http", got)
