@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/claim"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/memberlist"
 
@@ -38,7 +40,7 @@ import (
 // groups' methods are promoted and the home's forwarded, so an *Agent
 // serves the whole API.
 type Agent struct {
-	*coordinator
+	*claim.Coordinator
 	*owner.Owner
 	*groups.Groups
 	home *home.Home // the home role: the claim directory's records of the IDs homed here
@@ -67,12 +69,6 @@ type Agent struct {
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
 	boot        uint64        // this run's identity in gossip
-	// lastRefusal is when an owner last refused this coordinator (a.now
-	// UnixNano; 0 never): see contended.
-	lastRefusal atomic.Int64
-	// readFirstUntil is until when claims through this agent read their
-	// ID in the registry before placing it (a.now, UnixNano; readNameFirst).
-	readFirstUntil atomic.Int64
 
 	drainMu sync.RWMutex
 	drained *serverDrain // nil when the server takes new claims
@@ -191,8 +187,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	allow, _ := vfio.ParseAllowList(cfg.AllowDevices)
 	a := &Agent{cfg: cfg, log: log, clk: o.clk, policy: policy,
 		rec: o.rec, gossipTune: o.gossipTune, onChange: o.onChange, peerNet: o.peerNet, readTimeout: o.readTimeout, boot: newBoot(), names: o.names}
-	a.coordinator = &coordinator{a}
-	a.Groups = newGroups(a)
 	// Each run counts from a random point: a watcher that saw an earlier
 	// run's generation is answered at once, not after its whole wait.
 	a.feed.gen = rand.Uint64() >> 1
@@ -202,7 +196,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		Members:          homeMembership{a},
 		DirectorySettle:  time.Duration(cfg.DirectorySettle),
 		RememberReleased: time.Duration(cfg.RememberReleased),
-		PendingTTL:       a.pendingTTL(),
+		PendingTTL:       claim.PendingTTL(time.Duration(cfg.ReservationLease)),
 	})
 	a.metrics = metrics.New(metrics.SourceFunc(a.startedSnapshot), metrics.WithLogger(log))
 	if _, nop := o.rec.(nopRecorder); nop {
@@ -277,6 +271,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		Names: a.ownerNames, Cluster: a.ownerCluster, Peers: a.peers,
 		Drained: a.serverDrained, Changed: a.changed, ClaimLocks: &a.claimLocks,
 	})
+	a.Coordinator = claim.New(claim.Deps{
+		Config: claim.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
+			MaxGPUsPerClaim: cfg.MaxGPUsPerClaim},
+		Clock: a.clk, Recorder: a.rec, Log: log, Ledger: a.ledger, Host: a.host, Home: a.home,
+		View: agentView{a}, Names: a.claimNames, Registry: agentRegistry{a}, Catalog: a.inv.Catalog(),
+		ClaimLocks: &a.claimLocks,
+	})
+	a.Groups = newGroups(a)
 	a.setPhase(phaseDiscovering)
 	if err := a.host.Discover(); err != nil {
 		a.Close()
@@ -410,7 +412,3 @@ func (a *Agent) ReloadGossipKeys(path string) error {
 
 // newBoot is a random, non-zero identity of this agent's run.
 func newBoot() uint64 { return rand.Uint64() | 1 }
-
-// rnd breaks ties between equally good servers; each call gets its own
-// generator, so concurrent claims need no lock.
-func (a *Agent) rnd() *rand.Rand { return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) }

@@ -169,12 +169,12 @@ type dialError struct {
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// notSent reports whether err says a peer call never left this agent: the
-// member was avoided, or no connection to it was made. Nothing it asked
-// for can have happened there.
-func notSent(err error) bool {
-	return errors.As(err, new(*avoidedError)) || errors.As(err, new(*connectError)) || errors.As(err, new(*dialError))
-}
+// A peer call that never left this agent (the member was avoided, or no
+// connection to it was made) matches api.ErrNotSent: nothing it asked for
+// can have happened there.
+func (e *avoidedError) Is(target error) bool { return target == api.ErrNotSent }
+func (e *connectError) Is(target error) bool { return target == api.ErrNotSent }
+func (e *dialError) Is(target error) bool    { return target == api.ErrNotSent }
 
 // avoidingTransport carries calls to one member: it fails at once while
 // the member is avoided, bounds connecting by api.PeerConnectTimeout, and

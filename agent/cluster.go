@@ -12,10 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/claim"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/pki"
-	"github.com/gpuherd/gpuherd/agent/placement"
 	"github.com/gpuherd/gpuherd/gossip"
 )
 
@@ -203,8 +204,8 @@ func clamp16(n int) uint16 {
 }
 
 // peers is every other alive server whose summary this agent can read.
-func (c *clusterState) peers() []target {
-	var out []target
+func (c *clusterState) peers() []claim.Target {
+	var out []claim.Target
 	for _, m := range c.g.Members() {
 		if askable(m) {
 			out = append(out, c.targetOf(m))
@@ -246,8 +247,8 @@ func (m homeMembership) Peers() []string {
 // suspects is every other server gossip holds suspect (its probes went
 // unanswered, it is not declared dead) whose last summary can be read: a
 // placement asks them after every alive server (attempt.askSuspects).
-func (c *clusterState) suspects() []target {
-	var out []target
+func (c *clusterState) suspects() []claim.Target {
+	var out []claim.Target
 	for _, m := range c.g.Members() {
 		if m.Self || m.State != gossip.StateSuspect || m.SummaryErr != nil || m.Summary.PeerAddr == "" {
 			continue
@@ -258,18 +259,14 @@ func (c *clusterState) suspects() []target {
 }
 
 // targetOf is member m as a server to ask, with its gossiped capacity.
-func (c *clusterState) targetOf(m gossip.Member) target {
-	t := target{
-		name:   m.Name,
-		owner:  c.client(m.Name, m.Summary.PeerAddr),
-		server: placement.Server{Name: m.Name, Drained: m.Summary.Drained, Free: map[string]int{}},
-		caps:   map[string]ledger.ModelTotals{},
-	}
+func (c *clusterState) targetOf(m gossip.Member) claim.Target {
+	free := map[string]int{}
+	caps := map[string]ledger.ModelTotals{}
 	for _, mc := range m.Summary.Models {
-		t.server.Free[mc.Model] = int(mc.Free)
-		t.caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
+		free[mc.Model] = int(mc.Free)
+		caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
 	}
-	return t
+	return claim.NewTarget(m.Name, false, c.client(m.Name, m.Summary.PeerAddr), free, m.Summary.Drained, caps)
 }
 
 // unasked names the other members gossip knows now, other than those that
@@ -307,7 +304,7 @@ func (c *clusterState) client(name, addr string) api.Owner {
 		return pc
 	}
 	if c.a.peerNet != nil {
-		pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, c.a.peerNet.Transport(c.a.cfg.NodeName)), reserveTimeout)
+		pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, c.a.peerNet.Transport(c.a.cfg.NodeName)), api.ReserveTimeout)
 		c.clients[key] = pc
 		return pc
 	}
@@ -315,7 +312,7 @@ func (c *clusterState) client(name, addr string) api.Owner {
 	if err != nil {
 		return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
 	}
-	pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, api.NewPeerTransport(cfg)), reserveTimeout)
+	pc := api.NewPeerClientTransport(addr, c.avoid.transport(name, addr, api.NewPeerTransport(cfg)), api.ReserveTimeout)
 	c.clients[key] = pc
 	return pc
 }

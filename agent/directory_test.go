@@ -17,7 +17,7 @@ import (
 func idHomedOn(a *Agent, homes ...string) string {
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("vm-%d", i)
-		if slices.Contains(homes, home.Of(id, a.targets(), targetName).name) {
+		if slices.Contains(homes, home.Of(id, a.targets(), targetName).Name()) {
 			return id
 		}
 	}
@@ -70,14 +70,14 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 	for _, x := range []*Agent{a, b, c, d} {
 		for i := range 200 {
 			id := fmt.Sprintf("id-%d", i)
-			if x.home.IsHome(id) != home.Of(id, x.targets(), targetName).self {
+			if x.home.IsHome(id) != home.Of(id, x.targets(), targetName).Self() {
 				t.Fatalf("%s: IsHome(%s) disagrees with home.Of", x.cfg.NodeName, id)
 			}
 		}
 	}
 	// An ID whose home is neither d (about to go quiet) nor b (the owner).
 	id := idHomedOn(a, "a", "c")
-	home := tc.agents[home.Of(id, a.targets(), targetName).name]
+	home := tc.agents[home.Of(id, a.targets(), targetName).Name()]
 	closePeerAPI(d) // d stays in gossip, its peer API is gone
 
 	cl, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}})

@@ -74,8 +74,8 @@ func noneOnVFIO(t *testing.T, a *Agent) bool {
 // viewOf is how many GPUs of model coord believes node has free.
 func viewOf(coord *Agent, node, model string) int {
 	for _, t := range coord.targets() {
-		if t.name == node {
-			return t.server.Free[model]
+		if t.Name() == node {
+			return t.Caps()[model].Free
 		}
 	}
 	return -1

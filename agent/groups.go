@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
@@ -22,7 +23,7 @@ func newGroups(a *Agent) *groups.Groups {
 		Node:            a.cfg.NodeName,
 		Dir:             filepath.Join(a.cfg.DataDir, groupsDir),
 		MaxGPUsPerClaim: a.cfg.MaxGPUsPerClaim,
-		Claims:          groupClaims{a.coordinator},
+		Claims:          groupClaims{a.Coordinator},
 		Names:           func() groups.Names { return a.names },
 		AwaitFounding:   a.awaitFounding,
 		View:            groupView{a},
@@ -38,40 +39,33 @@ func newGroups(a *Agent) *groups.Groups {
 }
 
 // groupClaims is the coordinator as a group takes it.
-type groupClaims struct{ *coordinator }
+type groupClaims struct{ *claim.Coordinator }
 
 func (c groupClaims) Resize(ctx context.Context, id string, req api.ResizeRequest, prefer string) (api.Claim, error) {
-	return c.resizeOn(ctx, id, req, prefer)
+	return c.ResizeOn(ctx, id, req, prefer)
 }
 
 // groupView is the agent's view of the servers and its catalog as a group
 // sees them.
 type groupView struct{ a *Agent }
 
-func (v groupView) Servers() []placement.Server { return serversOf(v.a.targets()) }
+func (v groupView) Servers() []placement.Server { return claim.Servers(v.a.targets()) }
 
 func (v groupView) ServersNow(ctx context.Context, want []placement.Want) []placement.Server {
-	at := &attempt{coordinator: v.a.coordinator, want: want}
-	return at.recheck(ctx, v.a.targets())
+	return v.a.Coordinator.ServersNow(ctx, want)
 }
 
 func (v groupView) Keepers() []groups.RecordKeeper {
 	targets := v.a.targets()
 	out := make([]groups.RecordKeeper, len(targets))
 	for i, t := range targets {
-		out[i] = t.owner
+		out[i] = t.Owner()
 	}
 	return out
 }
 
-func (v groupView) Resolve(req api.ClaimRequest) (ledger.Request, error) { return v.a.resolve(req) }
-
-func (v groupView) ModelNames() []string { return v.a.modelNames() }
-
-func serversOf(targets []target) []placement.Server {
-	out := make([]placement.Server, len(targets))
-	for i, t := range targets {
-		out[i] = t.server
-	}
-	return out
+func (v groupView) Resolve(req api.ClaimRequest) (ledger.Request, error) {
+	return v.a.Coordinator.Resolve(req)
 }
+
+func (v groupView) ModelNames() []string { return v.a.Coordinator.ModelNames() }

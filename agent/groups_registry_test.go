@@ -160,7 +160,7 @@ func testNodeReleasedDirectly(t *testing.T, a, b *Agent) {
 		t.Fatal(err)
 	}
 	g, err := b.GetGroup(ctx, "pool")
-	if err != nil || len(g.Claims) != 1 || !slices.Equal(g.Missing, []string{"pool.node-1"}) || !sameItems(g.GPUs, []api.Item{{Model: "NVIDIA L40S", Count: 2}}) {
+	if err != nil || len(g.Claims) != 1 || !slices.Equal(g.Missing, []string{"pool.node-1"}) || !api.SameItems(g.GPUs, []api.Item{{Model: "NVIDIA L40S", Count: 2}}) {
 		t.Fatalf("group with a node released: %+v, %v", g, err)
 	}
 	g, err = b.RepairGroup(ctx, "pool")
@@ -295,7 +295,7 @@ func TestGroupResizePutsBackNodesWhenOneFails(t *testing.T) {
 	}
 	for id, c := range claimsOf(before) {
 		n := claimsOf(after)[id]
-		if n.Node != c.Node || !sameItems(n.Items, c.Items) {
+		if n.Node != c.Node || !api.SameItems(n.Items, c.Items) {
 			t.Errorf("%s was %s on %s, is %s on %s", id, api.DescribeItems(c.Items), c.Node, api.DescribeItems(n.Items), n.Node)
 		}
 	}
@@ -345,7 +345,7 @@ func TestGroupRecordFollowsResize(t *testing.T) {
 		t.Fatal(err)
 	}
 	a100 := []api.Item{{Model: "NVIDIA A100 80GB", Count: 1}}
-	if g, err := b.ResizeGroup(ctx, "pool", api.ResizeRequest{GPUs: a100}); err != nil || !sameItems(g.GPUs, a100) {
+	if g, err := b.ResizeGroup(ctx, "pool", api.ResizeRequest{GPUs: a100}); err != nil || !api.SameItems(g.GPUs, a100) {
 		t.Fatalf("resize: %+v, %v", g, err)
 	}
 	for _, id := range []string{"pool.node-0", "pool.node-1"} {
@@ -354,7 +354,7 @@ func TestGroupRecordFollowsResize(t *testing.T) {
 		}
 	}
 	g, err := b.GetGroup(ctx, "pool")
-	if err != nil || len(g.Missing) != 2 || !sameItems(g.GPUs, a100) {
+	if err != nil || len(g.Missing) != 2 || !api.SameItems(g.GPUs, a100) {
 		t.Fatalf("every node released: %+v, %v; want both missing, %v per node", g, err, a100)
 	}
 	g, err = a.RepairGroup(ctx, "pool")
@@ -362,7 +362,7 @@ func TestGroupRecordFollowsResize(t *testing.T) {
 		t.Fatalf("repair: %+v, %v", g, err)
 	}
 	for _, c := range g.Claims {
-		if c.Node != "b" || !sameItems(c.Items, a100) {
+		if c.Node != "b" || !api.SameItems(c.Items, a100) {
 			t.Errorf("repaired %s: %s on %s, want %v on b", c.ID, api.DescribeItems(c.Items), c.Node, a100)
 		}
 	}

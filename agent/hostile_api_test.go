@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/claim"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/sim"
@@ -426,7 +428,7 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 
 // An intent alone does not hold a real claim: a member that posts a
 // begin for an ID it never places (under its own name, all it can do
-// now) delays a real claim of that ID by at most pendingPatience, not a
+// now) delays a real claim of that ID by at most claim.PendingPatience, not a
 // reservation's whole life (55 s by default), and the claim is placed
 // once.
 func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
@@ -435,7 +437,7 @@ func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
 	tc.converge("membership", func(x *Agent) bool { return len(x.targets()) == 4 })
 	id := idHomedOn(a, "a", "b")
 	homeAgent := a
-	if home.Of(id, a.targets(), targetName).name == "b" {
+	if home.Of(id, a.targets(), targetName).Name() == "b" {
 		homeAgent = b
 	}
 	if status, e := peerCallAs(t, tc, "intruder", homeAgent, "POST", "/v1/peer/directory/"+id+"/begin", `{}`); status != http.StatusOK {
@@ -450,11 +452,10 @@ func TestFakeIntentDoesNotStallAClaim(t *testing.T) {
 		t.Fatalf("the real claim after %v: %v", took, err)
 	}
 	t.Logf("claim of an ID with a fake intent took %v", took)
-	if took > pendingPatience+3*time.Second {
-		t.Errorf("the real claim took %v; a fake intent may delay it by %v at most", took, pendingPatience)
+	if took > claim.PendingPatience+3*time.Second {
+		t.Errorf("the real claim took %v; a fake intent may delay it by %v at most", took, claim.PendingPatience)
 	}
-	hits, _ := b.allCopies(context.Background(), b.targets(), id)
-	if len(hits) != 1 || hits[0].c.Node != cl.Node {
-		t.Errorf("copies of %s: %d, want the one on %s", id, len(hits), cl.Node)
+	if on := holdersSeenBy(b, id); len(on) != 1 || on[0] != cl.Node {
+		t.Errorf("copies of %s on %v, want the one on %s", id, on, cl.Node)
 	}
 }

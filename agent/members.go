@@ -29,12 +29,12 @@ func (a *Agent) Availability(context.Context) (api.Availability, error) {
 		get(m)
 	}
 	for _, t := range targets {
-		for m, c := range t.caps {
+		for m, c := range t.Caps() {
 			v := get(m)
 			v.Total += c.Total
 			v.Healthy += c.Healthy
 			v.Unusable += c.Unusable
-			if t.server.Drained {
+			if t.Drained() {
 				continue // a cordoned server offers nothing
 			}
 			v.Free += c.Free
@@ -65,7 +65,7 @@ func (a *Agent) capacityGaps() []api.Unanswered {
 	}
 	var out []api.Unanswered
 	if !c.joined.Load() {
-		out = append(out, api.Unanswered{Node: notJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
+		out = append(out, api.Unanswered{Node: api.NotJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
 	}
 	for _, m := range c.g.Members() {
 		switch {
@@ -77,18 +77,11 @@ func (a *Agent) capacityGaps() []api.Unanswered {
 		}
 	}
 	for _, n := range c.unseenKnown() {
-		out = append(out, api.Unanswered{Node: n, Reason: unseenReason})
+		out = append(out, api.Unanswered{Node: n, Reason: api.UnseenReason})
 	}
 	slices.SortFunc(out, func(x, y api.Unanswered) int { return cmp.Compare(x.Node, y.Node) })
 	return out
 }
-
-// notJoinedNode stands for the servers an agent has not heard of because
-// its gossip has not joined yet.
-const notJoinedNode = "the rest of the cluster"
-
-// unseenReason is why a known server that gossip does not list is missing.
-const unseenReason = "not asked: this agent has seen it before and its gossip does not list it now (not heard of since this agent started, or gone for longer than gossip remembers); what it holds is missing"
 
 // Members lists the servers of the platform with their state and free
 // capacity; alone, just this one.

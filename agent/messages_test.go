@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -71,22 +70,6 @@ func TestClaimRefusalSaysWhatFailedAndWhatToDo(t *testing.T) {
 	}
 	if strings.Contains(e.Message, "this server") || strings.Contains(e.Message, "could take it") {
 		t.Errorf("message %q still speaks as the owner, or in the old words", e.Message)
-	}
-}
-
-func TestOwnerFailureInWords(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want string
-	}{
-		{&api.Error{Code: api.CodeNotFound, Message: `claim "vm-1": not found on b`}, "on b the reservation was gone before its commit"},
-		{&api.Error{Code: api.CodeLeaseExpired, Message: "reservation lease expired"}, "on b the reservation was gone before its commit"},
-		{&api.Error{Code: api.CodeBindFailed, Message: "0000:18:00.0: write driver_override: timeout"}, "on b a GPU could not be bound to vfio-pci (gpuherd status there shows it): 0000:18:00.0"},
-		{errors.New("disk full"), "b: disk full"},
-	} {
-		if got := ownerFailure("b", tc.err); !strings.HasPrefix(got, tc.want) {
-			t.Errorf("ownerFailure(b, %v) = %q, want it to start %q", tc.err, got, tc.want)
-		}
 	}
 }
 

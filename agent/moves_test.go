@@ -186,8 +186,8 @@ func TestFencedGPUIsNeverOffered(t *testing.T) {
 			t.Errorf("gossip summary: %+v, want 3 free and 3 healthy", mc)
 		}
 	}
-	if self := a.targets()[0]; self.server.Free[a100] != 3 || self.caps[a100].Healthy != 3 {
-		t.Errorf("coordinator's view of itself: free %d healthy %d, want 3 and 3", self.server.Free[a100], self.caps[a100].Healthy)
+	if self := a.targets()[0]; self.Caps()[a100].Free != 3 || self.Caps()[a100].Healthy != 3 {
+		t.Errorf("coordinator's view of itself: free %d healthy %d, want 3 and 3", self.Caps()[a100].Free, self.Caps()[a100].Healthy)
 	}
 	if s := a.gpuStateOf(fenced); s != api.StateUnhealthy {
 		t.Errorf("fenced GPU shows %q, want unhealthy", s)

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -203,35 +201,5 @@ func TestOwnerReplacesAReservationOfAnOlderToken(t *testing.T) {
 	}
 	if _, err := a.Commit(ctx, "vm-x"); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// An owner that does not answer a get or a release is a retryable 503
-// naming it, whichever way the coordinator found it (the registry, the
-// home, every server); its own answers and a caller that gave up pass
-// through as they are.
-func TestUnansweredOwnerIsAServiceUnavailable(t *testing.T) {
-	ctx := context.Background()
-	down := fmt.Errorf("%w at b:1: the gpuherd agent on that server is down or cannot be reached (connection refused)", api.ErrAgentDown)
-	e := apiErr(t, unanswered(ctx, "vm-1", "b", down))
-	if e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "vm-1 is held on b, and b did not answer") || !strings.Contains(e.Message, "connection refused") ||
-		!strings.Contains(e.Message, "gpuherd members remove b") {
-		t.Fatalf("unanswered owner: %s %q; want unavailable naming b and why", e.Code, e.Message)
-	}
-	fault := &api.Error{Code: api.CodeInternal, Message: "disk full"}
-	if e := apiErr(t, unanswered(ctx, "vm-1", "b", fault)); e.Code != api.CodeUnavailable {
-		t.Fatalf("owner's server fault: %s; want unavailable", e.Code)
-	}
-	own := &api.Error{Code: api.CodeInUse, Message: "in use"}
-	if err := unanswered(ctx, "vm-1", "b", own); err != own {
-		t.Fatalf("owner's answer became %v", err)
-	}
-	if err := unanswered(ctx, "vm-1", "b", nil); err != nil {
-		t.Fatalf("no error became %v", err)
-	}
-	gone, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := unanswered(gone, "vm-1", "b", down); !errors.Is(err, context.Canceled) {
-		t.Fatalf("a caller that gave up: %v; want its context's error", err)
 	}
 }

@@ -404,25 +404,6 @@ func (a *Agent) awaitFounding(ctx context.Context) {
 	}
 }
 
-// readFirstFor is how long claims through an agent read their ID in the
-// registry before placing it, after a placement through it could not be
-// confirmed (placeNamed).
-const readFirstFor = 30 * time.Second
-
-// readNameFirst reports whether a claim through this agent reads its ID in
-// the registry before it places it (placeNamed): while this agent's copy of
-// the registry knows no leader, and for readFirstFor after a placement
-// through it could not be confirmed (readNamesFirst).
-func (a *Agent) readNameFirst() bool {
-	return a.registryLeaderless() || a.clk.Now().UnixNano() < a.readFirstUntil.Load()
-}
-
-// readNamesFirst makes the claims through this agent read their IDs first
-// for readFirstFor.
-func (a *Agent) readNamesFirst() {
-	a.readFirstUntil.Store(a.clk.Now().Add(readFirstFor).UnixNano())
-}
-
 // registryLeaderless reports whether this agent runs the registry and its
 // copy knows no leader now.
 func (a *Agent) registryLeaderless() bool {

@@ -358,7 +358,7 @@ func TestClaimAvoidsAMemberWhosePeerAddressVanished(t *testing.T) {
 	}
 	tc.converge("a's claim", func(x *Agent) bool {
 		t, ok := targetNamed(x.targets(), "a")
-		return ok && t.server.Free["NVIDIA L40S"] == 2
+		return ok && t.Caps()["NVIDIA L40S"].Free == 2
 	})
 	tc.peers.Vanish("a")
 
@@ -466,7 +466,7 @@ func TestIntegrationClaimAvoidsAPeerThatNeverHandshakes(t *testing.T) {
 	}
 	tc.converge("a's claim", func(x *Agent) bool {
 		t, ok := targetNamed(x.targets(), "a")
-		return ok && t.server.Free["NVIDIA L40S"] == 2
+		return ok && t.Caps()["NVIDIA L40S"].Free == 2
 	})
 	// a's peer port now accepts and says nothing.
 	addr := tar.cluster.ln.Addr().String()

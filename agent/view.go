@@ -1,56 +1,30 @@
 package agent
 
 import (
-	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/home"
-	"github.com/gpuherd/gpuherd/agent/ledger"
-	"github.com/gpuherd/gpuherd/agent/owner"
-	"github.com/gpuherd/gpuherd/agent/placement"
-)
+	"context"
+	"strings"
 
-// target is a server a coordinator may ask: this agent or a peer.
-type target struct {
-	name   string
-	self   bool
-	owner  api.Owner
-	server placement.Server
-	caps   map[string]ledger.ModelTotals
-}
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
+	"github.com/gpuherd/gpuherd/agent/home"
+	"github.com/gpuherd/gpuherd/agent/owner"
+)
 
 // targets is this agent's view of the servers: itself, exactly, from its
 // ledger, and the peers from gossip.
-func (a *Agent) targets() []target {
+func (a *Agent) targets() []claim.Target {
 	now := a.clk.Now()
 	caps := a.ledger.Totals(now)
 	free := make(map[string]int, len(caps))
 	for m, c := range caps {
 		free[m] = c.Free
 	}
-	self := target{
-		name:   a.cfg.NodeName,
-		self:   true,
-		owner:  a,
-		server: placement.Server{Name: a.cfg.NodeName, Free: free, Drained: a.serverDrained()},
-		caps:   caps,
-	}
-	out := []target{self}
+	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.serverDrained(), caps)}
 	if a.cluster != nil {
 		out = append(out, a.cluster.peers()...)
 	}
 	return out
 }
-
-func targetNamed(targets []target, name string) (target, bool) {
-	for _, t := range targets {
-		if t.name == name {
-			return t, true
-		}
-	}
-	return target{}, false
-}
-
-// targetName is t's node name, by which home.Of chooses an ID's home.
-func targetName(t target) string { return t.name }
 
 // peers is the view as the owner tells and asks it: the same servers, in
 // the same order, as targets.
@@ -58,7 +32,7 @@ func (a *Agent) peers() []owner.Peer {
 	ts := a.targets()
 	out := make([]owner.Peer, len(ts))
 	for i, t := range ts {
-		out[i] = owner.Peer{Name: t.name, Owner: t.owner}
+		out[i] = owner.Peer{Name: t.Name(), Owner: t.Owner()}
 	}
 	return out
 }
@@ -95,3 +69,66 @@ func (m gossipMembership) Usable() []home.Member {
 	}
 	return usable
 }
+
+// claimNames is the name authority now, as the coordinator uses it; nil
+// while there is none.
+func (a *Agent) claimNames() claim.Names {
+	if a.names == nil {
+		return nil
+	}
+	return a.names
+}
+
+// agentView is the agent's view of the servers as the coordinator reads it.
+type agentView struct{ a *Agent }
+
+func (v agentView) Targets() []claim.Target { return v.a.targets() }
+func (v agentView) Clustered() bool         { return v.a.cluster != nil }
+func (v agentView) Joined() bool            { return v.a.cluster != nil && v.a.cluster.joined.Load() }
+
+func (v agentView) Suspects() []claim.Target {
+	if v.a.cluster == nil {
+		return nil
+	}
+	return v.a.cluster.suspects()
+}
+
+func (v agentView) Unasked(asked []string) []string {
+	if v.a.cluster == nil {
+		return nil
+	}
+	return v.a.cluster.unasked(asked)
+}
+
+func (v agentView) Refresh(name string) {
+	if v.a.cluster != nil {
+		v.a.cluster.g.Refresh(name)
+	}
+}
+
+func (v agentView) RankAvoidedLast(ranked []string) []string { return v.a.rankAvoidedLast(ranked) }
+
+func (v agentView) Members(ctx context.Context) ([]api.Member, error) { return v.a.Members(ctx) }
+
+// MemberStates is the gossip view in one line, for logs.
+func (v agentView) MemberStates() string {
+	if v.a.cluster == nil {
+		return ""
+	}
+	var parts []string
+	for _, m := range v.a.cluster.g.Members() {
+		p := m.Name + "=" + m.State
+		if m.SummaryErr != nil {
+			p += "(summary unusable: " + m.SummaryErr.Error() + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " ")
+}
+
+// agentRegistry is the registry this agent runs, as the coordinator reads
+// it.
+type agentRegistry struct{ a *Agent }
+
+func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.awaitFounding(ctx) }
+func (r agentRegistry) Leaderless() bool                  { return r.a.registryLeaderless() }

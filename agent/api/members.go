@@ -66,3 +66,10 @@ func (c *Client) RemoveMember(ctx context.Context, node string, force bool) (Mem
 	}
 	return v, c.do(ctx, http.MethodDelete, "/members/"+segment(node), body, &v)
 }
+
+// NotJoinedNode stands for the servers an agent has not heard of because
+// its gossip has not joined yet.
+const NotJoinedNode = "the rest of the cluster"
+
+// UnseenReason is why a known server that gossip does not list is missing.
+const UnseenReason = "not asked: this agent has seen it before and its gossip does not list it now (not heard of since this agent started, or gone for longer than gossip remembers); what it holds is missing"

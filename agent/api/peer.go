@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"net/http"
 	"time"
@@ -225,3 +226,8 @@ func (p *PeerClient) DeleteGroup(ctx context.Context, name string) (GroupRecord,
 	var v GroupRecord
 	return v, p.c.do(ctx, http.MethodDelete, "/peer/groups/"+segment(name), nil, &v)
 }
+
+// ErrNotSent matches the error of a peer call that never left the caller
+// (the peer was avoided, or no connection to it was made): nothing it
+// asked for can have happened on the peer.
+var ErrNotSent = errors.New("the call was not sent")

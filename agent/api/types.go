@@ -4,6 +4,7 @@ package api
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 )
@@ -393,4 +394,17 @@ type Group struct {
 	// Missing are the node claims no server holds (released directly);
 	// group repair places them again.
 	Missing []string `json:"missing,omitempty"`
+}
+
+// SameItems reports whether x and y ask for the same GPUs: the same count
+// of each model, in any order and however split into items.
+func SameItems(x, y []Item) bool {
+	count := func(items []Item) map[string]int {
+		m := map[string]int{}
+		for _, it := range items {
+			m[it.Model] += it.Count
+		}
+		return m
+	}
+	return maps.Equal(count(x), count(y))
 }

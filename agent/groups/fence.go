@@ -141,7 +141,7 @@ func (f *groupFence) check(ctx context.Context) error {
 func (f *groupFence) stopped(ctx context.Context, err error, done string, placed []api.Claim) error {
 	var ov *groupOvertaken
 	if !errors.As(err, &ov) {
-		return annotate(err, "group %[2]s: %[1]s; this operation stopped (%[3]s): see group get %[2]s, then retry", f.name, done)
+		return api.Annotate(err, "group %[2]s: %[1]s; this operation stopped (%[3]s): see group get %[2]s, then retry", f.name, done)
 	}
 	if !ov.gone {
 		f.gs.log.Warn("group operation overtaken by a newer one; stopping", "group", f.name, "done", done)

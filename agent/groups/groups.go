@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -221,7 +220,7 @@ func (gs *Groups) CreateGroup(ctx context.Context, name string, req api.GroupReq
 		}
 		if ferr := gs.forgetGroup(context.WithoutCancel(ctx), e); ferr != nil {
 			gs.log.Error("a failed group's name could not be let go", "group", name, "err", ferr)
-			return api.Group{}, annotate(err, "%s; the group's name is still taken (%v): run group delete %s", ferr, name)
+			return api.Group{}, api.Annotate(err, "%s; the group's name is still taken (%v): run group delete %s", ferr, name)
 		}
 		return api.Group{}, err
 	}
@@ -338,18 +337,6 @@ func apiItems(items []ledger.Item) []api.Item {
 	return out
 }
 
-// sameItems reports whether x and y ask for the same GPUs.
-func sameItems(x, y []api.Item) bool {
-	count := func(items []api.Item) map[string]int {
-		m := map[string]int{}
-		for _, it := range items {
-			m[it.Model] += it.Count
-		}
-		return m
-	}
-	return maps.Equal(count(x), count(y))
-}
-
 // groupState is a group read whole: its record, and each node's claim
 // (absent: the node claim is missing).
 type groupState struct {
@@ -398,7 +385,7 @@ func (gs *Groups) readNodes(ctx context.Context, e groupEntry) (groupState, erro
 			s.claims[id] = c
 		case isCode(err, api.CodeNotFound):
 		default:
-			return groupState{}, annotate(err, "group %[2]s: node claim %[3]s: %[1]s", name, id)
+			return groupState{}, api.Annotate(err, "group %[2]s: node claim %[3]s: %[1]s", name, id)
 		}
 	}
 	return s, nil
@@ -471,7 +458,7 @@ func (gs *Groups) DeleteGroupClaims(ctx context.Context, name string) (api.Group
 	g := s.view()
 	for _, c := range g.Claims {
 		if _, err := gs.claims.Release(ctx, c.ID); err != nil && !isCode(err, api.CodeNotFound) {
-			return api.Group{}, annotate(err, "group %[2]s: releasing %[3]s: %[1]s; the group stays: run group delete again", name, c.ID)
+			return api.Group{}, api.Annotate(err, "group %[2]s: releasing %[3]s: %[1]s; the group stays: run group delete again", name, c.ID)
 		}
 	}
 	if err := gs.forgetGroup(ctx, s.e); err != nil {

@@ -152,7 +152,7 @@ var _ Requester = (*names.Registry)(nil)
 // (all released directly: repair places them with these). A record that
 // cannot be updated is logged: the nodes have their GPUs either way.
 func (gs *Groups) noteGroupGPUs(ctx context.Context, e groupEntry, items []api.Item) {
-	if gs.names() == nil || sameItems(e.gpus, items) {
+	if gs.names() == nil || api.SameItems(e.gpus, items) {
 		return
 	}
 	spec, err := groupSpec(e.rec.Nodes, items)

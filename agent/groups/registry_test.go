@@ -13,7 +13,7 @@ func TestGroupSpecRoundTrip(t *testing.T) {
 		t.Fatalf("spec %q, %v", s, err)
 	}
 	n, got, err := parseGroupSpec(s)
-	if err != nil || n != 3 || !sameItems(got, items) {
+	if err != nil || n != 3 || !api.SameItems(got, items) {
 		t.Fatalf("parsed %d %v %v", n, got, err)
 	}
 	if s, _ := groupSpec(2, nil); s != "group/1;nodes=2;gpus=" {

@@ -46,7 +46,7 @@ func (gs *Groups) ResizeGroup(ctx context.Context, name string, req api.ResizeRe
 	var done []groupStep
 	for i, id := range s.e.nodes {
 		before, held := s.claims[id]
-		if !held || !sameItems(before.Items, items) {
+		if !held || !api.SameItems(before.Items, items) {
 			gs.groupStep(name, id)
 			if err := f.check(ctx); err != nil {
 				return api.Group{}, gs.resizeStopped(ctx, f, s, items, done, err, id, fmt.Sprintf("%d of %d nodes resized", i, len(s.e.nodes)))
@@ -58,7 +58,7 @@ func (gs *Groups) ResizeGroup(ctx context.Context, name string, req api.ResizeRe
 			e := s.e
 			e.kubernetes = kubernetesNodes(s.claims)
 			_, err = gs.claims.Claim(ctx, id, api.ClaimRequest{GPUs: items, Labels: e.nodeLabels(), AnyNode: true})
-		case sameItems(before.Items, items):
+		case api.SameItems(before.Items, items):
 			continue
 		default:
 			_, err = gs.claims.Resize(ctx, id, api.ResizeRequest{GPUs: items}, "")
@@ -162,7 +162,7 @@ func (gs *Groups) restoreGroup(ctx context.Context, f *groupFence, s groupState,
 			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
 			return e
 		}
-		return annotate(cause, "group %[2]s: node %[3]s could not be resized (%[1]s); every node is as it was", name, failed)
+		return api.Annotate(cause, "group %[2]s: node %[3]s could not be resized (%[1]s); every node is as it was", name, failed)
 	}
 	gs.log.Error("group resize failed and left nodes changed", "group", name, "node", failed, "cause", cause, "changed", off)
 	return &api.Error{Code: api.CodeInternal,
@@ -196,7 +196,7 @@ func nodesOff(ids []string, before, now map[string]api.Claim, unread map[string]
 			off = append(off, fmt.Sprintf("%s had %s on %s and is released", id, api.DescribeItems(b.Items), b.Node))
 		case !had && has:
 			off = append(off, fmt.Sprintf("%s was missing and holds %s on %s", id, api.DescribeItems(n.Items), n.Node))
-		case had && (b.Node != n.Node || !sameItems(b.Items, n.Items)):
+		case had && (b.Node != n.Node || !api.SameItems(b.Items, n.Items)):
 			off = append(off, fmt.Sprintf("%s had %s on %s and has %s on %s", id, api.DescribeItems(b.Items), b.Node, api.DescribeItems(n.Items), n.Node))
 		}
 	}

@@ -1,8 +1,7 @@
-package agent
+package claim
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -16,26 +15,26 @@ import (
 // resolve turns the user's model names into canonical ones (case, the
 // "NVIDIA " prefix, spaces and dashes do not matter; a unique abbreviation
 // is enough) and merges repeated models.
-func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
+func (co *Coordinator) resolve(req api.ClaimRequest) (ledger.Request, error) {
 	if len(req.GPUs) == 0 {
 		return ledger.Request{}, api.Invalid("gpus", "a claim needs at least one GPU (e.g. --gpu \"H100 80GB:2\")")
 	}
-	if len(req.GPUs) > a.cfg.MaxGPUsPerClaim {
-		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), a.cfg.MaxGPUsPerClaim)
+	if len(req.GPUs) > co.cfg.MaxGPUsPerClaim {
+		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), co.cfg.MaxGPUsPerClaim)
 	}
-	names := a.modelNames()
+	names := co.modelNames()
 	out := ledger.Request{Labels: req.Labels, Devices: req.Devices}
 	index := map[string]int{}
 	for i, it := range req.GPUs {
 		field := fmt.Sprintf("gpus[%d]", i)
-		model, err := a.inv.Catalog().MatchIn(it.Model, names)
+		model, err := co.catalog.MatchIn(it.Model, names)
 		if err != nil {
 			return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel,
 				Field: field + ".model", Message: err.Error(), KnownModels: names}
 		}
 		m := model.Name
-		if it.Count < 1 || it.Count > a.cfg.MaxGPUsPerClaim {
-			return ledger.Request{}, api.Invalid(field+".count", "count %d for %s: must be between 1 and %d", it.Count, m, a.cfg.MaxGPUsPerClaim)
+		if it.Count < 1 || it.Count > co.cfg.MaxGPUsPerClaim {
+			return ledger.Request{}, api.Invalid(field+".count", "count %d for %s: must be between 1 and %d", it.Count, m, co.cfg.MaxGPUsPerClaim)
 		}
 		if j, ok := index[m]; ok {
 			out.Items[j].Count += it.Count
@@ -49,9 +48,9 @@ func (a *Agent) resolve(req api.ClaimRequest) (ledger.Request, error) {
 
 // modelNames is every name a claim may ask for: the catalog, and the models
 // missing from it that some server of the platform has.
-func (a *Agent) modelNames() []string {
-	names := a.inv.Catalog().Names()
-	for _, t := range a.targets() {
+func (co *Coordinator) modelNames() []string {
+	names := co.catalog.Names()
+	for _, t := range co.servers.Targets() {
 		for m := range t.caps {
 			if !slices.Contains(names, m) {
 				names = append(names, m)
@@ -76,15 +75,4 @@ func wants(items []ledger.Item) []placement.Want {
 		out[i] = placement.Want{Model: it.Model, Count: it.Count}
 	}
 	return out
-}
-
-func sameItems(x, y []api.Item) bool {
-	count := func(items []api.Item) map[string]int {
-		m := map[string]int{}
-		for _, it := range items {
-			m[it.Model] += it.Count
-		}
-		return m
-	}
-	return maps.Equal(count(x), count(y))
 }

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -20,14 +20,9 @@ import (
 // their owners in turn. The owners decide; the view is only a hint. See
 // docs/protocol.md.
 
-// Timeouts of the calls a coordinator makes to owners. A reservation binds
-// GPUs, which takes seconds; the rest only touch the owner's ledger.
+// The call timeouts are api's (ReserveTimeout, OwnerOpTimeout, …).
 const (
-	reserveTimeout  = 20 * time.Second
-	ownerOpTimeout  = 5 * time.Second
-	lookupTimeout   = 2 * time.Second
 	commitAttempts  = 3
-	abortTimeout    = 2 * time.Second
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
 	// A coordinator an owner refused within contendedWindow, or that sees
 	// busyShare of a requested model taken, reads the capacity of its best
@@ -38,18 +33,10 @@ const (
 	busyShare       = 0.5
 )
 
-// coordinator places claims and finds them again, for a user's request
-// through this agent (docs/protocol.md, "Placing a claim"): it chooses
-// where to ask and asks; the owners decide. It shares the agent's wiring
-// (its view of the servers, ledger, log, recorder).
-type coordinator struct {
-	*Agent
-}
-
 // Claim places the request on one server of the platform, all of it or
 // nothing, and returns the committed claim. A retry with the same ID and
 // request, through any agent, returns the same claim.
-func (co *coordinator) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+func (co *Coordinator) Claim(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
 	start := co.clk.Now()
 	if err := validateVCPUs(req.VCPUs); err != nil {
 		return api.Claim{}, err
@@ -92,13 +79,13 @@ func outcome(err error) string {
 // coordinate runs the steps of docs/protocol.md, "Placing a claim", on one
 // attempt: validate, then look the ID up at its home (attempt.lookUp) or,
 // when the home cannot vouch, on every server, then place.
-func (co *coordinator) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+func (co *Coordinator) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
 	return co.coordinateOn(ctx, id, req, nil)
 }
 
 // coordinateOn is coordinate with the view's figures replaced by fresh
 // ones for the servers in fresh (by name).
-func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.ClaimRequest, fresh []placement.Server) (api.Claim, error) {
+func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.ClaimRequest, fresh []placement.Server) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -111,7 +98,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 		return api.Claim{}, err
 	}
 	at.view = withFresh(at.view, fresh)
-	if co.names != nil {
+	if co.names() != nil {
 		// The name registry decides the ID (namedclaim.go): no home to
 		// vouch, no every-server lookup, no settling of copies.
 		return at.placeNamed(ctx)
@@ -119,7 +106,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 
 	// The fast way: the claim ID's home vouches that it is new, or says
 	// where it is.
-	if co.cluster != nil {
+	if co.servers.Clustered() {
 		if c, done, err := at.lookUp(ctx); done {
 			co.rec.ClaimLookup(events.LookupDirectory)
 			return c, err
@@ -135,7 +122,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 		return api.Claim{}, err
 	}
 	c, err := at.place(ctx)
-	if err != nil && co.cluster != nil && !errors.Is(err, errCommitUnknown) {
+	if err != nil && co.servers.Clustered() && !errors.Is(err, errCommitUnknown) {
 		// Nothing placed: drop the intent the home recorded for us.
 		at.abandon(ctx, home.Of(id, at.view, targetName))
 	}
@@ -144,7 +131,7 @@ func (co *coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 
 // validate is step 1: it resolves the request's models to catalog names and
 // checks it, and returns the attempt that places it on this agent's view.
-func (co *coordinator) validate(id string, req api.ClaimRequest) (*attempt, error) {
+func (co *Coordinator) validate(id string, req api.ClaimRequest) (*attempt, error) {
 	lreq, err := co.resolve(req)
 	if err != nil {
 		return nil, err
@@ -153,36 +140,36 @@ func (co *coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 		return nil, co.apiError(err)
 	}
 	return &attempt{
-		coordinator: co,
+		Coordinator: co,
 		id:          id,
 		rr:          api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
 		want:        wants(lreq.Items),
 		prefer:      req.PreferNode,
 		anyNode:     req.AnyNode,
-		view:        co.targets(),
+		view:        co.servers.Targets(),
 	}, nil
 }
 
 // Get returns a claim, wherever it is held.
-func (co *coordinator) Get(ctx context.Context, id string) (api.Claim, error) {
+func (co *Coordinator) Get(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
-	c, _, err := co.findClaim(ctx, co.targets(), id)
+	c, _, err := co.findClaim(ctx, co.servers.Targets(), id)
 	return c, err
 }
 
 // Release frees a claim's GPUs, wherever it is held.
-func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error) {
+func (co *Coordinator) Release(ctx context.Context, id string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
-	targets := co.targets()
-	abort := func(ctx context.Context, t target) (api.Claim, error) {
+	targets := co.servers.Targets()
+	abort := func(ctx context.Context, t Target) (api.Claim, error) {
 		c, err := t.owner.Abort(ctx, id)
 		return neverClaimed(t.name, c, err) // orphans.go
 	}
-	if co.names != nil {
+	if co.names() != nil {
 		c, t, rec, handled, err := co.findNamed(ctx, targets, id, abort)
 		if handled && rec.State == names.StateLost {
 			return co.releaseLost(ctx, id, rec)
@@ -202,7 +189,7 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 	if err != nil {
 		return api.Claim{}, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	rctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 	defer cancel()
 	c, err := abort(rctx, t)
 	return c, unanswered(ctx, id, t.name, err)
@@ -210,7 +197,7 @@ func (co *coordinator) Release(ctx context.Context, id string) (api.Claim, error
 
 // Claims lists the claims of every server that answered (ListClaims says
 // which did not).
-func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
+func (co *Coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
 	l, err := co.ListClaims(ctx)
 	return l.Claims, err
 }
@@ -221,12 +208,12 @@ func (co *coordinator) Claims(ctx context.Context) ([]api.Claim, error) {
 // server first, then releases the old GPUs, then commits, so the claim is
 // never committed twice; with it, the move commits the new placement
 // before it releases the old one and the name goes along (resize_move.go).
-func (co *coordinator) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
+func (co *Coordinator) Resize(ctx context.Context, id string, req api.ResizeRequest) (api.Claim, error) {
 	return co.resizeOn(ctx, id, req, "")
 }
 
 // resizeOn is Resize with a server to prefer when the claim moves.
-func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRequest, prefer string) (api.Claim, error) {
+func (co *Coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRequest, prefer string) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -234,7 +221,7 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 	if err != nil {
 		return api.Claim{}, err
 	}
-	targets := co.targets()
+	targets := co.servers.Targets()
 	cur, owner, err := co.findClaim(ctx, targets, id)
 	if err != nil {
 		return api.Claim{}, err
@@ -244,7 +231,7 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 			Message: fmt.Sprintf("claim %s is still being placed; retry the resize once it is claimed", id)}
 	}
 	items := apiItems(lreq.Items)
-	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 	c, err := owner.owner.ResizeInPlace(rctx, id, items)
 	cancel()
 	if err == nil || !isCode(err, api.CodeNotAvailable) {
@@ -254,7 +241,7 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 	// Move: every other server that can hold the new request, best first.
 	want := wants(lreq.Items)
 	var servers []placement.Server
-	byName := map[string]target{}
+	byName := map[string]Target{}
 	for _, t := range targets {
 		if t.name != owner.name {
 			servers = append(servers, t.server)
@@ -262,19 +249,19 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 		}
 	}
 	rr := api.ReserveRequest{Items: items, Labels: cur.Labels, Coordinator: co.cfg.NodeName}
-	at := &attempt{coordinator: co, id: id, rr: rr, want: want, view: targets}
-	if co.names != nil {
+	at := &attempt{Coordinator: co, id: id, rr: rr, want: want, view: targets}
+	if co.names() != nil {
 		return at.move(ctx, owner, placement.Rank(servers, want, prefer, co.rnd()), byName, append(servers, owner.server))
 	}
 	for _, name := range placement.Rank(servers, want, prefer, co.rnd()) {
 		t := byName[name]
-		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 		_, err := t.owner.Reserve(rctx, id, rr)
 		cancel()
 		if err != nil {
 			continue
 		}
-		actx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		actx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 		_, err = owner.owner.Abort(actx, id)
 		cancel()
 		if err != nil && !isCode(err, api.CodeNotFound) {
@@ -282,7 +269,7 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 			// annotate, not %w: the API answers the *api.Error inside,
 			// and its message alone (a release's advice) would not say
 			// that this was a resize, nor that nothing changed.
-			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the old GPUs could not be released (%[1]s); nothing changed, the claim stays on %[3]s: stop the VM that uses it, then resize again", id, owner.name, name)
+			return api.Claim{}, api.Annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the old GPUs could not be released (%[1]s); nothing changed, the claim stays on %[3]s: stop the VM that uses it, then resize again", id, owner.name, name)
 		}
 		co.log.Info("claim moving", "claim", id, "from", owner.name, "to", name)
 		return at.commit(ctx, t)
@@ -294,7 +281,7 @@ func (co *coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 // refuse (step 9) is the answer when no server can hold the request: every
 // item no single server can hold (all of them when each fits somewhere but
 // never together), and what would fit instead.
-func (co *coordinator) refuse(items []api.Item, servers []placement.Server) error {
+func (co *Coordinator) refuse(items []api.Item, servers []placement.Server) error {
 	var missing []api.Item
 	for _, it := range items {
 		if len(placement.Rank(servers, []placement.Want{{Model: it.Model, Count: it.Count}}, "", nil)) == 0 {

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"cmp"
@@ -21,8 +21,8 @@ import (
 // the name registry records claims on that this agent did not ask. A
 // shorter list must never look complete (docs/protocol.md, "Complete
 // listings").
-func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
-	targets := co.targets()
+func (co *Coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
+	targets := co.servers.Targets()
 	lists := make([][]api.Claim, len(targets))
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
@@ -30,7 +30,7 @@ func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 			defer cancel()
 			lists[i], errs[i] = t.owner.List(lctx)
 		}()
@@ -47,7 +47,7 @@ func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
 		}
 		out.Claims = append(out.Claims, lists[i]...)
 	}
-	members, _ := co.Members(ctx)
+	members, _ := co.servers.Members(ctx)
 	unknown := map[string]bool{}
 	for _, m := range members {
 		if asked[m.Name] {
@@ -56,12 +56,12 @@ func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
 		asked[m.Name] = true
 		reason := "not asked: gossip sees it " + m.State
 		if m.State == api.MemberUnknown {
-			reason, unknown[m.Name] = unseenReason, true
+			reason, unknown[m.Name] = api.UnseenReason, true
 		}
 		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: m.Name, Reason: reason})
 	}
-	if co.cluster != nil && !co.cluster.joined.Load() {
-		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: notJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
+	if co.servers.Clustered() && !co.servers.Joined() {
+		out.Unanswered = append(out.Unanswered, api.Unanswered{Node: api.NotJoinedNode, Reason: "gossip has not joined the cluster yet: no seed has answered"})
 	}
 	co.addOwners(ctx, &out, asked, unknown)
 	co.addLost(ctx, &out)
@@ -81,13 +81,13 @@ func (co *coordinator) ListClaims(ctx context.Context) (api.ClaimList, error) {
 // names (unknown) that holds nothing there is no gap in a claim list: it
 // holds no claims. A registry that does not answer leaves the known list
 // as the judge.
-func (co *coordinator) addOwners(ctx context.Context, out *api.ClaimList, asked, unknown map[string]bool) {
-	if co.names == nil {
+func (co *Coordinator) addOwners(ctx context.Context, out *api.ClaimList, asked, unknown map[string]bool) {
+	if co.names() == nil {
 		return
 	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 	defer cancel()
-	listing, err := co.names.List(lctx, names.Filter{Kind: names.KindClaim}, names.Linearizable)
+	listing, err := co.names().List(lctx, names.Filter{Kind: names.KindClaim}, names.Linearizable)
 	if err != nil {
 		co.log.Warn("listing claim owners in the name registry failed; the list is judged against gossip and the servers this agent has seen", "err", err)
 		return

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -17,28 +17,28 @@ import (
 // move: the coordinator's placement finds the memory at the ID's home and
 // answers a *goBack when it did not commit there, and the claim is then
 // placed on that server alone.
-func (co *coordinator) claimWhere(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
+func (co *Coordinator) claimWhere(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
 	if req.SameNode && req.AnyNode {
 		return api.Claim{}, api.Invalid("any_node", "same_node keeps the claim on one server and any_node lets it move: give one of them")
 	}
 	if req.SameNode && req.PreferNode != "" {
-		return co.claimOn(ctx, id, req, req.PreferNode, false)
+		return co.ClaimOn(ctx, id, req, req.PreferNode, false)
 	}
 	c, err := co.coordinate(ctx, id, req)
 	var gb *goBack
 	if errors.As(err, &gb) {
 		co.log.Info("claim goes back to the server it last ran on", "claim", id, "node", gb.node)
-		return co.claimOn(ctx, id, req, gb.node, true)
+		return co.ClaimOn(ctx, id, req, gb.node, true)
 	}
 	return c, err
 }
 
-// claimOn places a claim that must stay on node: the server the caller
+// ClaimOn places a claim that must stay on node: the server the caller
 // named, or (remembered) the one the ID last ran on. Node's capacity is
 // read fresh first; when it cannot hold the request, the answer is "not
 // available" with what node can hold instead: the platform's "Select an
 // alternative GPU" for a VM that restarts where its disks are.
-func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequest, node string, remembered bool) (api.Claim, error) {
+func (co *Coordinator) ClaimOn(ctx context.Context, id string, req api.ClaimRequest, node string, remembered bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -79,7 +79,7 @@ func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequ
 		}
 		return err
 	}
-	fresh := at.recheck(ctx, []target{t})
+	fresh := at.recheck(ctx, []Target{t})
 	if len(placement.Rank(fresh, at.want, "", nil)) == 0 {
 		return api.Claim{}, refuse(fresh)
 	}
@@ -89,19 +89,19 @@ func (co *coordinator) claimOn(ctx context.Context, id string, req api.ClaimRequ
 	}
 	// node refused it after all (taken meanwhile) and it landed elsewhere:
 	// undo that, it must not move.
-	if other, ok := targetNamed(co.targets(), c.Node); ok {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+	if other, ok := targetNamed(co.servers.Targets(), c.Node); ok {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 		_, rerr := other.owner.Abort(actx, id)
 		cancel()
 		if rerr != nil && !isCode(rerr, api.CodeNotFound) {
-			return api.Claim{}, annotate(rerr, "claim %[2]s must stay on %[3]s but was placed on %[4]s, and releasing it there failed (%[1]s): release it (gpuherd release %[2]s), then claim it again with --prefer-node %[3]s --same-node", id, node, c.Node)
+			return api.Claim{}, api.Annotate(rerr, "claim %[2]s must stay on %[3]s but was placed on %[4]s, and releasing it there failed (%[1]s): release it (gpuherd release %[2]s), then claim it again with --prefer-node %[3]s --same-node", id, node, c.Node)
 		}
 	}
-	return api.Claim{}, refuse(at.recheck(ctx, []target{t}))
+	return api.Claim{}, refuse(at.recheck(ctx, []Target{t}))
 }
 
 // withFresh replaces the view of the targets named in fresh.
-func withFresh(targets []target, fresh []placement.Server) []target {
+func withFresh(targets []Target, fresh []placement.Server) []Target {
 	for _, s := range fresh {
 		for i := range targets {
 			if targets[i].name == s.Name {

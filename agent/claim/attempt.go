@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // request as every owner is asked for it, and the view it was ranked on.
 // Its methods are the steps of docs/protocol.md, "Placing a claim".
 type attempt struct {
-	*coordinator
+	*Coordinator
 	id     string
 	rr     api.ReserveRequest // what each owner is asked to reserve
 	want   []placement.Want   // the request, as placement ranks it
@@ -29,7 +29,7 @@ type attempt struct {
 	// anyNode lets a remembered ID be placed elsewhere than the server it
 	// last ran on (lifecycle.go).
 	anyNode bool
-	view    []target // the servers as this attempt saw them first
+	view    []Target // the servers as this attempt saw them first
 	// vouch, when set, says whether the claim ID's home vouched that
 	// nobody else is placing it; it is asked once a reservation is made,
 	// before committing it (it may wait for the home's answer), and a
@@ -45,19 +45,22 @@ type attempt struct {
 	named bool
 }
 
-// pendingPatience is how long a coordinator waits on another agent's
+// PendingPatience is how long a coordinator waits on another agent's
 // intent to place the same claim ID before it looks the ID up on every
 // server itself. A real placement shows within it: its reservation (which
 // the every-server lookup then finds and finishes, or settles against) or
 // its commit. An intent alone proves nothing — any member can post one for
 // any ID — so it must not hold a real claim for a whole reservation's life.
-const pendingPatience = 2 * time.Second
+const PendingPatience = 2 * time.Second
 
-// pendingTTL is how long an intent counts as a placement in progress: a
-// coordinator reserves within reserveTimeout and commits within a lease.
-func (a *Agent) pendingTTL() time.Duration {
-	return reserveTimeout + time.Duration(a.cfg.ReservationLease) + 5*time.Second
+// PendingTTL is how long an intent counts as a placement in progress: a
+// coordinator reserves within api.ReserveTimeout and commits within a
+// lease.
+func PendingTTL(lease time.Duration) time.Duration {
+	return api.ReserveTimeout + lease + 5*time.Second
 }
+
+func (co *Coordinator) pendingTTL() time.Duration { return PendingTTL(co.cfg.ReservationLease) }
 
 // lookUp places a claim through its ID's home (see agent/home). It
 // reports done=false when the home cannot vouch for the ID (or does not
@@ -83,7 +86,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		err error
 	}
 	begin := func() answer {
-		bctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		bctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 		defer cancel()
 		ans, err := dir.BeginClaim(bctx, at.id, api.DirBegin{Coordinator: at.cfg.NodeName})
 		return answer{ans, err}
@@ -94,7 +97,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 		}
 		return c, true, err
 	}
-	deadline := clock.NewDeadline(at.clk, min(at.pendingTTL(), pendingPatience))
+	deadline := clock.NewDeadline(at.clk, min(at.pendingTTL(), PendingPatience))
 	defer deadline.Stop()
 	wait := 10 * time.Millisecond
 	for first := true; ; first = false {
@@ -153,7 +156,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 			if !ok {
 				return api.Claim{}, false, nil
 			}
-			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 			c, err := t.owner.Lookup(lctx, at.id)
 			cancel()
 			if err != nil {
@@ -167,7 +170,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 			if ans.Coordinator == at.cfg.NodeName || deadline.Passed() {
 				return api.Claim{}, false, nil
 			}
-			if _, alive := targetNamed(at.targets(), ans.Coordinator); !alive {
+			if _, alive := targetNamed(at.servers.Targets(), ans.Coordinator); !alive {
 				return api.Claim{}, false, nil
 			}
 			select {
@@ -186,7 +189,7 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 // every item of the request, the preferred one first, then best fit, ties
 // shuffled.
 func (at *attempt) rank(servers []placement.Server) []string {
-	ranked := at.rankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
+	ranked := at.servers.RankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
 	if len(at.rr.Devices) > 0 {
 		// GPUs named by address are those of one server: no other
 		// server's GPU of the same address is the one asked for.
@@ -202,13 +205,13 @@ func (at *attempt) rank(servers []placement.Server) []string {
 // the home's word is awaited.
 func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 	servers := make([]placement.Server, len(at.view))
-	byName := make(map[string]target, len(at.view))
+	byName := make(map[string]Target, len(at.view))
 	for i, t := range at.view {
 		servers[i] = t.server
 		byName[t.name] = t
 	}
 	ranked := at.rank(servers)
-	if at.contended() || busy(at.view, at.want) {
+	if at.Contended() || busy(at.view, at.want) {
 		ranked = at.probe(ctx, ranked)
 	}
 	if len(ranked) > maxOwnerRetries {
@@ -283,8 +286,8 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 // later claim through this agent would rank that server by it until its
 // next re-advertisement or the next full-state exchange.
 func (at *attempt) refreshView(name string) {
-	if at.cluster != nil && name != at.cfg.NodeName {
-		at.cluster.g.Refresh(name)
+	if name != at.cfg.NodeName {
+		at.servers.Refresh(name)
 	}
 }
 
@@ -298,10 +301,10 @@ func (at *attempt) refreshView(name string) {
 // reports done=false when no suspect could hold it, or every one asked
 // said no.
 func (at *attempt) askSuspects(ctx context.Context, tried []string) (api.Claim, bool, error) {
-	if at.cluster == nil {
+	if !at.servers.Clustered() {
 		return api.Claim{}, false, nil
 	}
-	sus := at.cluster.suspects()
+	sus := at.servers.Suspects()
 	servers := make([]placement.Server, len(sus))
 	for i, t := range sus {
 		servers[i] = t.server
@@ -347,9 +350,9 @@ func (at *attempt) placeVouched(ctx context.Context, vouch func(server string) b
 	return p.place(ctx)
 }
 
-// contended reports whether an owner refused this coordinator (its view was
-// stale) within contendedWindow: placements are then probed first.
-func (co *coordinator) contended() bool {
+// Contended reports whether an owner refused this coordinator (its view
+// was stale) within contendedWindow: placements are then probed first.
+func (co *Coordinator) Contended() bool {
 	last := co.lastRefusal.Load()
 	return last != 0 && co.clk.Now().UnixNano()-last < int64(contendedWindow)
 }
@@ -357,7 +360,7 @@ func (co *coordinator) contended() bool {
 // busy reports whether, by the view, at least busyShare of the healthy GPUs
 // of a requested model are taken: the servers with room then change hands
 // faster than gossip reports it, so placements are probed first.
-func busy(targets []target, want []placement.Want) bool {
+func busy(targets []Target, want []placement.Want) bool {
 	for _, w := range want {
 		free, healthy := 0, 0
 		for _, t := range targets {
@@ -379,7 +382,7 @@ func busy(targets []target, want []placement.Want) bool {
 func (at *attempt) probe(ctx context.Context, ranked []string) []string {
 	for round := 0; round < probeRounds && len(ranked) > 0; round++ {
 		k := min(probeTop, len(ranked))
-		var top []target
+		var top []Target
 		for _, name := range ranked[:k] {
 			if t, ok := targetNamed(at.view, name); ok {
 				top = append(top, t)
@@ -397,7 +400,7 @@ func (at *attempt) probe(ctx context.Context, ranked []string) []string {
 // recheck (step 8, and probe's read) returns the targets' servers with the free counts read now from
 // every one that, by its gossiped totals, could hold the request; the others keep
 // their view. A server that does not answer keeps its view too.
-func (at *attempt) recheck(ctx context.Context, targets []target) []placement.Server {
+func (at *attempt) recheck(ctx context.Context, targets []Target) []placement.Server {
 	out := make([]placement.Server, len(targets))
 	for i, t := range targets {
 		out[i] = t.server
@@ -417,7 +420,7 @@ func (at *attempt) recheck(ctx context.Context, targets []target) []placement.Se
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			cctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 			defer cancel()
 			capa, err := cr.Capacity(cctx)
 			if err != nil {
@@ -433,16 +436,16 @@ func (at *attempt) recheck(ctx context.Context, targets []target) []placement.Se
 // ask asks one owner to reserve, then commits once at.vouch
 // agrees. A reservation that cannot be confirmed is aborted best-effort; it
 // expires by itself anyway.
-func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
+func (at *attempt) ask(ctx context.Context, t Target) (api.Claim, error) {
 	rr := at.rr
 	// Named: nothing to check between the reservation and the commit
 	// (the owner holds the ID at commit), so both go in one call.
 	rr.Commit = at.named
-	rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+	rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 	r, err := t.owner.Reserve(rctx, at.id, rr)
 	cancel()
 	if isCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
-		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 		r, err = t.owner.Reserve(rctx, at.id, rr)
 		cancel()
 	}
@@ -454,7 +457,7 @@ func (at *attempt) ask(ctx context.Context, t target) (api.Claim, error) {
 		return api.Claim{}, &goBack{node: e.Node}
 	}
 	if err != nil {
-		if notSent(err) {
+		if errors.Is(err, api.ErrNotSent) {
 			return api.Claim{}, err // nothing reserved there: try the next
 		}
 		var e *api.Error
@@ -493,8 +496,8 @@ var errRegistryDown = errors.New("name registry unavailable")
 // registryAnswers reads the attempt's claim ID in the registry and returns
 // errRegistryDown, wrapping the API's 503, when the registry cannot answer.
 func (at *attempt) registryAnswers(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, nameTimeout)
-	_, err := at.names.Lookup(lctx, names.Claim(at.id), names.Linearizable)
+	lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+	_, err := at.names().Lookup(lctx, names.Claim(at.id), names.Linearizable)
 	cancel()
 	if names.IsUnavailable(err) {
 		return fmt.Errorf("%w: %w", errRegistryDown, claimNameError(at.id, err))
@@ -505,10 +508,10 @@ func (at *attempt) registryAnswers(ctx context.Context) error {
 // commit commits the reservation at.id on t, retrying an unanswered commit
 // (commits are idempotent). Once a commit was sent, the claim may exist on
 // t: an answer that never comes is errCommitUnknown, never "try elsewhere".
-func (at *attempt) commit(ctx context.Context, t target) (api.Claim, error) {
+func (at *attempt) commit(ctx context.Context, t Target) (api.Claim, error) {
 	var last error
 	for range commitAttempts {
-		cctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		cctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 		c, err := t.owner.Commit(cctx, at.id)
 		cancel()
 		if err == nil {
@@ -533,8 +536,8 @@ func (at *attempt) commit(ctx context.Context, t target) (api.Claim, error) {
 // concurrent coordinator (a client that retried elsewhere) may have
 // committed the claim on t meanwhile, and that claim stays. What is not
 // dropped here expires with its lease.
-func (at *attempt) abortReservation(ctx context.Context, t target) (gone bool) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+func (at *attempt) abortReservation(ctx context.Context, t Target) (gone bool) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.AbortTimeout)
 	defer cancel()
 	_, err := t.owner.AbortReservation(actx, at.id)
 	if err == nil || isCode(err, api.CodeNotFound) {
@@ -556,13 +559,13 @@ func (at *attempt) abortReservation(ctx context.Context, t target) (gone bool) {
 //
 // Reservations on servers this coordinator tried before (tried) are its own
 // leftovers, aborted or expiring: they are not another coordinator's copy.
-func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried []string) (api.Claim, error) {
+func (at *attempt) settle(ctx context.Context, mine api.Claim, t Target, tried []string) (api.Claim, error) {
 	deadline := clock.NewDeadline(at.clk, time.Duration(at.cfg.ReservationLease)+time.Second)
 	defer deadline.Stop()
 	wait := 20 * time.Millisecond
 	var committed []copyOf
 	for {
-		hits, _ := at.allCopies(ctx, at.targets(), at.id)
+		hits, _ := at.allCopies(ctx, at.servers.Targets(), at.id)
 		committed = committed[:0]
 		pending := false
 		for _, h := range hits {
@@ -588,10 +591,10 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 	keep := committed[0]
 	at.log.Warn("claim committed on two servers by concurrent coordinators; releasing this copy",
 		"claim", at.id, "released_on", t.name, "kept_on", keep.t.name)
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 	defer cancel()
 	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
-		return api.Claim{}, annotate(err, "claim %[2]s: committed on %[3]s and %[4]s by concurrent requests; releasing the copy on %[4]s failed: %[1]s", at.id, keep.t.name, t.name)
+		return api.Claim{}, api.Annotate(err, "claim %[2]s: committed on %[3]s and %[4]s by concurrent requests; releasing the copy on %[4]s failed: %[1]s", at.id, keep.t.name, t.name)
 	}
 	return keep.c, nil
 }
@@ -600,7 +603,7 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t target, tried [
 // the attempt asks for: the same items and labels and, for GPUs named by
 // address, those GPUs.
 func (at *attempt) asks(c api.Claim) bool {
-	if !sameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
+	if !api.SameItems(c.Items, at.rr.Items) || !maps.Equal(c.Labels, at.rr.Labels) {
 		return false
 	}
 	if len(at.rr.Devices) == 0 {
@@ -617,7 +620,7 @@ func (at *attempt) asks(c api.Claim) bool {
 // resume answers a claim request whose ID is already held on t: the claim
 // itself when the request is the same, after finishing its placement when
 // it is only reserved (its coordinator may be gone).
-func (at *attempt) resume(ctx context.Context, c api.Claim, t target) (api.Claim, error) {
+func (at *attempt) resume(ctx context.Context, c api.Claim, t Target) (api.Claim, error) {
 	if !at.asks(c) {
 		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s already exists on %s with a different request (%s); release it first or use another ID", at.id, c.Node, api.DescribeItems(c.Items))}
@@ -633,12 +636,12 @@ func (at *attempt) resume(ctx context.Context, c api.Claim, t target) (api.Claim
 }
 
 // abandon tells the home that this coordinator placed nothing for at.id.
-func (at *attempt) abandon(ctx context.Context, home target) {
+func (at *attempt) abandon(ctx context.Context, home Target) {
 	dir, ok := home.owner.(api.Directory)
 	if !ok {
 		return
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.LookupTimeout)
 	defer cancel()
 	u := api.DirUpdate{From: at.cfg.NodeName, Ops: []api.DirOp{{ID: at.id, Op: api.DirOpAbandon}}}
 	if err := dir.UpdateDirectory(actx, u); err != nil {
@@ -654,7 +657,7 @@ var errCommitUnknown = errors.New("commit unconfirmed")
 // nothing was committed. The reservation made meanwhile on t is still there;
 // the caller drops it or lets the every-server lookup find and finish it.
 type notVouched struct {
-	t target
+	t Target
 	// held: the owner answered with a claim committed under the ID
 	// before (a retry), not with a reservation of this placement.
 	held bool

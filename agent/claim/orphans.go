@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -36,7 +36,7 @@ const abortRetryEvery = time.Second
 // lease has passed since the first failure (first): by then the owner's
 // sweep has dropped the reservation anyway. An owner that was only slow
 // loses the orphan seconds after it answers again, not a lease later.
-func (at *attempt) keepAborting(t target, first error) {
+func (at *attempt) keepAborting(t Target, first error) {
 	if t.self {
 		return // this agent's own ledger answered: nothing to retry
 	}
@@ -50,7 +50,7 @@ func (at *attempt) keepAborting(t target, first error) {
 		last := first
 		for !deadline.Passed() {
 			<-tick.C()
-			actx, cancel := context.WithTimeout(context.Background(), abortTimeout)
+			actx, cancel := context.WithTimeout(context.Background(), api.AbortTimeout)
 			_, err := t.owner.AbortReservation(actx, at.id)
 			cancel()
 			if err == nil || isCode(err, api.CodeNotFound) || isCode(err, api.CodeConflict) {
@@ -76,11 +76,11 @@ func errText(err error) string {
 // and reports true, so that ask reserves again. Without the home's word (no
 // vouch, or the home did not vouch) a conflicting reservation may be a
 // live placement's, and the conflict stands.
-func (at *attempt) dropOrphan(ctx context.Context, t target) bool {
+func (at *attempt) dropOrphan(ctx context.Context, t Target) bool {
 	if at.vouch == nil {
 		return false
 	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 	c, err := t.owner.Lookup(lctx, at.id)
 	cancel()
 	if err != nil || c.State != api.StateReserved || !at.vouch("") {

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 // the request the protocol places: the items counted from the GPUs' models,
 // kept on this server and nowhere else, the devices sorted. Only this
 // server's agent knows its GPUs' models for sure, so only it takes one.
-func (co *coordinator) pinned(req api.ClaimRequest) (api.ClaimRequest, error) {
+func (co *Coordinator) pinned(req api.ClaimRequest) (api.ClaimRequest, error) {
 	node := req.PreferNode
 	if node == "" {
 		node = co.cfg.NodeName
@@ -55,7 +55,7 @@ func (co *coordinator) pinned(req api.ClaimRequest) (api.ClaimRequest, error) {
 		if err != nil {
 			return req, err
 		}
-		if !sameItems(apiItems(asked.Items), items) {
+		if !api.SameItems(apiItems(asked.Items), items) {
 			return req, api.Invalid("gpus", "asks for %s but the GPUs named are %s: give one or the other", api.DescribeItems(apiItems(asked.Items)), api.DescribeItems(items))
 		}
 	}

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -23,9 +23,8 @@ import (
 // server. Used whenever the agent has a registry (Agent.names); without
 // one, the home directory and the every-server lookups do the job.
 
-// nameTimeout bounds one call to the registry; the registry itself waits
+// api.NameTimeout bounds one call to the registry; the registry itself waits
 // up to its Timing.Hold for a leader before it answers unavailable.
-const nameTimeout = 8 * time.Second
 
 // placeNamed places a claim on the registry path. The owner that commits
 // it holds the ID in the registry first, in one write (owner.holdName),
@@ -125,11 +124,11 @@ func (at *attempt) placeRemembered(ctx context.Context, last string) (api.Claim,
 // heldOn returns the claim when node holds it, committed, under this
 // attempt's request.
 func (at *attempt) heldOn(ctx context.Context, node string) (api.Claim, error) {
-	t, ok := targetNamed(at.targets(), node)
+	t, ok := targetNamed(at.servers.Targets(), node)
 	if !ok {
 		return api.Claim{}, fmt.Errorf("claim %s: %s is not in this agent's view", at.id, node)
 	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 	defer cancel()
 	c, err := t.owner.Lookup(lctx, at.id)
 	if err != nil || c.State != api.StateClaimed || !at.asks(c) {
@@ -142,7 +141,7 @@ func (at *attempt) heldOn(ctx context.Context, node string) (api.Claim, error) {
 // (within remember_released), or "" when it does not know or does not
 // answer.
 func (at *attempt) lastOwner(ctx context.Context) string {
-	if at.prefer != "" || at.cluster == nil {
+	if at.prefer != "" || !at.servers.Clustered() {
 		return ""
 	}
 	home := home.Of(at.id, at.view, targetName)
@@ -150,7 +149,7 @@ func (at *attempt) lastOwner(ctx context.Context) string {
 	if !ok {
 		return ""
 	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 	defer cancel()
 	ans, err := dir.LookupDirectory(lctx, at.id)
 	if err != nil || ans.State == api.DirHeld {
@@ -185,8 +184,8 @@ func (at *attempt) lookUpName(ctx context.Context, digest string, fresh bool) (c
 		mode = names.Linearizable
 	}
 	for {
-		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
-		rec, err := at.names.Lookup(lctx, key, mode)
+		lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+		rec, err := at.names().Lookup(lctx, key, mode)
 		cancel()
 		if !fresh && mode == names.Stale && !names.IsUnavailable(err) {
 			at.rec.ClaimLookup(events.LookupRegistry) // once per claim
@@ -241,8 +240,8 @@ func (at *attempt) awaitPlacement(ctx context.Context, rec names.Record, deadlin
 		case <-clock.After(at.clk, wait):
 		}
 		wait = min(2*wait, 200*time.Millisecond)
-		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
-		cur, err := at.names.Lookup(lctx, key, names.Linearizable)
+		lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+		cur, err := at.names().Lookup(lctx, key, names.Linearizable)
 		cancel()
 		switch {
 		case errors.Is(err, names.ErrNotFound):
@@ -260,7 +259,7 @@ func (at *attempt) awaitPlacement(ctx context.Context, rec names.Record, deadlin
 // owner that does not answer is a retryable 503 naming it: the claim is
 // never placed a second time elsewhere.
 func (at *attempt) fromHolder(ctx context.Context, rec names.Record) (api.Claim, error) {
-	t, c, err := lookupHolder(ctx, at.coordinator, at.targets(), at.id, rec.Owner, func(ctx context.Context, t target) (api.Claim, error) {
+	t, c, err := lookupHolder(ctx, at.Coordinator, at.servers.Targets(), at.id, rec.Owner, func(ctx context.Context, t Target) (api.Claim, error) {
 		return t.owner.Lookup(ctx, at.id)
 	})
 	if err != nil {
@@ -282,13 +281,13 @@ func (at *attempt) fromHolder(ctx context.Context, rec names.Record) (api.Claim,
 // id. Not in this agent's view, no answer, or no such claim in its ledger
 // (a commit in progress there, or a release whose name it has not let go
 // yet) are retryable 503s naming the owner; op's own refusals pass.
-func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, owner string, op func(context.Context, target) (api.Claim, error)) (target, api.Claim, error) {
+func lookupHolder(ctx context.Context, co *Coordinator, targets []Target, id, owner string, op func(context.Context, Target) (api.Claim, error)) (Target, api.Claim, error) {
 	t, ok := targetNamed(targets, owner)
 	if !ok {
-		return target{}, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+		return Target{}, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is held on %s, which this agent does not see now (down, or not in its view yet); retry when it is back", id, owner)}
 	}
-	octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+	octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 	c, err := op(octx, t)
 	cancel()
 	switch {
@@ -307,28 +306,28 @@ func lookupHolder(ctx context.Context, co *coordinator, targets []target, id, ow
 // caller then asks the owners' ledgers, as without a registry. The
 // registry's "no such name" is a definite 404: no server is asked, so a
 // dead member cannot turn an unknown ID into a 503.
-func (co *coordinator) findNamed(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (c api.Claim, t target, rec names.Record, handled bool, err error) {
-	lctx, cancel := context.WithTimeout(ctx, nameTimeout)
-	rec, err = co.names.Lookup(lctx, names.Claim(id), names.Linearizable)
+func (co *Coordinator) findNamed(ctx context.Context, targets []Target, id string, op func(context.Context, Target) (api.Claim, error)) (c api.Claim, t Target, rec names.Record, handled bool, err error) {
+	lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+	rec, err = co.names().Lookup(lctx, names.Claim(id), names.Linearizable)
 	cancel()
 	if names.IsUnavailable(err) {
 		co.log.Info("name registry unavailable; looking the claim up on the servers", "claim", id, "err", err)
-		return api.Claim{}, target{}, rec, false, nil
+		return api.Claim{}, Target{}, rec, false, nil
 	}
 	co.rec.ClaimLookup(events.LookupRegistry)
 	switch {
 	case errors.Is(err, names.ErrNotFound):
-		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeNotFound,
+		return api.Claim{}, Target{}, rec, true, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found: the name registry holds no such claim ID", id)}
 	case err != nil:
-		return api.Claim{}, target{}, rec, true, claimNameError(id, err)
+		return api.Claim{}, Target{}, rec, true, claimNameError(id, err)
 	}
 	switch rec.State {
 	case names.StatePending:
-		return api.Claim{}, target{}, rec, true, &api.Error{Code: api.CodeUnavailable,
+		return api.Claim{}, Target{}, rec, true, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is being placed by %s; retry in a moment", id, rec.Caller)}
 	case names.StateLost:
-		return api.Claim{}, target{}, rec, true, lostError(rec) // removed.go
+		return api.Claim{}, Target{}, rec, true, lostError(rec) // removed.go
 	}
 	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
 	return c, t, rec, true, err
@@ -341,11 +340,11 @@ func (co *coordinator) findNamed(ctx context.Context, targets []target, id strin
 // release of the name), the copy it moved to is released too. At most a
 // few rounds; a registry that does not answer the check is a 503 (retry
 // the release), since the claim may still be held.
-func (co *coordinator) releaseMovedAway(ctx context.Context, targets []target, id, from string, rec names.Record, released api.Claim, op func(context.Context, target) (api.Claim, error)) (api.Claim, error) {
+func (co *Coordinator) releaseMovedAway(ctx context.Context, targets []Target, id, from string, rec names.Record, released api.Claim, op func(context.Context, Target) (api.Claim, error)) (api.Claim, error) {
 	key := names.Claim(id)
 	for range 3 {
-		lctx, cancel := context.WithTimeout(ctx, nameTimeout)
-		cur, err := co.names.Lookup(lctx, key, names.Linearizable)
+		lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+		cur, err := co.names().Lookup(lctx, key, names.Linearizable)
 		cancel()
 		switch {
 		case errors.Is(err, names.ErrNotFound):
@@ -375,10 +374,10 @@ func (co *coordinator) releaseMovedAway(ctx context.Context, targets []target, i
 
 // releaseLost frees the name of a claim whose owner was removed from the
 // cluster (members remove): its GPUs went with that server.
-func (co *coordinator) releaseLost(ctx context.Context, id string, rec names.Record) (api.Claim, error) {
-	rctx, cancel := context.WithTimeout(ctx, nameTimeout)
+func (co *Coordinator) releaseLost(ctx context.Context, id string, rec names.Record) (api.Claim, error) {
+	rctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
 	defer cancel()
-	if _, err := co.names.Release(rctx, names.Claim(id), rec.Token, ""); err != nil && !errors.Is(err, names.ErrNotFound) {
+	if _, err := co.names().Release(rctx, names.Claim(id), rec.Token, ""); err != nil && !errors.Is(err, names.ErrNotFound) {
 		if errors.Is(err, names.ErrStale) || errors.Is(err, names.ErrConflict) {
 			return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s was claimed again while its lost name was being released; retry", id)}

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -19,9 +19,9 @@ import (
 
 // findClaim finds the claim for get and resize: through its ID's home when
 // the home knows, otherwise by asking every server.
-func (co *coordinator) findClaim(ctx context.Context, targets []target, id string) (api.Claim, target, error) {
-	lookup := func(ctx context.Context, t target) (api.Claim, error) { return t.owner.Lookup(ctx, id) }
-	if co.names != nil {
+func (co *Coordinator) findClaim(ctx context.Context, targets []Target, id string) (api.Claim, Target, error) {
+	lookup := func(ctx context.Context, t Target) (api.Claim, error) { return t.owner.Lookup(ctx, id) }
+	if co.names() != nil {
 		if c, t, _, handled, err := co.findNamed(ctx, targets, id, lookup); handled {
 			return c, t, err
 		}
@@ -40,7 +40,7 @@ type homeAnswer struct {
 	// the caller asks every server.
 	done  bool
 	claim api.Claim
-	on    target
+	on    Target
 	// unseen are the owners the home named that the caller's view lacks.
 	unseen []string
 }
@@ -52,14 +52,14 @@ type homeAnswer struct {
 // caller that believes a claim gone takes its GPUs for free, and a home can
 // miss an owner's notice (an owner it cannot reach while the membership
 // changes); a new claim may go ahead on the home's word, a release may not.
-func (co *coordinator) askHome(ctx context.Context, targets []target, id string, op func(context.Context, target) (api.Claim, error)) (homeAnswer, error) {
-	if co.cluster == nil {
+func (co *Coordinator) askHome(ctx context.Context, targets []Target, id string, op func(context.Context, Target) (api.Claim, error)) (homeAnswer, error) {
+	if !co.servers.Clustered() {
 		return homeAnswer{}, nil
 	}
 	if c, err := co.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
 		// This server holds it: no need to ask where.
 		self := targets[0]
-		octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+		octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 		c, err := op(octx, self)
 		cancel()
 		if err == nil || !isCode(err, api.CodeNotFound) {
@@ -71,7 +71,7 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 	home := home.Of(id, targets, targetName)
 	dir, ok := home.owner.(api.Directory)
 	if ok {
-		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 		ans, err := dir.LookupDirectory(lctx, id)
 		cancel()
 		switch {
@@ -86,7 +86,7 @@ func (co *coordinator) askHome(ctx context.Context, targets []target, id string,
 				break
 			}
 			if t, ok := targetNamed(targets, ans.Owners[0]); ok {
-				octx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
+				octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 				c, err := op(octx, t)
 				cancel()
 				if err == nil || !isCode(err, api.CodeNotFound) {
@@ -124,11 +124,11 @@ func unanswered(ctx context.Context, id, node string, err error) error {
 // named that targets lack (this agent's gossip has not brought them yet,
 // as after many servers started at once): for a strict caller, a claim
 // held there is not "not found" either.
-func (co *coordinator) findOnEveryServer(ctx context.Context, targets []target, id string, strict bool, unseen []string) (api.Claim, target, error) {
+func (co *Coordinator) findOnEveryServer(ctx context.Context, targets []Target, id string, strict bool, unseen []string) (api.Claim, Target, error) {
 	hits, unanswered := co.allCopies(ctx, targets, id)
 	if len(hits) == 0 {
 		if strict && len(unanswered) > 0 {
-			return api.Claim{}, target{}, &api.Error{Code: api.CodeUnavailable,
+			return api.Claim{}, Target{}, &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s: no server that answered holds it, and %s did not answer, so it may be held there; retry when they are back (a server that will not come back: gpuherd members remove NODE)", id, strings.Join(unanswered, ", "))}
 		}
 		names := make([]string, len(targets))
@@ -140,10 +140,10 @@ func (co *coordinator) findOnEveryServer(ctx context.Context, targets []target, 
 			co.log.Info("claim not found on any server", "claim", id, "asked", names, "members", co.memberStates())
 		}
 		if strict && len(unseen) > 0 {
-			return api.Claim{}, target{}, &api.Error{Code: api.CodeUnavailable,
+			return api.Claim{}, Target{}, &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("claim %s: its home says %s holds it, a server this agent does not see (stopped, or not in its gossip view yet); retry, or ask through another agent", id, strings.Join(unseen, ", "))}
 		}
-		return api.Claim{}, target{}, &api.Error{Code: api.CodeNotFound,
+		return api.Claim{}, Target{}, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s not found on any server", id)}
 	}
 	if len(hits) > 1 {
@@ -160,7 +160,7 @@ func (co *coordinator) findOnEveryServer(ctx context.Context, targets []target, 
 // and returns every copy, the one to keep first, and the servers that did
 // not answer: those of the view whose lookup failed, and the members gossip
 // knows now (except those that left) that were not asked.
-func (co *coordinator) allCopies(ctx context.Context, targets []target, id string) ([]copyOf, []string) {
+func (co *Coordinator) allCopies(ctx context.Context, targets []Target, id string) ([]copyOf, []string) {
 	var (
 		mu         sync.Mutex
 		hits       []copyOf
@@ -171,7 +171,7 @@ func (co *coordinator) allCopies(ctx context.Context, targets []target, id strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			lctx, cancel := context.WithTimeout(ctx, api.LookupTimeout)
 			defer cancel()
 			c, err := t.owner.Lookup(lctx, id)
 			mu.Lock()
@@ -186,12 +186,12 @@ func (co *coordinator) allCopies(ctx context.Context, targets []target, id strin
 		}()
 	}
 	wg.Wait()
-	if co.cluster != nil {
+	if co.servers.Clustered() {
 		asked := make([]string, len(targets))
 		for i, t := range targets {
 			asked[i] = t.name
 		}
-		unanswered = append(unanswered, co.cluster.unasked(asked)...)
+		unanswered = append(unanswered, co.servers.Unasked(asked)...)
 	}
 	slices.SortFunc(hits, before)
 	slices.Sort(unanswered)
@@ -201,7 +201,7 @@ func (co *coordinator) allCopies(ctx context.Context, targets []target, id strin
 // copyOf is one server's copy of a claim.
 type copyOf struct {
 	c api.Claim
-	t target
+	t Target
 }
 
 // before orders the copies of one claim ID so that every agent picks the
@@ -221,17 +221,4 @@ func before(x, y copyOf) int {
 }
 
 // memberStates is the gossip view in one line, for logs.
-func (co *coordinator) memberStates() string {
-	if co.cluster == nil {
-		return ""
-	}
-	var parts []string
-	for _, m := range co.cluster.g.Members() {
-		p := m.Name + "=" + m.State
-		if m.SummaryErr != nil {
-			p += "(summary unusable: " + m.SummaryErr.Error() + ")"
-		}
-		parts = append(parts, p)
-	}
-	return strings.Join(parts, " ")
-}
+func (co *Coordinator) memberStates() string { return co.servers.MemberStates() }

@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"errors"
@@ -32,4 +32,9 @@ func withRefusals(err error, refusals []string) error {
 	out := *ae
 	out.Refusals = append(slices.Clone(ae.Refusals), refusals...)
 	return &out
+}
+
+func isCode(err error, code string) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Code == code
 }

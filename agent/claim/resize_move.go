@@ -1,4 +1,4 @@
-package agent
+package claim
 
 import (
 	"context"
@@ -37,9 +37,9 @@ import (
 
 // move moves claim at.id, committed on from, to the first server of
 // ranked whose owner takes it. all are the servers a refusal describes.
-func (at *attempt) move(ctx context.Context, from target, ranked []string, byName map[string]target, all []placement.Server) (api.Claim, error) {
+func (at *attempt) move(ctx context.Context, from Target, ranked []string, byName map[string]Target, all []placement.Server) (api.Claim, error) {
 	key := names.Claim(at.id)
-	rec, err := at.names.Lookup(ctx, key, names.Linearizable)
+	rec, err := at.names().Lookup(ctx, key, names.Linearizable)
 	named := err == nil
 	switch {
 	case errors.Is(err, names.ErrNotFound):
@@ -51,7 +51,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: the name registry has it %s on %s but %s holds it; retry the resize once they agree", at.id, rec.State, rec.Owner, from.name)}
 	}
-	mover, ok := at.names.(owner.NameMover)
+	mover, ok := at.names().(owner.NameMover)
 	if named && !ok {
 		return api.Claim{}, fmt.Errorf("claim %s: the name authority cannot move names", at.id)
 	}
@@ -71,7 +71,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 			}
 			rr.Token = m.Move.Token
 		}
-		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 		_, err := t.owner.Reserve(rctx, at.id, rr)
 		cancel()
 		if err != nil {
@@ -90,11 +90,11 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 		}
 		c, err := at.commit(ctx, t)
 		if errors.Is(err, errCommitUnknown) {
-			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: %[1]s; the claim stays on %[3]s until the move is confirmed", at.id, from.name, t.name)
+			return api.Claim{}, api.Annotate(err, "moving claim %[2]s from %[3]s to %[4]s: %[1]s; the claim stays on %[3]s until the move is confirmed", at.id, from.name, t.name)
 		}
 		if err != nil {
 			at.abortReservation(ctx, t)
-			return api.Claim{}, annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the commit failed, nothing changed: %[1]s", at.id, from.name, t.name)
+			return api.Claim{}, api.Annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the commit failed, nothing changed: %[1]s", at.id, from.name, t.name)
 		}
 		if named {
 			// t's commit confirmed the move's token as t itself (owner
@@ -111,7 +111,7 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 					Message: fmt.Sprintf("claim %s changed while it moved to %s (%v); nothing changed on %s%s", at.id, t.name, err, from.name, undo)}
 			}
 		}
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 		_, err = from.owner.Abort(actx, at.id)
 		cancel()
 		if err != nil && !isCode(err, api.CodeNotFound) {
@@ -132,8 +132,8 @@ func (at *attempt) move(ctx context.Context, from target, ranked []string, byNam
 
 // dropCopy releases the copy of at.id committed on t by this move and
 // says in words what it could not do ("" when all went well).
-func (at *attempt) dropCopy(ctx context.Context, t target) string {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownerOpTimeout)
+func (at *attempt) dropCopy(ctx context.Context, t Target) string {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 	defer cancel()
 	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
 		at.log.Error("a moved claim's new copy could not be released; it holds GPUs nobody uses", "claim", at.id, "node", t.name, "err", err)
@@ -145,13 +145,13 @@ func (at *attempt) dropCopy(ctx context.Context, t target) string {
 // undoMove puts a move back when the old copy could not be released
 // (cause): the name back on from, the new copy on t released. What it
 // cannot undo it logs as an error and names in the answer.
-func (at *attempt) undoMove(ctx context.Context, key names.Key, from, t target, moved api.Claim, named bool, cause error) error {
+func (at *attempt) undoMove(ctx context.Context, key names.Key, from, t Target, moved api.Claim, named bool, cause error) error {
 	var failed []string
 	if named {
 		// The new copy may have been released meanwhile (a release of
 		// the claim reached its holder): its name must not bring the old
 		// copy back to life, which the anti-entropy pass then releases.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.LookupTimeout)
 		cur, err := t.owner.Lookup(lctx, at.id)
 		cancel()
 		if err != nil || cur.State != api.StateClaimed || !cur.CreatedAt.Equal(moved.CreatedAt) {
@@ -183,21 +183,21 @@ func (at *attempt) undoMove(ctx context.Context, key names.Key, from, t target, 
 // moveNameBack moves key, held on to after a move, back to from.
 func (at *attempt) moveNameBack(ctx context.Context, key names.Key, to, from string) error {
 	ctx = context.WithoutCancel(ctx)
-	rec, err := at.names.Lookup(ctx, key, names.Linearizable)
+	rec, err := at.names().Lookup(ctx, key, names.Linearizable)
 	if err != nil {
 		return err
 	}
-	m, err := at.names.(owner.NameMover).Move(ctx, key, rec.Token, to, from, at.cfg.NodeName)
+	m, err := at.names().(owner.NameMover).Move(ctx, key, rec.Token, to, from, at.cfg.NodeName)
 	if err != nil {
 		return err
 	}
-	_, err = at.names.(owner.NameMover).ConfirmMove(ctx, key, m.Move.Token, from, at.cfg.NodeName)
+	_, err = at.names().(owner.NameMover).ConfirmMove(ctx, key, m.Move.Token, from, at.cfg.NodeName)
 	return err
 }
 
 // nameHeldOn checks that the registry holds key on owner under token.
 func (at *attempt) nameHeldOn(ctx context.Context, key names.Key, token uint64, owner string) error {
-	rec, err := at.names.Lookup(ctx, key, names.Linearizable)
+	rec, err := at.names().Lookup(ctx, key, names.Linearizable)
 	if err != nil {
 		return err
 	}

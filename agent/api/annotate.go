@@ -1,0 +1,28 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Annotate puts what err is about around its message: into a copy of the
+// *api.Error it carries (whose code and message the API answers), else
+// into a wrapping error. format has one %s for the original message.
+func Annotate(err error, format string, args ...any) error {
+	var ae *Error
+	if errors.As(err, &ae) {
+		out := *ae
+		out.Message = fmt.Sprintf(format, append([]any{ae.Message}, args...)...)
+		return &out
+	}
+	return &annotated{msg: fmt.Sprintf(format, append([]any{err.Error()}, args...)...), err: err}
+}
+
+// annotated is an error with what it is about, still matching what it wraps.
+type annotated struct {
+	msg string
+	err error
+}
+
+func (e *annotated) Error() string { return e.msg }
+func (e *annotated) Unwrap() error { return e.err }
