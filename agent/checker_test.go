@@ -287,7 +287,7 @@ func (h *history) record(client int, in claimInput, call, ret int64, c api.Claim
 			out.GPUs = append(out.GPUs, g.PCIAddress)
 			out.Models = append(out.Models, g.Model)
 		}
-	case isCode(err, api.CodeNotAvailable):
+	case api.IsCode(err, api.CodeNotAvailable):
 		out.Kind = outNotAvailable
 	default:
 		out.Kind, ret = outUnknown, math.MaxInt64
@@ -308,7 +308,7 @@ func (h *history) release(ctx context.Context, client int, coord *Agent, id stri
 	out := opOutput{Kind: outOK}
 	switch {
 	case err == nil:
-	case isCode(err, api.CodeNotFound):
+	case api.IsCode(err, api.CodeNotFound):
 		out.Kind = outNotFound
 	default:
 		out.Kind, ret = outUnknown, math.MaxInt64

@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/claim"
-
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/claimtest"
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/gossip/gossiptest"
@@ -460,7 +459,7 @@ func TestIntegrationResizeInPlaceThenMove(t *testing.T) {
 	if n := freeOf(a, "NVIDIA A100 80GB"); n != 4 {
 		t.Errorf("after the move a has %d A100 free, want 4", n)
 	}
-	if _, err := a.Lookup(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Lookup(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("the old server still holds vm-1: %v", err)
 	}
 }

@@ -102,7 +102,7 @@ func TestClusterDirectoryAnswersWithoutAskingEveryone(t *testing.T) {
 		ans, err := home.LookupDirectory(ctx, id)
 		return err == nil && ans.State == api.DirAbsent
 	})
-	if _, err := a.Get(ctx, id); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "d did not answer") {
+	if _, err := a.Get(ctx, id); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "d did not answer") {
 		t.Fatalf("get of the released claim with d silent: %v, want unavailable naming d", err)
 	}
 	if free := localFree(b, "NVIDIA L40S"); free != 4 {
@@ -257,7 +257,7 @@ func TestClusterClaimOnAnUnseenOwnerIsNotNotFound(t *testing.T) {
 		"release": func() error { _, err := a.Release(ctx, id); return err },
 	} {
 		err := op()
-		if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "home says b holds it, a server this agent does not see") {
+		if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "home says b holds it, a server this agent does not see") {
 			t.Errorf("%s of a claim held on b, which a does not see: %v; want a 503 naming b", name, err)
 		}
 	}

@@ -172,7 +172,7 @@ func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 			failedID = id
 			t.Logf("claim %s on a full disk: %v", id, err)
 			// The answer must say why, not pretend the GPUs are taken.
-			if isCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
+			if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
 				t.Errorf("a claim refused by a full disk answers %v; want an error naming the full disk", err)
 			}
 			break

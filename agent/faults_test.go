@@ -300,7 +300,7 @@ func TestFaultRacingClaimers(t *testing.T) {
 							_, err := h.claim(ctx, c, via, id, "NVIDIA L40S", n)
 							return err
 						})
-						if err != nil && !isCode(err, api.CodeNotAvailable) {
+						if err != nil && !api.IsCode(err, api.CodeNotAvailable) {
 							t.Errorf("seed %d: claim %s: %v", seed, id, err)
 						}
 						if err == nil && rnd.IntN(3) != 0 {
@@ -342,7 +342,7 @@ func retryUnavailable(op func() error) error {
 	pause := 100 * time.Millisecond
 	for try := 1; ; try++ {
 		err := op()
-		if !isCode(err, api.CodeUnavailable) || try == 5 {
+		if !api.IsCode(err, api.CodeUnavailable) || try == 5 {
 			return err
 		}
 		time.Sleep(pause)
@@ -401,7 +401,7 @@ func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 		tc.clock.Advance(faultLease + time.Second)
 		took := waitFor(t, "the orphan reservation expires and is swept", faultLease-500*time.Millisecond, func() bool {
 			_, err := b.Lookup(ctx, "vm-orphan")
-			return isCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
+			return api.IsCode(err, api.CodeNotFound) && localFree(b, "NVIDIA L40S") == 2 && len(b.ledger.List()) == 1 && noneOnVFIO(t, b)
 		})
 		t.Logf("orphan reservation gone %v after its lease (%v) ran out on the agents' clock, its GPUs free on the idle driver", took.Round(time.Millisecond), faultLease)
 		checkInvariants(t, a, b, c)
@@ -413,7 +413,7 @@ func TestFaultCoordinatorDiesBeforeCommit(t *testing.T) {
 		}
 		// Committing the expired reservation now is refused (it is a new claim
 		// that is already committed: idempotent), and the dead one is gone.
-		if _, err := b.Commit(ctx, "vm-none"); !isCode(err, api.CodeNotFound) {
+		if _, err := b.Commit(ctx, "vm-none"); !api.IsCode(err, api.CodeNotFound) {
 			t.Errorf("commit of an unknown reservation: %v, want not_found", err)
 		}
 		checkInvariants(t, a, b, c)
@@ -528,7 +528,7 @@ func TestFaultStaleView(t *testing.T) {
 	}
 	// 3 L40S fit only on b by a's view: b says no, nothing else fits.
 	_, err = h.claim(ctx, 1, a, "vm-3", "NVIDIA L40S", 3)
-	if !isCode(err, api.CodeNotAvailable) {
+	if !api.IsCode(err, api.CodeNotAvailable) {
 		t.Fatalf("claim of 3 L40S with b's taken unbeknown to a: %v, want not available", err)
 	}
 	t.Logf("a believed b had 4 L40S free; b said no; the claim is not available")

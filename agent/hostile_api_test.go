@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/claim"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/sim"
 )
@@ -278,7 +277,7 @@ func TestPeerCallsSpeakOnlyForTheirCaller(t *testing.T) {
 	waitHeld(t, c, id, "a")
 	// So the same ID with another request (H100s: only b has them) is a
 	// conflict, not a second copy on b.
-	if cl, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}); !isCode(err, api.CodeConflict) {
+	if cl, err := b.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}); !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("the same ID with another request: %+v, %v; want a conflict", cl, err)
 	}
 
@@ -377,7 +376,7 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if n, err := send("intruder", api.DirOpHeld, "held"); !isCode(err, api.CodeLimit) || n > home.HeldPerCaller {
+	if n, err := send("intruder", api.DirOpHeld, "held"); !api.IsCode(err, api.CodeLimit) || n > home.HeldPerCaller {
 		t.Errorf("100k held claims: %d batches' worth applied, %v; want a limit error by %d", n, err, home.HeldPerCaller)
 	}
 	if n, err := send("intruder", api.DirOpGone, "gone"); err != nil {
@@ -386,7 +385,7 @@ func TestHomeRecordsAreBoundedPerCaller(t *testing.T) {
 	refused := 0
 	for i := range flood {
 		if _, err := a.BeginClaim(ctx, fmt.Sprintf("intent-%d", i), api.DirBegin{Coordinator: "intruder"}); err != nil {
-			if !isCode(err, api.CodeLimit) {
+			if !api.IsCode(err, api.CodeLimit) {
 				t.Fatalf("begin %d: %v", i, err)
 			}
 			refused++

@@ -181,7 +181,7 @@ func TestClaimListAfterRestartDuringPartition(t *testing.T) {
 			if !tt.registry {
 				// Without the registry a get asks every server: one it
 				// cannot ask is no "not found".
-				if _, err := a.Get(ctx, "vm-c"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "c") {
+				if _, err := a.Get(ctx, "vm-c"); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "c") {
 					t.Errorf("get vm-c through the restarted a: %v; want 503 naming c", err)
 				}
 			}

@@ -167,7 +167,7 @@ func TestClusterRestartOffersAlternativesInsteadOfMoving(t *testing.T) {
 		if len(e.Alternatives) != 1 || api.DescribeItems(e.Alternatives[0].GPUs) != "1x NVIDIA H100 80GB" {
 			t.Errorf("alternatives = %+v, want what c can hold: 1x NVIDIA H100 80GB", e.Alternatives)
 		}
-		if _, err := a.Get(ctx, "vm-s"); !isCode(err, api.CodeNotFound) {
+		if _, err := a.Get(ctx, "vm-s"); !api.IsCode(err, api.CodeNotFound) {
 			t.Errorf("vm-s after the refused claim: %v, want not found anywhere", err)
 		}
 	}

@@ -192,7 +192,7 @@ func TestFencedGPUIsNeverOffered(t *testing.T) {
 	if s := a.gpuStateOf(fenced); s != api.StateUnhealthy {
 		t.Errorf("fenced GPU shows %q, want unhealthy", s)
 	}
-	if _, err := a.Claim(ctx, "vm-all", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 4}}}); !isCode(err, api.CodeNotAvailable) {
+	if _, err := a.Claim(ctx, "vm-all", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 4}}}); !api.IsCode(err, api.CodeNotAvailable) {
 		t.Errorf("claim of 4 with one fenced: %v, want not_available", err)
 	}
 	c, err := a.Claim(ctx, "vm-3", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 3}}})
@@ -202,7 +202,7 @@ func TestFencedGPUIsNeverOffered(t *testing.T) {
 	if slices.Contains(gpuAddrs(c), fenced) {
 		t.Errorf("claim got fenced GPU %s", fenced)
 	}
-	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 1}}}); !isCode(err, api.CodeNotAvailable) {
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: a100, Count: 1}}}); !api.IsCode(err, api.CodeNotAvailable) {
 		t.Errorf("claim of the last, fenced GPU: %v, want not_available", err)
 	}
 }

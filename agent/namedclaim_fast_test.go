@@ -87,7 +87,7 @@ func TestClusterNamedReadsFirstAfterTheRegistryFailed(t *testing.T) {
 	tc, a, b, c := namedThree(t)
 	ctx := context.Background()
 	tc.names.SetDown(true)
-	if _, err := a.Claim(ctx, "vm-down", l40sReq(1)); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
+	if _, err := a.Claim(ctx, "vm-down", l40sReq(1)); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
 		t.Fatalf("claim with the registry down: %v; want a 503 naming the registry", err)
 	}
 	tc.names.SetDown(false)

@@ -92,7 +92,7 @@ func TestClusterNamedRetryWhileOwnerIsDown(t *testing.T) {
 			}
 
 			_, err = other.Claim(ctx, "vm-x", l40sReq(2))
-			if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
+			if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
 				t.Errorf("retry of vm-x through %s with its owner %s: %v; want a 503 naming %s", other.cfg.NodeName, fault, err, ownerName)
 			}
 			// A claim is placed at once, its ID checked by the hold of
@@ -101,7 +101,7 @@ func TestClusterNamedRetryWhileOwnerIsDown(t *testing.T) {
 			// another server, whose hold is refused, a conflict naming
 			// it. Never "not available", never a copy.
 			_, err = other.Claim(ctx, "vm-x", l40sReq(1))
-			if !isCode(err, api.CodeConflict) && !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
+			if !api.IsCode(err, api.CodeConflict) && !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), ownerName) {
 				t.Errorf("claim of vm-x with another request while its owner is %s: %v; want a conflict or a 503 naming %s", fault, err, ownerName)
 			}
 			if on := copiesOf("vm-x", a, other); len(on) > 0 {
@@ -135,7 +135,7 @@ func TestClusterNamedPartitionThenHealKeepsOneCopy(t *testing.T) {
 	}
 	tc.peers.Partition([]string{"a"}, []string{first.Node})
 	for range 2 {
-		if _, err := a.Claim(ctx, "vm-x", l40sReq(4)); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), first.Node) {
+		if _, err := a.Claim(ctx, "vm-x", l40sReq(4)); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), first.Node) {
 			t.Fatalf("retry across the partition: %v; want a 503 naming %s", err, first.Node)
 		}
 	}
@@ -180,7 +180,7 @@ func TestClusterNamedRegistryDown(t *testing.T) {
 	}
 	tc.names.SetDown(true)
 	_, err = a.Claim(ctx, "vm-2", l40sReq(1))
-	if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
+	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
 		t.Fatalf("claim with the registry down: %v; want a 503 naming the registry", err)
 	}
 	if on := copiesOf("vm-2", a, b, c); len(on) > 0 {
@@ -199,7 +199,7 @@ func TestClusterNamedRegistryDown(t *testing.T) {
 	if on := copiesOf("vm-1", a, b, c); len(on) > 0 {
 		t.Fatalf("vm-1 still held on %v after its release", on)
 	}
-	if _, err := a.Get(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Get(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 		t.Fatalf("get of the released claim, every server answering: %v; want not found", err)
 	}
 }
@@ -211,10 +211,10 @@ func TestClusterNamedUnknownIDWithDeadMemberIsNotFound(t *testing.T) {
 	tc, a, _, _ := namedThree(t)
 	tc.peers.Kill("c") // gossip still lists it; its peer API refuses
 	ctx := context.Background()
-	if _, err := a.Get(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Get(ctx, "vm-never"); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("get of an unknown ID with c dead: %v; want not found", err)
 	}
-	if _, err := a.Release(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Release(ctx, "vm-never"); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("release of an unknown ID with c dead: %v; want not found", err)
 	}
 	if reg, every := lookupsOf(t, a, events.LookupRegistry), lookupsOf(t, a, events.LookupEveryServer); reg != 2 || every != 0 {
@@ -282,7 +282,7 @@ func TestClusterNamedPausedCoordinatorIsFenced(t *testing.T) {
 	}
 
 	// a wakes and commits on b under its old grant: refused.
-	if _, err := b.Owner.Commit(ctx, "vm-x"); !isCode(err, api.CodeLeaseExpired) {
+	if _, err := b.Owner.Commit(ctx, "vm-x"); !api.IsCode(err, api.CodeLeaseExpired) {
 		t.Fatalf("commit under the lapsed grant: %v; want lease_expired (stale token)", err)
 	}
 	if on := copiesOf("vm-x", a, b, c); len(on) != 1 || on[0] != "c" {
@@ -308,7 +308,7 @@ func TestClusterNamedPausedCoordinatorIsFenced(t *testing.T) {
 func TestClusterNamedNotAvailableReleasesTheName(t *testing.T) {
 	tc, a, _, _ := namedThree(t)
 	ctx := context.Background()
-	if _, err := a.Claim(ctx, "vm-x", l40sReq(5)); !isCode(err, api.CodeNotAvailable) {
+	if _, err := a.Claim(ctx, "vm-x", l40sReq(5)); !api.IsCode(err, api.CodeNotAvailable) {
 		t.Fatalf("claim of 5 L40S: %v; want not available", err)
 	}
 	if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
@@ -424,7 +424,7 @@ func TestClusterNamedClaimWaitsForAPendingGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Get(ctx, "vm-x"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "being placed by a") {
+	if _, err := c.Get(ctx, "vm-x"); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "being placed by a") {
 		t.Fatalf("get while vm-x is being placed: %v; want a 503 naming a", err)
 	}
 	type answer struct {
@@ -468,7 +468,7 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.names.SetDown(true)
-	if _, err := b.Owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) {
+	if _, err := b.Owner.Commit(ctx, "vm-1"); !api.IsCode(err, api.CodeUnavailable) {
 		t.Fatalf("commit with the registry down: %v; want unavailable", err)
 	}
 	if cl, err := b.ledger.Get("vm-1"); err != nil || cl.State != ledger.StateReserved {
@@ -491,7 +491,7 @@ func TestClusterNamedOwnerCommitHolds(t *testing.T) {
 	if _, err := c.Owner.Reserve(ctx, "vm-1", rr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Owner.Commit(ctx, "vm-1"); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "held on b") {
+	if _, err := c.Owner.Commit(ctx, "vm-1"); !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "held on b") {
 		t.Fatalf("commit on c of an ID held on b: %v; want a conflict naming b", err)
 	}
 	if _, err := c.ledger.Get("vm-1"); !errors.Is(err, ledger.ErrNotFound) {
@@ -689,14 +689,14 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every L40S is taken now.
-	if _, err := b.Claim(ctx, "vm-x", l40sReq(3)); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), held.Node) {
+	if _, err := b.Claim(ctx, "vm-x", l40sReq(3)); !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), held.Node) {
 		t.Fatalf("claim of vm-x with another request: %v; want a conflict naming %s", err, held.Node)
 	}
 	again, err := c.Claim(ctx, "vm-x", l40sReq(4))
 	if err != nil || again.Node != held.Node {
 		t.Fatalf("retry of vm-x: %+v, %v; want the claim on %s", again, err, held.Node)
 	}
-	if _, err := c.Claim(ctx, "vm-y", l40sReq(1)); !isCode(err, api.CodeNotAvailable) {
+	if _, err := c.Claim(ctx, "vm-y", l40sReq(1)); !api.IsCode(err, api.CodeNotAvailable) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
 	}
 }

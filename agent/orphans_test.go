@@ -71,7 +71,7 @@ func TestOrphanReservationMakesNoFalseConflict(t *testing.T) {
 
 	cutter.on.Store(true)
 	_, err = b.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
-	if !isCode(err, api.CodeConflict) {
+	if !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("second claim of vm-x with another request: %v, want conflict", err)
 	}
 	orphan, lerr := c.ledger.Get("vm-x")
@@ -120,7 +120,7 @@ func TestLostAbortIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	cutter.on.Store(true)
-	if _, err := b.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); !isCode(err, api.CodeConflict) {
+	if _, err := b.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); !api.IsCode(err, api.CodeConflict) {
 		t.Fatalf("second claim of vm-x with another request: %v, want conflict", err)
 	}
 	if _, err := c.ledger.Get("vm-x"); err != nil || cutter.cut.Load() == 0 {
@@ -151,7 +151,7 @@ func TestReleaseOfAReservationAnswersNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := a.Release(ctx, "vm-o")
-	if !isCode(err, api.CodeNotFound) || !strings.Contains(err.Error(), "never claimed") {
+	if !api.IsCode(err, api.CodeNotFound) || !strings.Contains(err.Error(), "never claimed") {
 		t.Fatalf("release of a reservation = %+v, %v; want not_found saying it was never claimed", c, err)
 	}
 	if _, err := a.ledger.Get("vm-o"); err == nil {
@@ -196,7 +196,7 @@ func TestOwnerReplacesAReservationOfAnOlderToken(t *testing.T) {
 			t.Errorf("GPU %s on %q, want %s (old reservation %v, new %v)", addr, d, want, gpuAddrs(old), gpuAddrs(next))
 		}
 	}
-	if _, err := a.Reserve(ctx, "vm-x", api.ReserveRequest{Items: []api.Item{{Model: a100, Count: 1}}, Coordinator: "b", Token: 5}); !isCode(err, api.CodeConflict) {
+	if _, err := a.Reserve(ctx, "vm-x", api.ReserveRequest{Items: []api.Item{{Model: a100, Count: 1}}, Coordinator: "b", Token: 5}); !api.IsCode(err, api.CodeConflict) {
 		t.Errorf("a late reserve under the older token: %v, want conflict", err)
 	}
 	if _, err := a.Commit(ctx, "vm-x"); err != nil {

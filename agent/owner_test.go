@@ -44,7 +44,7 @@ func TestReserveOfAnAbortedReservationBindsNothing(t *testing.T) {
 	a.host.ToIdleLocked(ctx, "test abort", []string{addr}, "")
 	unlock()
 
-	if err := <-second; !isCode(err, api.CodeNotFound) {
+	if err := <-second; !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("reserve that adopted an aborted reservation: %v, want not_found", err)
 	}
 	if d := driverOf(t, m.Kernel, addr); d != vfio.DriverNVIDIA {

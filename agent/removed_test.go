@@ -76,27 +76,27 @@ func TestMembersRemoveMakesClaimsLost(t *testing.T) {
 
 	tc.crash("b")
 	for _, x := range []*Agent{a, c} {
-		if _, err := x.Get(ctx, "vm-1"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "b") {
+		if _, err := x.Get(ctx, "vm-1"); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "b") {
 			t.Fatalf("get vm-1 through %s with b dead: %v, want 503 naming b", x.cfg.NodeName, err)
 		}
 	}
 	// The registry holds no name vm-never: b cannot hold it, dead or not.
 	for _, x := range []*Agent{a, c} {
-		if _, err := x.Get(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+		if _, err := x.Get(ctx, "vm-never"); !api.IsCode(err, api.CodeNotFound) {
 			t.Fatalf("get of an unknown ID through %s with b dead: %v, want 404", x.cfg.NodeName, err)
 		}
-		if _, err := x.Release(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+		if _, err := x.Release(ctx, "vm-never"); !api.IsCode(err, api.CodeNotFound) {
 			t.Fatalf("release of an unknown ID through %s with b dead: %v, want 404", x.cfg.NodeName, err)
 		}
 	}
 
-	if _, err := a.RemoveMember(ctx, "c", false); !isCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "--force") {
+	if _, err := a.RemoveMember(ctx, "c", false); !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "--force") {
 		t.Errorf("removing c, alive: %v, want conflict pointing at --force", err)
 	}
-	if _, err := a.RemoveMember(ctx, "a", false); !isCode(err, api.CodeInvalid) {
+	if _, err := a.RemoveMember(ctx, "a", false); !api.IsCode(err, api.CodeInvalid) {
 		t.Errorf("removing a through itself: %v, want invalid", err)
 	}
-	if _, err := a.RemoveMember(ctx, "bad name", false); !isCode(err, api.CodeInvalid) {
+	if _, err := a.RemoveMember(ctx, "bad name", false); !api.IsCode(err, api.CodeInvalid) {
 		t.Errorf("removing %q: %v, want invalid", "bad name", err)
 	}
 
@@ -133,7 +133,7 @@ func TestMembersRemoveMakesClaimsLost(t *testing.T) {
 			t.Errorf("get vm-1 through %s: %+v; want 410 lost, saying what happened and what to do", x.cfg.NodeName, e)
 		}
 	}
-	if _, err := a.Get(ctx, "vm-never"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Get(ctx, "vm-never"); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("get of an unknown ID through a after the removal: %v, want 404", err)
 	}
 
@@ -144,11 +144,11 @@ func TestMembersRemoveMakesClaimsLost(t *testing.T) {
 	if r, held := nameOf(t, n, "vm-1"); held {
 		t.Fatalf("vm-1's name after its release: %+v", r)
 	}
-	if _, err := a.Get(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Get(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("get vm-1 after its release: %v, want 404", err)
 	}
 	for _, x := range []*Agent{a, c} {
-		if _, err := x.Release(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+		if _, err := x.Release(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 			t.Errorf("second release of vm-1 through %s: %v, want 404", x.cfg.NodeName, err)
 		}
 	}
@@ -175,12 +175,12 @@ func TestMembersRemoveNeedsTheRegistry(t *testing.T) {
 	a := tc.start("a", "l40s-4")
 	n.SetDown(true)
 	_, err := a.RemoveMember(context.Background(), "gone", false)
-	if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
+	if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "registry") {
 		t.Errorf("with the registry down: %v, want 503 naming it", err)
 	}
 	tc.names = nil
 	b := tc.start("b", "l40s-4")
-	if _, err := b.RemoveMember(context.Background(), "gone", false); !isCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "name registry") {
+	if _, err := b.RemoveMember(context.Background(), "gone", false); !api.IsCode(err, api.CodeInvalid) || !strings.Contains(err.Error(), "name registry") {
 		t.Errorf("without a registry: %v, want invalid saying why", err)
 	}
 }
@@ -194,7 +194,7 @@ func TestGetOfANameHeldOutOfViewIsUnavailable(t *testing.T) {
 	holdName(t, n, "vm-h", "elsewhere")
 	for _, op := range []func(context.Context, string) (api.Claim, error){a.Get, a.Release} {
 		_, err := op(context.Background(), "vm-h")
-		if !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "held on elsewhere") {
+		if !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "held on elsewhere") {
 			t.Errorf("vm-h held on a server a does not see: %v, want 503 naming it", err)
 		}
 	}

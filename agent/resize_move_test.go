@@ -65,7 +65,7 @@ func TestClaimMoveCarriesItsName(t *testing.T) {
 	if err != nil || r.Owner != "b" || r.MovedFrom != "a" || r.Token <= old.Token || r.Move != nil || r.State != names.StateHeld {
 		t.Fatalf("the name after the move: %+v, %v", r, err)
 	}
-	if _, err := a.Lookup(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+	if _, err := a.Lookup(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 		t.Fatalf("a still holds vm-1: %v", err)
 	}
 	if _, err := n.Release(ctx, names.Claim("vm-1"), old.Token, ""); err == nil {
@@ -124,7 +124,7 @@ func TestClaimMoveUndoneWhenTheOldGPUsStay(t *testing.T) {
 	if err != nil || r.Owner != "a" || r.State != names.StateHeld {
 		t.Fatalf("the name after the undone move: %+v, %v", r, err)
 	}
-	if _, err := ag[1].Lookup(ctx, "vm-1"); !isCode(err, api.CodeNotFound) {
+	if _, err := ag[1].Lookup(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
 		t.Fatalf("b keeps a copy of vm-1: %v", err)
 	}
 	if now, err := a.Lookup(ctx, "vm-1"); err != nil || !now.CommittedAt.Equal(c.CommittedAt) {

@@ -389,7 +389,7 @@ func TestClaimAvoidsAMemberWhosePeerAddressVanished(t *testing.T) {
 	}
 	// Gets and releases of its claims say it did not answer, at once.
 	start := time.Now()
-	if _, err := c.Get(ctx, "vm-fill"); !isCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "a") {
+	if _, err := c.Get(ctx, "vm-fill"); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "a") {
 		t.Errorf("get of a claim on the avoided member: %v, want unavailable naming it", err)
 	}
 	if took := time.Since(start); took > 2500*time.Millisecond {

@@ -106,7 +106,7 @@ func TestStorageFailureIsReported(t *testing.T) {
 			failed = true
 			// The refusal names the disk: "not available" would send the
 			// operator to look for a full server.
-			if isCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
+			if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
 				t.Errorf("a claim on a full disk answered %v; want the disk named, not \"not available\"", err)
 			}
 			break

@@ -26,3 +26,18 @@ type annotated struct {
 
 func (e *annotated) Error() string { return e.msg }
 func (e *annotated) Unwrap() error { return e.err }
+
+// IsCode reports whether err carries an *Error with code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// RefusalsOf returns the refusals an owner's "not available" carries.
+func RefusalsOf(err error) []string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Refusals
+	}
+	return nil
+}

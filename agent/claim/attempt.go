@@ -248,14 +248,14 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			}
 			tried = append(tried, name)
 			if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
-				isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
-				(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) { // the name grant ended
+				api.IsCode(err, api.CodeConflict) || api.IsCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+				(at.rr.Token != 0 && api.IsCode(err, api.CodeLeaseExpired)) { // the name grant ended
 
 				return api.Claim{}, err
 			}
-			if isCode(err, api.CodeNotAvailable) {
+			if api.IsCode(err, api.CodeNotAvailable) {
 				refused++
-				refusals = append(refusals, refusalsOf(err)...)
+				refusals = append(refusals, api.RefusalsOf(err)...)
 				at.lastRefusal.Store(at.clk.Now().UnixNano())
 				at.refreshView(name)
 			} else {
@@ -325,11 +325,11 @@ func (at *attempt) askSuspects(ctx context.Context, tried []string) (api.Claim, 
 			return c, true, err
 		}
 		if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
-			isCode(err, api.CodeConflict) || isCode(err, api.CodeInvalid) || ctx.Err() != nil ||
-			(at.rr.Token != 0 && isCode(err, api.CodeLeaseExpired)) {
+			api.IsCode(err, api.CodeConflict) || api.IsCode(err, api.CodeInvalid) || ctx.Err() != nil ||
+			(at.rr.Token != 0 && api.IsCode(err, api.CodeLeaseExpired)) {
 			return api.Claim{}, true, err
 		}
-		if !isCode(err, api.CodeNotAvailable) {
+		if !api.IsCode(err, api.CodeNotAvailable) {
 			silent = append(silent, name)
 		}
 		at.log.Debug("suspect server could not take the claim", "claim", at.id, "node", name, "err", err)
@@ -444,7 +444,7 @@ func (at *attempt) ask(ctx context.Context, t Target) (api.Claim, error) {
 	rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 	r, err := t.owner.Reserve(rctx, at.id, rr)
 	cancel()
-	if isCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
+	if api.IsCode(err, api.CodeConflict) && at.dropOrphan(ctx, t) { // orphans.go
 		rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 		r, err = t.owner.Reserve(rctx, at.id, rr)
 		cancel()
@@ -540,7 +540,7 @@ func (at *attempt) abortReservation(ctx context.Context, t Target) (gone bool) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.AbortTimeout)
 	defer cancel()
 	_, err := t.owner.AbortReservation(actx, at.id)
-	if err == nil || isCode(err, api.CodeNotFound) {
+	if err == nil || api.IsCode(err, api.CodeNotFound) {
 		return true
 	}
 	at.log.Warn("reservation not aborted; retrying until its lease would have expired it", "claim", at.id, "node", t.name, "err", err)
@@ -593,7 +593,7 @@ func (at *attempt) settle(ctx context.Context, mine api.Claim, t Target, tried [
 		"claim", at.id, "released_on", t.name, "kept_on", keep.t.name)
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 	defer cancel()
-	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
+	if _, err := t.owner.Abort(actx, at.id); err != nil && !api.IsCode(err, api.CodeNotFound) {
 		return api.Claim{}, api.Annotate(err, "claim %[2]s: committed on %[3]s and %[4]s by concurrent requests; releasing the copy on %[4]s failed: %[1]s", at.id, keep.t.name, t.name)
 	}
 	return keep.c, nil

@@ -118,7 +118,7 @@ func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 	// be held, by this call's earlier try through any agent.
 	if c, t, err := co.findOnEveryServer(ctx, at.view, id, false, nil); err == nil {
 		return at.resume(ctx, c, t)
-	} else if !isCode(err, api.CodeNotFound) {
+	} else if !api.IsCode(err, api.CodeNotFound) {
 		return api.Claim{}, err
 	}
 	c, err := at.place(ctx)
@@ -142,7 +142,7 @@ func (co *Coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 	return &attempt{
 		Coordinator: co,
 		id:          id,
-		rr:          api.ReserveRequest{Items: apiItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
+		rr:          api.ReserveRequest{Items: APIItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
 		want:        wants(lreq.Items),
 		prefer:      req.PreferNode,
 		anyNode:     req.AnyNode,
@@ -230,11 +230,11 @@ func (co *Coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s is still being placed; retry the resize once it is claimed", id)}
 	}
-	items := apiItems(lreq.Items)
+	items := APIItems(lreq.Items)
 	rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 	c, err := owner.owner.ResizeInPlace(rctx, id, items)
 	cancel()
-	if err == nil || !isCode(err, api.CodeNotAvailable) {
+	if err == nil || !api.IsCode(err, api.CodeNotAvailable) {
 		return c, err
 	}
 
@@ -264,7 +264,7 @@ func (co *Coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 		actx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 		_, err = owner.owner.Abort(actx, id)
 		cancel()
-		if err != nil && !isCode(err, api.CodeNotFound) {
+		if err != nil && !api.IsCode(err, api.CodeNotFound) {
 			at.abortReservation(ctx, t)
 			// annotate, not %w: the API answers the *api.Error inside,
 			// and its message alone (a release's advice) would not say

@@ -62,7 +62,7 @@ func (co *Coordinator) askHome(ctx context.Context, targets []Target, id string,
 		octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 		c, err := op(octx, self)
 		cancel()
-		if err == nil || !isCode(err, api.CodeNotFound) {
+		if err == nil || !api.IsCode(err, api.CodeNotFound) {
 			co.rec.ClaimLookup(events.LookupLocal)
 			return homeAnswer{done: true, claim: c, on: self}, unanswered(ctx, id, self.name, err)
 		}
@@ -89,7 +89,7 @@ func (co *Coordinator) askHome(ctx context.Context, targets []Target, id string,
 				octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 				c, err := op(octx, t)
 				cancel()
-				if err == nil || !isCode(err, api.CodeNotFound) {
+				if err == nil || !api.IsCode(err, api.CodeNotFound) {
 					co.rec.ClaimLookup(events.LookupDirectory)
 					return homeAnswer{done: true, claim: c, on: t}, unanswered(ctx, id, t.name, err)
 				}
@@ -179,7 +179,7 @@ func (co *Coordinator) allCopies(ctx context.Context, targets []Target, id strin
 			switch {
 			case err == nil:
 				hits = append(hits, copyOf{c, t})
-			case !isCode(err, api.CodeNotFound):
+			case !api.IsCode(err, api.CodeNotFound):
 				co.log.Debug("lookup failed", "claim", id, "node", t.name, "err", err)
 				unanswered = append(unanswered, t.name)
 			}

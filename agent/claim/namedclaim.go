@@ -81,7 +81,7 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 		at.rr.Token = 0 // the owner holds the ID at commit
 		at.named = true
 		c, err := at.placeRemembered(ctx, last)
-		if !readFirst && (errors.Is(err, errCommitUnknown) || isCode(err, api.CodeUnavailable)) {
+		if !readFirst && (errors.Is(err, errCommitUnknown) || api.IsCode(err, api.CodeUnavailable)) {
 			at.readNamesFirst()
 		}
 		var gb *goBack
@@ -96,7 +96,7 @@ func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 		if c2, done, err2 := at.lookUpName(ctx, digest, true); done {
 			return c2, err2
 		}
-		if round == 0 && isCode(err, api.CodeConflict) {
+		if round == 0 && api.IsCode(err, api.CodeConflict) {
 			at.log.Debug("claim ID reserved elsewhere under another placement; placing it again", "claim", at.id, "err", err)
 			continue
 		}
@@ -293,7 +293,7 @@ func lookupHolder(ctx context.Context, co *Coordinator, targets []Target, id, ow
 	switch {
 	case err == nil:
 		return t, c, nil
-	case isCode(err, api.CodeNotFound):
+	case api.IsCode(err, api.CodeNotFound):
 		co.log.Warn("claim held on a server by the name registry but not in its ledger", "claim", id, "node", owner)
 		return t, api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is held on %s by the name registry, but %s's ledger does not hold it (a commit in progress, or a release whose name %s has not let go yet); retry", id, owner, owner, owner)}

@@ -53,7 +53,7 @@ func (at *attempt) keepAborting(t Target, first error) {
 			actx, cancel := context.WithTimeout(context.Background(), api.AbortTimeout)
 			_, err := t.owner.AbortReservation(actx, at.id)
 			cancel()
-			if err == nil || isCode(err, api.CodeNotFound) || isCode(err, api.CodeConflict) {
+			if err == nil || api.IsCode(err, api.CodeNotFound) || api.IsCode(err, api.CodeConflict) {
 				at.log.Info("late abort of a reservation delivered", "claim", at.id, "node", t.name, "answer", errText(err))
 				return
 			}

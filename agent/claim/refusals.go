@@ -13,15 +13,6 @@ import (
 // coordinator passes the owners' refusals on with its final "not
 // available" (withRefusals), after trying the other servers.
 
-// refusalsOf returns the refusals an owner's "not available" carries.
-func refusalsOf(err error) []string {
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Refusals
-	}
-	return nil
-}
-
 // withRefusals adds the owners' refusals to the coordinator's final "not
 // available", so the caller learns which GPU and device blocked it.
 func withRefusals(err error, refusals []string) error {
@@ -32,9 +23,4 @@ func withRefusals(err error, refusals []string) error {
 	out := *ae
 	out.Refusals = append(slices.Clone(ae.Refusals), refusals...)
 	return &out
-}
-
-func isCode(err error, code string) bool {
-	var e *api.Error
-	return errors.As(err, &e) && e.Code == code
 }

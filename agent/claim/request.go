@@ -61,7 +61,8 @@ func (co *Coordinator) modelNames() []string {
 	return names
 }
 
-func apiItems(items []ledger.Item) []api.Item {
+// APIItems are the ledger's items as the API writes them.
+func APIItems(items []ledger.Item) []api.Item {
 	out := make([]api.Item, len(items))
 	for i, it := range items {
 		out[i] = api.Item{Model: it.Model, Count: it.Count}

@@ -46,7 +46,7 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 		// Committed before the registry named claims: it moves without a
 		// name, in the same order.
 	case err != nil:
-		return api.Claim{}, registryError(err, "claim "+at.id)
+		return api.Claim{}, RegistryError(err, "claim "+at.id)
 	case rec.State != names.StateHeld || rec.Owner != from.name:
 		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: the name registry has it %s on %s but %s holds it; retry the resize once they agree", at.id, rec.State, rec.Owner, from.name)}
@@ -67,7 +67,7 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 		if named {
 			m, err := mover.Move(ctx, key, rec.Token, from.name, t.name, at.cfg.NodeName)
 			if err != nil {
-				return api.Claim{}, registryError(err, "claim "+at.id)
+				return api.Claim{}, RegistryError(err, "claim "+at.id)
 			}
 			rr.Token = m.Move.Token
 		}
@@ -79,9 +79,9 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 			if !errors.As(err, &e) || e.ServerFault() {
 				at.abortReservation(ctx, t)
 			}
-			if isCode(err, api.CodeNotAvailable) {
+			if api.IsCode(err, api.CodeNotAvailable) {
 				refused++
-				refusals = append(refusals, refusalsOf(err)...)
+				refusals = append(refusals, api.RefusalsOf(err)...)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
 				failures = append(failures, ownerFailure(name, err))
@@ -114,7 +114,7 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 		_, err = from.owner.Abort(actx, at.id)
 		cancel()
-		if err != nil && !isCode(err, api.CodeNotFound) {
+		if err != nil && !api.IsCode(err, api.CodeNotFound) {
 			// The old copy stays (a VM holds it, or its owner did not
 			// answer): put everything back as it was.
 			return api.Claim{}, at.undoMove(ctx, key, from, t, c, named, err)
@@ -135,7 +135,7 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 func (at *attempt) dropCopy(ctx context.Context, t Target) string {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 	defer cancel()
-	if _, err := t.owner.Abort(actx, at.id); err != nil && !isCode(err, api.CodeNotFound) {
+	if _, err := t.owner.Abort(actx, at.id); err != nil && !api.IsCode(err, api.CodeNotFound) {
 		at.log.Error("a moved claim's new copy could not be released; it holds GPUs nobody uses", "claim", at.id, "node", t.name, "err", err)
 		return fmt.Sprintf("; its new copy on %s could not be released (%v): release it there", t.name, err)
 	}
@@ -208,9 +208,9 @@ func (at *attempt) nameHeldOn(ctx context.Context, key names.Key, token uint64, 
 	return nil
 }
 
-// registryError turns a name registry error into the API's: unavailable
+// RegistryError turns a name registry error into the API's: unavailable
 // (retryable, naming the servers) or the refusal it is.
-func registryError(err error, what string) error {
+func RegistryError(err error, what string) error {
 	var (
 		re *names.RefusedError
 		ue *names.UnavailableError

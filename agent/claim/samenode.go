@@ -93,7 +93,7 @@ func (co *Coordinator) ClaimOn(ctx context.Context, id string, req api.ClaimRequ
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
 		_, rerr := other.owner.Abort(actx, id)
 		cancel()
-		if rerr != nil && !isCode(rerr, api.CodeNotFound) {
+		if rerr != nil && !api.IsCode(rerr, api.CodeNotFound) {
 			return api.Claim{}, api.Annotate(rerr, "claim %[2]s must stay on %[3]s but was placed on %[4]s, and releasing it there failed (%[1]s): release it (gpuherd release %[2]s), then claim it again with --prefer-node %[3]s --same-node", id, node, c.Node)
 		}
 	}

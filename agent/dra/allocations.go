@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/api"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	resourceinformers "k8s.io/client-go/informers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuherd/gpuherd/agent/api"
 )
 
 // The allocation watcher takes a GPU into gpuherd's ledger as soon as the
@@ -173,13 +174,13 @@ func (d *Driver) dropVanished(ctx context.Context, store cache.Store) {
 func (d *Driver) release(ctx context.Context, uid string, p prepared) error {
 	held, err := d.agent.Get(ctx, p.Claim)
 	switch {
-	case isCode(err, api.CodeNotFound):
+	case api.IsCode(err, api.CodeNotFound):
 	case err != nil:
 		return fmt.Errorf("looking up gpuherd claim %s: %w", p.Claim, err)
 	case held.Labels[api.LabelResourceClaimUID] != uid:
 		d.log.Warn("gpuherd claim of a ResourceClaim's name was not made for it; left alone", "claim", p.Claim, "uid", uid)
 	default:
-		if _, err := d.agent.Release(ctx, p.Claim); err != nil && !isCode(err, api.CodeNotFound) {
+		if _, err := d.agent.Release(ctx, p.Claim); err != nil && !api.IsCode(err, api.CodeNotFound) {
 			return err
 		}
 	}

@@ -12,16 +12,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent"
-	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/sim"
-	"github.com/gpuherd/gpuherd/vfio"
-	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/vfio"
+	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
 
 const testNode = "hv-1"
@@ -320,7 +321,7 @@ func TestPrepareClaimsTheAllocation(t *testing.T) {
 	if err := r.unprepare(t, c); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.client.Get(context.Background(), id); !isCode(err, api.CodeNotFound) {
+	if _, err := r.client.Get(context.Background(), id); !api.IsCode(err, api.CodeNotFound) {
 		t.Fatalf("after unprepare: %v, want not found", err)
 	}
 	if _, err := os.Stat(r.d.cdiSpecPath(string(c.UID))); !errors.Is(err, os.ErrNotExist) {
@@ -521,7 +522,7 @@ func TestPrepareAfterACrash(t *testing.T) {
 	if err := r.unprepare(t, c); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.client.Get(context.Background(), id); !isCode(err, api.CodeNotFound) {
+	if _, err := r.client.Get(context.Background(), id); !api.IsCode(err, api.CodeNotFound) {
 		t.Fatalf("claim after unprepare: %v, want released", err)
 	}
 }

@@ -7,11 +7,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuherd/gpuherd/agent/api"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpuherd/gpuherd/agent/api"
 )
 
 // maxClaimID is gpuherd's longest claim ID (agent/ledger MaxIDLen).
@@ -320,7 +321,7 @@ func (d *Driver) unprepare(ctx context.Context, c kubeletplugin.NamespacedObject
 	}
 	what := fmt.Sprintf("ResourceClaim %s/%s", c.Namespace, c.Name)
 	if p.First {
-		if _, err := d.agent.EndUse(ctx, p.Claim, p.Domain, false); err != nil && !isCode(err, api.CodeNotFound) {
+		if _, err := d.agent.EndUse(ctx, p.Claim, p.Domain, false); err != nil && !api.IsCode(err, api.CodeNotFound) {
 			return fmt.Errorf("%s: ending its pod's use of gpuherd claim %s: %w", what, p.Claim, err)
 		}
 		if err := d.removeCDISpec(uid); err != nil {
@@ -330,16 +331,11 @@ func (d *Driver) unprepare(ctx context.Context, c kubeletplugin.NamespacedObject
 			return fmt.Errorf("%s: %w", what, err)
 		}
 	} else if err := d.release(ctx, uid, p); err != nil {
-		if isCode(err, api.CodeInUse) {
+		if api.IsCode(err, api.CodeInUse) {
 			return fmt.Errorf("%s: its GPUs are still in use, the VM's QEMU holds their VFIO groups open (%w); the kubelet retries once it exits", what, err)
 		}
 		return fmt.Errorf("%s: releasing gpuherd claim %s: %w", what, p.Claim, err)
 	}
 	d.log.Info("ResourceClaim unprepared", "namespace", c.Namespace, "name", c.Name, "uid", uid, "claim", p.Claim)
 	return nil
-}
-
-func isCode(err error, code string) bool {
-	var ae *api.Error
-	return errors.As(err, &ae) && ae.Code == code
 }

@@ -2,20 +2,13 @@ package groups
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
-	"github.com/gpuherd/gpuherd/agent/names"
 )
 
 // The group operations answer in the API's error codes, with the messages
 // the claim path gives for the same failures.
-
-func isCode(err error, code string) bool {
-	var e *api.Error
-	return errors.As(err, &e) && e.Code == code
-}
 
 // asAPIError is err as the *api.Error it carries, or an internal one.
 func asAPIError(err error) *api.Error {
@@ -33,33 +26,4 @@ func invalid(err error) error {
 		return api.Invalid(val.Field, "%s", val.Error())
 	}
 	return err
-}
-
-// refusalsOf returns the refusals an owner's "not available" carries.
-func refusalsOf(err error) []string {
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Refusals
-	}
-	return nil
-}
-
-// registryError turns a name registry error into the API's: unavailable
-// (retryable, naming the servers) or the refusal it is.
-func registryError(err error, what string) error {
-	var (
-		re *names.RefusedError
-		ue *names.UnavailableError
-	)
-	switch {
-	case errors.As(err, &ue):
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s: %v", what, err)}
-	case errors.As(err, &re) && (re.Code == names.CodeConflict || re.Code == names.CodeStale || re.Code == names.CodeLost):
-		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("%s: %v", what, err)}
-	case errors.As(err, &re) && re.Code == names.CodeNotFound:
-		return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("%s: %v", what, err)}
-	case errors.As(err, &re) && re.Code == names.CodeInvalid:
-		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("%s: %v", what, err)}
-	}
-	return fmt.Errorf("%s: %w", what, err)
 }

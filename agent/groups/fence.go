@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
 
@@ -69,7 +70,7 @@ func (gs *Groups) beginGroupOp(ctx context.Context, e groupEntry) (groupEntry, *
 		return groupEntry{}, nil, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("group %s not found: it was deleted as this operation began (group create %s makes it again)", e.rec.Name, e.rec.Name)}
 	case err != nil:
-		return groupEntry{}, nil, registryError(err, "group "+e.rec.Name)
+		return groupEntry{}, nil, claim.RegistryError(err, "group "+e.rec.Name)
 	}
 	fresh, err := groupEntryOf(r)
 	if err != nil {
@@ -124,7 +125,7 @@ func (f *groupFence) check(ctx context.Context) error {
 	case errors.Is(err, names.ErrNotFound):
 		return &groupOvertaken{name: f.name, gone: true}
 	case err != nil:
-		return registryError(err, "group "+f.name)
+		return claim.RegistryError(err, "group "+f.name)
 	case r.Token != f.token:
 		return &groupOvertaken{name: f.name, gone: true}
 	case r.Index != f.index:
@@ -150,7 +151,7 @@ func (f *groupFence) stopped(ctx context.Context, err error, done string, placed
 	}
 	var kept []string
 	for _, c := range placed {
-		if _, rerr := f.gs.claims.Release(context.WithoutCancel(ctx), c.ID); rerr != nil && !isCode(rerr, api.CodeNotFound) {
+		if _, rerr := f.gs.claims.Release(context.WithoutCancel(ctx), c.ID); rerr != nil && !api.IsCode(rerr, api.CodeNotFound) {
 			kept = append(kept, fmt.Sprintf("%s on %s (%v)", c.ID, c.Node, rerr))
 		}
 	}

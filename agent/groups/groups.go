@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
 	"github.com/gpuherd/gpuherd/internal/clock"
@@ -149,7 +150,7 @@ func (gs *Groups) forgetGroup(ctx context.Context, e groupEntry) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, ownerOpTimeout)
 	defer cancel()
-	if _, err := e.where.DeleteGroup(dctx, e.rec.Name); err != nil && !isCode(err, api.CodeNotFound) {
+	if _, err := e.where.DeleteGroup(dctx, e.rec.Name); err != nil && !api.IsCode(err, api.CodeNotFound) {
 		return err
 	}
 	return nil
@@ -180,7 +181,7 @@ func (gs *Groups) CreateGroup(ctx context.Context, name string, req api.GroupReq
 		if err := ledger.ValidateRequest(lreq, gs.maxGPUs); err != nil {
 			return api.Group{}, invalid(err)
 		}
-		items = apiItems(lreq.Items)
+		items = claim.APIItems(lreq.Items)
 	}
 	rec := api.GroupRecord{Name: name, Nodes: req.Nodes, WithGPUs: len(items) > 0, Coordinator: gs.node}
 	var (
@@ -263,7 +264,7 @@ func (gs *Groups) placeGroupNodes(ctx context.Context, f *groupFence, e groupEnt
 		gs.log.Warn("group nodes not placed; releasing those placed", "group", e.rec.Name, "node", id, "err", err)
 		var kept []string
 		for _, p := range placed {
-			if _, rerr := gs.claims.Release(context.WithoutCancel(ctx), p.ID); rerr != nil && !isCode(rerr, api.CodeNotFound) {
+			if _, rerr := gs.claims.Release(context.WithoutCancel(ctx), p.ID); rerr != nil && !api.IsCode(rerr, api.CodeNotFound) {
 				gs.log.Error("releasing a node of a group that could not be placed", "group", e.rec.Name, "claim", p.ID, "err", rerr)
 				kept = append(kept, fmt.Sprintf("%s on %s (%v)", p.ID, p.Node, rerr))
 			}
@@ -272,7 +273,7 @@ func (gs *Groups) placeGroupNodes(ctx context.Context, f *groupFence, e groupEnt
 			return nil, &nodesKept{err: &api.Error{Code: api.CodeUnavailable,
 				Message: fmt.Sprintf("group %s: node %s could not be placed (%v), and these nodes placed before it could not be released: %v; run group delete %s", e.rec.Name, id, err, kept, e.rec.Name)}}
 		}
-		if isCode(err, api.CodeNotAvailable) {
+		if api.IsCode(err, api.CodeNotAvailable) {
 			return nil, gs.refuseGroup(e.rec.Name, items, len(ids), gs.view.Servers(), err)
 		}
 		var ae *api.Error
@@ -310,7 +311,7 @@ func (e *nodesKept) Unwrap() error { return e.err }
 func (gs *Groups) refuseGroup(name string, items []api.Item, nodes int, servers []placement.Server, cause error) *api.Error {
 	e := &api.Error{Code: api.CodeNotAvailable,
 		Message: fmt.Sprintf("%s (%d nodes of group %s, each on one server; nothing was kept)", api.NotAvailableMessage(items), nodes, name),
-		Missing: items, Refusals: refusalsOf(cause)}
+		Missing: items, Refusals: api.RefusalsOf(cause)}
 	for _, alt := range placement.GroupAlternatives(servers, itemWants(items), gs.catalog.ModelNames(), nodes) {
 		var g []api.Item
 		for _, w := range alt.Items {
@@ -325,14 +326,6 @@ func itemWants(items []api.Item) []placement.Want {
 	out := make([]placement.Want, len(items))
 	for i, it := range items {
 		out[i] = placement.Want{Model: it.Model, Count: it.Count}
-	}
-	return out
-}
-
-func apiItems(items []ledger.Item) []api.Item {
-	out := make([]api.Item, len(items))
-	for i, it := range items {
-		out[i] = api.Item{Model: it.Model, Count: it.Count}
 	}
 	return out
 }
@@ -383,7 +376,7 @@ func (gs *Groups) readNodes(ctx context.Context, e groupEntry) (groupState, erro
 		switch {
 		case err == nil:
 			s.claims[id] = c
-		case isCode(err, api.CodeNotFound):
+		case api.IsCode(err, api.CodeNotFound):
 		default:
 			return groupState{}, api.Annotate(err, "group %[2]s: node claim %[3]s: %[1]s", name, id)
 		}
@@ -457,7 +450,7 @@ func (gs *Groups) DeleteGroupClaims(ctx context.Context, name string) (api.Group
 	}
 	g := s.view()
 	for _, c := range g.Claims {
-		if _, err := gs.claims.Release(ctx, c.ID); err != nil && !isCode(err, api.CodeNotFound) {
+		if _, err := gs.claims.Release(ctx, c.ID); err != nil && !api.IsCode(err, api.CodeNotFound) {
 			return api.Group{}, api.Annotate(err, "group %[2]s: releasing %[3]s: %[1]s; the group stays: run group delete again", name, c.ID)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
 
@@ -102,7 +103,7 @@ func (gs *Groups) acquireGroupName(ctx context.Context, rec api.GroupRecord, ite
 			return groupEntry{}, false, &api.Error{Code: api.CodeConflict,
 				Message: fmt.Sprintf("group %s already exists (created through %s with another request); delete it first or choose another name", rec.Name, re.Record.Caller)}
 		}
-		return groupEntry{}, false, registryError(err, "group "+rec.Name)
+		return groupEntry{}, false, claim.RegistryError(err, "group "+rec.Name)
 	}
 	r := g.Record
 	if r.State == names.StatePending {
@@ -110,7 +111,7 @@ func (gs *Groups) acquireGroupName(ctx context.Context, rec api.GroupRecord, ite
 		// outlives this agent, and a create that stops half-way leaves a
 		// group that get shows with its missing nodes.
 		if r, err = gs.names().Confirm(ctx, key, r.Token, gs.node, members); err != nil {
-			return groupEntry{}, false, registryError(err, "group "+rec.Name)
+			return groupEntry{}, false, claim.RegistryError(err, "group "+rec.Name)
 		}
 	}
 	e, err := groupEntryOf(r)
@@ -125,7 +126,7 @@ func (gs *Groups) readGroupName(ctx context.Context, name string) (groupEntry, e
 			Message: fmt.Sprintf("group %s not found: the name registry holds no such group (gpuherd group create %s --nodes N --gpu MODEL[:COUNT] makes one)", name, name)}
 	}
 	if err != nil {
-		return groupEntry{}, registryError(err, "group "+name)
+		return groupEntry{}, claim.RegistryError(err, "group "+name)
 	}
 	return groupEntryOf(r)
 }
@@ -136,7 +137,7 @@ func (gs *Groups) releaseGroupName(ctx context.Context, e groupEntry) error {
 	if err == nil || errors.Is(err, names.ErrNotFound) {
 		return nil
 	}
-	return registryError(err, "group "+e.rec.Name)
+	return claim.RegistryError(err, "group "+e.rec.Name)
 }
 
 // Requester is what a group resize needs of the name authority beyond

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -39,7 +40,7 @@ func (gs *Groups) ResizeGroup(ctx context.Context, name string, req api.ResizeRe
 	if err != nil {
 		return api.Group{}, err
 	}
-	items := apiItems(lreq.Items)
+	items := claim.APIItems(lreq.Items)
 	if err := gs.groupFits(ctx, s, items); err != nil {
 		return api.Group{}, err
 	}
@@ -133,7 +134,7 @@ func (gs *Groups) restoreGroup(ctx context.Context, f *groupFence, s groupState,
 		var err error
 		if !st.held {
 			_, err = gs.claims.Release(rctx, st.id)
-			if isCode(err, api.CodeNotFound) {
+			if api.IsCode(err, api.CodeNotFound) {
 				err = nil
 			}
 		} else {
@@ -150,14 +151,14 @@ func (gs *Groups) restoreGroup(ctx context.Context, f *groupFence, s groupState,
 		switch {
 		case err == nil:
 			now[id] = c
-		case !isCode(err, api.CodeNotFound):
+		case !api.IsCode(err, api.CodeNotFound):
 			unread[id] = err
 		}
 	}
 	off := nodesOff(s.e.nodes, s.claims, now, unread)
 	if len(off) == 0 {
 		gs.log.Warn("group resize failed; every node is as it was", "group", name, "node", failed, "err", cause)
-		if isCode(cause, api.CodeNotAvailable) {
+		if api.IsCode(cause, api.CodeNotAvailable) {
 			e := gs.refuseGroup(name, items, len(s.e.nodes), gs.view.Servers(), cause)
 			e.Message += fmt.Sprintf("; node %s could not follow, every node is as it was", failed)
 			return e

@@ -52,11 +52,6 @@ func idHomedOn(want string, all ...string) string {
 	}
 }
 
-func isCode(err error, code string) bool {
-	var e *api.Error
-	return errors.As(err, &e) && e.Code == code
-}
-
 func begin(t *testing.T, h *Home, id, coordinator string) api.DirAnswer {
 	t.Helper()
 	ans, err := h.BeginClaim(context.Background(), id, api.DirBegin{Coordinator: coordinator})
@@ -231,7 +226,7 @@ func TestDirectoryRejectsBadUpdates(t *testing.T) {
 		{From: "b", Ops: []api.DirOp{{ID: "vm-1", Op: "steal"}}},
 		{From: "b", Ops: make([]api.DirOp, api.MaxDirUpdateIDs+1)},
 	} {
-		if err := h.UpdateDirectory(ctx, u); !isCode(err, api.CodeInvalid) {
+		if err := h.UpdateDirectory(ctx, u); !api.IsCode(err, api.CodeInvalid) {
 			t.Errorf("update %+v: %v, want invalid", u.From, err)
 		}
 	}
@@ -251,10 +246,10 @@ func TestHomeRefusesBadIDs(t *testing.T) {
 		e.Message != `invalid request: id: "../x" has '/' at byte 2; use only letters, digits, '.', '_' and '-'` {
 		t.Errorf("begin of ../x: %#v", err)
 	}
-	if _, err := h.LookupDirectory(ctx, ""); !isCode(err, api.CodeInvalid) {
+	if _, err := h.LookupDirectory(ctx, ""); !api.IsCode(err, api.CodeInvalid) {
 		t.Errorf("lookup of an empty ID: %v, want invalid", err)
 	}
-	if _, err := h.BeginClaim(ctx, "vm-1", api.DirBegin{Coordinator: "b c"}); !isCode(err, api.CodeInvalid) {
+	if _, err := h.BeginClaim(ctx, "vm-1", api.DirBegin{Coordinator: "b c"}); !api.IsCode(err, api.CodeInvalid) {
 		t.Errorf("begin by %q: %v, want invalid", "b c", err)
 	}
 	if h.Knows("vm-1") {

@@ -176,7 +176,7 @@ func (o *Owner) holderLacks(ctx context.Context, holder, id string) string {
 	defer cancel()
 	c, err := p.Owner.Lookup(lctx, id)
 	switch {
-	case isCode(err, api.CodeNotFound):
+	case api.IsCode(err, api.CodeNotFound):
 		return fmt.Sprintf("%s does not hold it", holder)
 	case err != nil:
 		return fmt.Sprintf("%s did not answer: %v", holder, err)

@@ -58,8 +58,3 @@ func here(node string, err error) string {
 
 // apiError is APIError for this owner's answers.
 func (o *Owner) apiError(err error) error { return APIError(o.cfg.NodeName, err) }
-
-func isCode(err error, code string) bool {
-	var e *api.Error
-	return errors.As(err, &e) && e.Code == code
-}

@@ -93,7 +93,7 @@ func TestCommitOfAnAbortedReservationBindsNothing(t *testing.T) {
 	o.host.ToIdleLocked(ctx, "test abort", []string{addr}, "")
 	unlock()
 
-	if err := <-committed; !isCode(err, api.CodeNotFound) {
+	if err := <-committed; !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("commit of a reservation aborted while it waited: %v, want not_found", err)
 	}
 	if d := o.h.Driver(t, addr); d != "" {

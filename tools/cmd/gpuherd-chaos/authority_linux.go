@@ -3,9 +3,10 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"hash/fnv"
 	"os"
 	"strings"
+
+	"github.com/gpuherd/gpuherd/agent/home"
 
 	"github.com/gpuherd/gpuherd/agent/names"
 )
@@ -63,23 +64,10 @@ func lastRaftState(log []byte) string {
 }
 
 // oldHome is the claim directory's home of id among nodes (every agent
-// alive): the same rendezvous hash as agent/directory.go's homeOf.
+// alive), as the agents choose it.
 func oldHome(id string, nodes []string) string {
-	best, bestW := "", uint64(0)
-	for _, n := range nodes {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(n))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(id))
-		x := h.Sum64()
-		x ^= x >> 30
-		x *= 0xbf58476d1ce4e5b9
-		x ^= x >> 27
-		x *= 0x94d049bb133111eb
-		x ^= x >> 31
-		if best == "" || x > bestW || (x == bestW && n < best) {
-			best, bestW = n, x
-		}
+	if len(nodes) == 0 {
+		return ""
 	}
-	return best
+	return home.Of(id, nodes, func(n string) string { return n })
 }
