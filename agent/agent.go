@@ -14,12 +14,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/claim"
-
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/host"
@@ -268,14 +267,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
 		Ledger: a.ledger, Host: a.host, Home: a.home, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log,
-		Names: a.ownerNames, Cluster: a.ownerCluster, Peers: a.peers,
+		Names: namesFor[owner.Names](a), Cluster: ownerCluster(a), Peers: a.peers,
 		Drained: a.serverDrained, Changed: a.changed, ClaimLocks: &a.claimLocks,
 	})
 	a.Coordinator = claim.New(claim.Deps{
 		Config: claim.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			MaxGPUsPerClaim: cfg.MaxGPUsPerClaim},
 		Clock: a.clk, Recorder: a.rec, Log: log, Ledger: a.ledger, Host: a.host, Home: a.home,
-		View: agentView{a}, Names: a.claimNames, Registry: agentRegistry{a}, Catalog: a.inv.Catalog(),
+		View: agentView{a}, Names: namesFor[claim.Names](a), Registry: agentRegistry{a}, Catalog: a.inv.Catalog(),
 		ClaimLocks: &a.claimLocks,
 	})
 	a.Groups = newGroups(a)

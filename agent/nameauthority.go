@@ -4,7 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/owner"
 )
 
 // NameAuthority is the cluster's one authority over claim IDs and
@@ -41,3 +43,9 @@ var _ NameAuthority = (*names.Registry)(nil)
 // A *names.Registry given so also answers other agents' registry requests
 // on the peer route (POST /v1/peer/names), as the agent's own would.
 func WithNames(n NameAuthority) Option { return func(o *options) { o.names = n } }
+
+// Every role's view of the registry is part of the authority (namesFor).
+var (
+	_ owner.Names = NameAuthority(nil)
+	_ claim.Names = NameAuthority(nil)
+)

@@ -384,14 +384,13 @@ const formingWait = 20 * time.Second
 // awaitFounding returns once this agent's cluster has a registry, when
 // formingWait has passed, or when ctx ends; at once when this agent runs
 // no registry of its own (alone, or with an injected authority).
-func (a *Agent) awaitFounding(ctx context.Context) {
-	rs := a.registry
+func (rs *registryState) awaitFounding(ctx context.Context) {
 	if rs == nil || !rs.forming() {
 		return
 	}
-	wait := a.clk.NewTimer(formingWait)
+	wait := rs.a.clk.NewTimer(formingWait)
 	defer wait.Stop()
-	tick := a.clk.NewTicker(50 * time.Millisecond)
+	tick := rs.a.clk.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for rs.forming() {
 		select {
@@ -404,10 +403,9 @@ func (a *Agent) awaitFounding(ctx context.Context) {
 	}
 }
 
-// registryLeaderless reports whether this agent runs the registry and its
-// copy knows no leader now.
-func (a *Agent) registryLeaderless() bool {
-	rs := a.registry
+// leaderless reports whether this agent runs the registry and its copy
+// knows no leader now.
+func (rs *registryState) leaderless() bool {
 	if rs == nil {
 		return false
 	}

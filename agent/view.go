@@ -37,24 +37,6 @@ func (a *Agent) peers() []owner.Peer {
 	return out
 }
 
-// ownerNames is the name authority now, as the owner uses it; nil while
-// there is none.
-func (a *Agent) ownerNames() owner.Names {
-	if a.names == nil {
-		return nil
-	}
-	return a.names
-}
-
-// ownerCluster is the membership the owner follows; nil while this server
-// runs alone.
-func (a *Agent) ownerCluster() owner.Cluster {
-	if a.cluster == nil {
-		return nil
-	}
-	return gossipMembership{a.cluster}
-}
-
 // gossipMembership is the cluster's membership as the owner follows it.
 type gossipMembership struct{ c *clusterState }
 
@@ -70,13 +52,27 @@ func (m gossipMembership) Usable() []home.Member {
 	return usable
 }
 
-// claimNames is the name authority now, as the coordinator uses it; nil
-// while there is none.
-func (a *Agent) claimNames() claim.Names {
-	if a.names == nil {
-		return nil
+// namesFor is the agent's name authority as a role reads it, when it reads
+// it: nil while there is none (alone, or before the cluster started).
+func namesFor[T any](a *Agent) func() T {
+	return func() T {
+		var none T
+		if a.names == nil {
+			return none
+		}
+		return a.names.(T)
 	}
-	return a.names
+}
+
+// ownerCluster is the membership the owner follows; nil while this server
+// runs alone.
+func ownerCluster(a *Agent) func() owner.Cluster {
+	return func() owner.Cluster {
+		if a.cluster == nil {
+			return nil
+		}
+		return gossipMembership{a.cluster}
+	}
 }
 
 // agentView is the agent's view of the servers as the coordinator reads it.
@@ -130,5 +126,5 @@ func (v agentView) MemberStates() string {
 // it.
 type agentRegistry struct{ a *Agent }
 
-func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.awaitFounding(ctx) }
-func (r agentRegistry) Leaderless() bool                  { return r.a.registryLeaderless() }
+func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.registry.awaitFounding(ctx) }
+func (r agentRegistry) Leaderless() bool                  { return r.a.registry.leaderless() }
