@@ -56,7 +56,29 @@ func (co *Coordinator) Claim(ctx context.Context, id string, req api.ClaimReques
 	return c, err
 }
 
-// outcome names a claim's result for the metrics.
+// claimOutcomes is the metrics' outcome of a claim answered with each API
+// error code: every code of api.ErrorCodes is here, so that a new code is
+// counted as someone decided (TestEveryErrorCodeHasAClaimOutcome).
+var claimOutcomes = map[string]string{
+	api.CodeNotAvailable: events.ClaimNotAvailable,
+	api.CodeInvalid:      events.ClaimInvalid,
+	api.CodeUnknownModel: events.ClaimInvalid,
+	api.CodeConflict:     events.ClaimConflict,
+	api.CodeBindFailed:   events.ClaimBindFailed,
+	api.CodeNotFound:     events.ClaimError,
+	api.CodeLeaseExpired: events.ClaimError,
+	api.CodeInternal:     events.ClaimError,
+	api.CodeUnavailable:  events.ClaimError,
+	api.CodeNotClaimed:   events.ClaimError,
+	api.CodeInUse:        events.ClaimError,
+	api.CodeNotBound:     events.ClaimError,
+	api.CodeLost:         events.ClaimError,
+	api.CodeForbidden:    events.ClaimError,
+	api.CodeLimit:        events.ClaimError,
+	api.CodeGoBack:       events.ClaimError,
+}
+
+// outcome is how the metrics count a claim answered with err.
 func outcome(err error) string {
 	var e *api.Error
 	switch {
@@ -64,14 +86,9 @@ func outcome(err error) string {
 		return events.ClaimGranted
 	case !errors.As(err, &e):
 		return events.ClaimError
-	case e.Code == api.CodeNotAvailable:
-		return events.ClaimNotAvailable
-	case e.Code == api.CodeInvalid || e.Code == api.CodeUnknownModel:
-		return events.ClaimInvalid
-	case e.Code == api.CodeConflict:
-		return events.ClaimConflict
-	case e.Code == api.CodeBindFailed:
-		return events.ClaimBindFailed
+	}
+	if o, ok := claimOutcomes[e.Code]; ok {
+		return o
 	}
 	return events.ClaimError
 }
