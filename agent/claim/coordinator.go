@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -159,8 +160,8 @@ func (co *Coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 	return &attempt{
 		Coordinator: co,
 		id:          id,
-		rr:          api.ReserveRequest{Items: APIItems(lreq.Items), Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
-		want:        wants(lreq.Items),
+		rr:          api.ReserveRequest{Items: lreq.Items, Labels: lreq.Labels, Coordinator: co.cfg.NodeName, Devices: lreq.Devices},
+		want:        lreq.Items,
 		prefer:      req.PreferNode,
 		anyNode:     req.AnyNode,
 		view:        co.servers.Targets(),
@@ -247,7 +248,7 @@ func (co *Coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 		return api.Claim{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s is still being placed; retry the resize once it is claimed", id)}
 	}
-	items := APIItems(lreq.Items)
+	items := lreq.Items
 	rctx, cancel := context.WithTimeout(ctx, api.ReserveTimeout)
 	c, err := owner.owner.ResizeInPlace(rctx, id, items)
 	cancel()
@@ -256,7 +257,7 @@ func (co *Coordinator) resizeOn(ctx context.Context, id string, req api.ResizeRe
 	}
 
 	// Move: every other server that can hold the new request, best first.
-	want := wants(lreq.Items)
+	want := lreq.Items
 	var servers []placement.Server
 	byName := map[string]Target{}
 	for _, t := range targets {
@@ -310,16 +311,8 @@ func (co *Coordinator) refuse(items []api.Item, servers []placement.Server) erro
 	}
 	e := &api.Error{Code: api.CodeNotAvailable,
 		Message: api.NotAvailableMessage(missing), Missing: missing}
-	var want []placement.Want
-	for _, it := range items {
-		want = append(want, placement.Want{Model: it.Model, Count: it.Count})
-	}
-	for _, alt := range placement.Alternatives(servers, want, co.modelNames()) {
-		var g []api.Item
-		for _, w := range alt.Items {
-			g = append(g, api.Item{Model: w.Model, Count: w.Count})
-		}
-		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: g, Servers: alt.Servers})
+	for _, alt := range placement.Alternatives(servers, items, co.modelNames()) {
+		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: slices.Clone(alt.Items), Servers: alt.Servers})
 	}
 	return e
 }

@@ -55,8 +55,8 @@ func (co *Coordinator) pinned(req api.ClaimRequest) (api.ClaimRequest, error) {
 		if err != nil {
 			return req, err
 		}
-		if !api.SameItems(APIItems(asked.Items), items) {
-			return req, api.Invalid("gpus", "asks for %s but the GPUs named are %s: give one or the other", api.DescribeItems(APIItems(asked.Items)), api.DescribeItems(items))
+		if !api.SameItems(asked.Items, items) {
+			return req, api.Invalid("gpus", "asks for %s but the GPUs named are %s: give one or the other", api.DescribeItems(asked.Items), api.DescribeItems(items))
 		}
 	}
 	req.GPUs = items

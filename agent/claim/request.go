@@ -6,7 +6,6 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
-	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
 // A user's request as the protocol reads it: models resolved to catalog
@@ -59,21 +58,4 @@ func (co *Coordinator) modelNames() []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// APIItems are the ledger's items as the API writes them.
-func APIItems(items []ledger.Item) []api.Item {
-	out := make([]api.Item, len(items))
-	for i, it := range items {
-		out[i] = api.Item{Model: it.Model, Count: it.Count}
-	}
-	return out
-}
-
-func wants(items []ledger.Item) []placement.Want {
-	out := make([]placement.Want, len(items))
-	for i, it := range items {
-		out[i] = placement.Want{Model: it.Model, Count: it.Count}
-	}
-	return out
 }

@@ -20,10 +20,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/placement"
 	"github.com/gpuherd/gpuherd/internal/clock"
@@ -181,7 +181,7 @@ func (gs *Groups) CreateGroup(ctx context.Context, name string, req api.GroupReq
 		if err := ledger.ValidateRequest(lreq, gs.maxGPUs); err != nil {
 			return api.Group{}, invalid(err)
 		}
-		items = claim.APIItems(lreq.Items)
+		items = lreq.Items
 	}
 	rec := api.GroupRecord{Name: name, Nodes: req.Nodes, WithGPUs: len(items) > 0, Coordinator: gs.node}
 	var (
@@ -236,7 +236,7 @@ func (gs *Groups) CreateGroup(ctx context.Context, name string, req api.GroupReq
 // cannot be placed it releases those it placed. The error is the node's,
 // with the alternatives every node could have.
 func (gs *Groups) placeGroupNodes(ctx context.Context, f *groupFence, e groupEntry, ids []string, items []api.Item) ([]api.Claim, error) {
-	want := itemWants(items)
+	want := items
 	servers := gs.view.Servers()
 	if placement.Copies(servers, want) < len(ids) {
 		return nil, gs.refuseGroup(e.rec.Name, items, len(ids), servers, nil)
@@ -312,22 +312,10 @@ func (gs *Groups) refuseGroup(name string, items []api.Item, nodes int, servers 
 	e := &api.Error{Code: api.CodeNotAvailable,
 		Message: fmt.Sprintf("%s (%d nodes of group %s, each on one server; nothing was kept)", api.NotAvailableMessage(items), nodes, name),
 		Missing: items, Refusals: api.RefusalsOf(cause)}
-	for _, alt := range placement.GroupAlternatives(servers, itemWants(items), gs.catalog.ModelNames(), nodes) {
-		var g []api.Item
-		for _, w := range alt.Items {
-			g = append(g, api.Item{Model: w.Model, Count: w.Count})
-		}
-		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: g, Servers: alt.Servers})
+	for _, alt := range placement.GroupAlternatives(servers, items, gs.catalog.ModelNames(), nodes) {
+		e.Alternatives = append(e.Alternatives, api.Alternative{GPUs: slices.Clone(alt.Items), Servers: alt.Servers})
 	}
 	return e
-}
-
-func itemWants(items []api.Item) []placement.Want {
-	out := make([]placement.Want, len(items))
-	for i, it := range items {
-		out[i] = placement.Want{Model: it.Model, Count: it.Count}
-	}
-	return out
 }
 
 // groupState is a group read whole: its record, and each node's claim

@@ -143,7 +143,7 @@ func (fakeCatalog) Resolve(req api.ClaimRequest) (ledger.Request, error) {
 		if it.Model != model {
 			return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel, Message: "no model " + it.Model}
 		}
-		out.Items = append(out.Items, ledger.Item{Model: it.Model, Count: it.Count})
+		out.Items = append(out.Items, it)
 	}
 	return out, nil
 }

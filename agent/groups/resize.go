@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -40,7 +39,7 @@ func (gs *Groups) ResizeGroup(ctx context.Context, name string, req api.ResizeRe
 	if err != nil {
 		return api.Group{}, err
 	}
-	items := claim.APIItems(lreq.Items)
+	items := lreq.Items
 	if err := gs.groupFits(ctx, s, items); err != nil {
 		return api.Group{}, err
 	}
@@ -92,7 +91,7 @@ type groupStep struct {
 // counting each node's own GPUs as free on its server (it lets them go as
 // it changes).
 func (gs *Groups) groupFits(ctx context.Context, s groupState, items []api.Item) error {
-	want := itemWants(items)
+	want := items
 	servers := gs.view.ServersNow(ctx, want)
 	for i := range servers {
 		free := make(map[string]int, len(servers[i].Free))

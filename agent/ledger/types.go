@@ -1,12 +1,15 @@
 package ledger
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+)
 
 // Item is one line of a request: Count GPUs of the canonical model Model.
-type Item struct {
-	Model string `json:"model"`
-	Count int    `json:"count"`
-}
+// It is the API's item, stored as it travels (the same JSON), so a request
+// keeps one item type from the user to the ledger.
+type Item = api.Item
 
 // Request is what a claim asks for; every item must be satisfied on this server.
 type Request struct {

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -22,10 +23,7 @@ func APIError(node string, err error) error {
 	case errors.As(err, &ae):
 		return ae
 	case errors.As(err, &na):
-		missing := make([]api.Item, len(na.Missing))
-		for i, m := range na.Missing {
-			missing[i] = api.Item{Model: m.Model, Count: m.Count}
-		}
+		missing := slices.Clone(na.Missing)
 		return &api.Error{Code: api.CodeNotAvailable,
 			Message: api.NotAvailableMessage(missing), Missing: missing}
 	case errors.As(err, &conf):

@@ -30,10 +30,7 @@ const bindAttempts = 8
 // to vfio-pci; the coordinator then commits, or lets the lease run out. A GPU
 // that fails to bind is fenced off and the reservation retried on the others.
 func (o *Owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
-	req := ledger.Request{Labels: rr.Labels, NameToken: rr.Token, Devices: rr.Devices}
-	for _, it := range rr.Items {
-		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
-	}
+	req := ledger.Request{Items: slices.Clone(rr.Items), Labels: rr.Labels, NameToken: rr.Token, Devices: rr.Devices}
 	if err := o.host.CheckFabric(id, req.Items); err != nil {
 		o.rec.Reservation("failed")
 		return api.Claim{}, err
@@ -357,10 +354,7 @@ func (o *Owner) List(context.Context) ([]api.Claim, error) {
 // claim gains are bound before the ledger hands them over, so a GPU the
 // ledger calls claimed is on vfio-pci from that moment, as for a new claim.
 func (o *Owner) ResizeInPlace(ctx context.Context, id string, items []api.Item) (api.Claim, error) {
-	req := ledger.Request{}
-	for _, it := range items {
-		req.Items = append(req.Items, ledger.Item{Model: it.Model, Count: it.Count})
-	}
+	req := ledger.Request{Items: slices.Clone(items)}
 	if err := o.host.CheckFabric(id, req.Items); err != nil {
 		return api.Claim{}, err
 	}

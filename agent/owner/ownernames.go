@@ -89,11 +89,7 @@ func (o *Owner) holdError(id string, err error) error {
 
 // digestOf is requestDigest of what a reservation holds.
 func digestOf(c ledger.Claim) string {
-	rr := api.ReserveRequest{Labels: c.Labels}
-	for _, it := range c.Items {
-		rr.Items = append(rr.Items, api.Item{Model: it.Model, Count: it.Count})
-	}
-	return RequestDigest(rr)
+	return RequestDigest(api.ReserveRequest{Items: c.Items, Labels: c.Labels})
 }
 
 // confirmName asks the registry to make this server the holder of the

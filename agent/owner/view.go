@@ -2,6 +2,7 @@ package owner
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -22,9 +23,7 @@ func (o *Owner) ClaimView(c ledger.Claim) api.Claim {
 	if c.State == ledger.StateCommitted {
 		v.State = api.StateClaimed
 	}
-	for _, it := range c.Items {
-		v.Items = append(v.Items, api.Item{Model: it.Model, Count: it.Count})
-	}
+	v.Items = slices.Clone(c.Items)
 	for _, addr := range c.GPUs {
 		g, _ := o.host.GPU(addr)
 		cg := api.ClaimGPU{PCIAddress: addr, Model: g.Model, IOMMUGroup: g.IOMMUGroup}

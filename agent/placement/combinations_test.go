@@ -22,11 +22,11 @@ func TestAlternativesSeveralModels(t *testing.T) {
 			{Name: "a", Free: map[string]int{"H100 80GB": 2}},
 			{Name: "b", Free: map[string]int{"L40S": 4, "A100 80GB": 1}},
 		},
-		want: []Want{{"H100 80GB", 1}, {"L40S", 1}},
+		want: []Want{{Model: "H100 80GB", Count: 1}, {Model: "L40S", Count: 1}},
 		alts: []Alternative{
-			{Items: []Want{{"A100 80GB", 1}, {"L40S", 1}}, Servers: 1},
-			{Items: []Want{{"H100 80GB", 1}}, Servers: 1},
-			{Items: []Want{{"L40S", 1}}, Servers: 1},
+			{Items: []Want{{Model: "A100 80GB", Count: 1}, {Model: "L40S", Count: 1}}, Servers: 1},
+			{Items: []Want{{Model: "H100 80GB", Count: 1}}, Servers: 1},
+			{Items: []Want{{Model: "L40S", Count: 1}}, Servers: 1},
 		},
 	}, {
 		// The second case. Before: only 1x A100 80GB.
@@ -36,25 +36,25 @@ func TestAlternativesSeveralModels(t *testing.T) {
 			{Name: "b", Free: map[string]int{"A100 80GB": 2}},
 			{Name: "c", Free: map[string]int{"A100 80GB": 2, "L40S": 1}, Drained: true},
 		},
-		want: []Want{{"A100 80GB", 2}, {"L40S", 1}},
+		want: []Want{{Model: "A100 80GB", Count: 2}, {Model: "L40S", Count: 1}},
 		alts: []Alternative{
-			{Items: []Want{{"A100 80GB", 1}, {"L40S", 1}}, Servers: 1},
-			{Items: []Want{{"A100 80GB", 2}}, Servers: 1},
+			{Items: []Want{{Model: "A100 80GB", Count: 1}, {Model: "L40S", Count: 1}}, Servers: 1},
+			{Items: []Want{{Model: "A100 80GB", Count: 2}}, Servers: 1},
 		},
 	}, {
 		name: "a substitute completes the request",
 		servers: []Server{
 			{Name: "a", Free: map[string]int{"H100 80GB": 1, "RTX 6000 Pro": 2}},
 		},
-		want: []Want{{"H100 80GB", 1}, {"L40S", 2}},
+		want: []Want{{Model: "H100 80GB", Count: 1}, {Model: "L40S", Count: 2}},
 		alts: []Alternative{
-			{Items: []Want{{"H100 80GB", 1}, {"RTX 6000 Pro", 2}}, Servers: 1},
-			{Items: []Want{{"H100 80GB", 1}}, Servers: 1},
+			{Items: []Want{{Model: "H100 80GB", Count: 1}, {Model: "RTX 6000 Pro", Count: 2}}, Servers: 1},
+			{Items: []Want{{Model: "H100 80GB", Count: 1}}, Servers: 1},
 		},
 	}, {
 		name:    "nothing free anywhere",
 		servers: []Server{{Name: "a", Free: map[string]int{}}, {Name: "b", Free: map[string]int{"L40S": 3}, Drained: true}},
-		want:    []Want{{"H100 80GB", 1}, {"L40S", 1}},
+		want:    []Want{{Model: "H100 80GB", Count: 1}, {Model: "L40S", Count: 1}},
 		alts:    nil,
 	}}
 	for _, tt := range tests {
@@ -79,7 +79,7 @@ func TestAlternativesSeveralModelsBounded(t *testing.T) {
 	for i, m := range models {
 		servers = append(servers, Server{Name: m, Free: map[string]int{m: 1, models[(i+1)%len(models)]: 1, "x": 1}})
 	}
-	want := []Want{{"x", 2}, {"y", 1}}
+	want := []Want{{Model: "x", Count: 2}, {Model: "y", Count: 1}}
 	got := Alternatives(servers, want, models)
 	if len(got) == 0 || len(got) > maxCombinations {
 		t.Fatalf("%d alternatives, want 1 to %d", len(got), maxCombinations)

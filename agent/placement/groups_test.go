@@ -15,11 +15,11 @@ func TestCopies(t *testing.T) {
 		want []Want
 		n    int
 	}{
-		{[]Want{{"RTX", 1}}, 6},
-		{[]Want{{"RTX", 2}}, 2},
-		{[]Want{{"RTX", 2}, {"L40S", 1}}, 2},
-		{[]Want{{"RTX", 1}, {"L40S", 2}}, 1},
-		{[]Want{{"H100", 1}}, 0},
+		{[]Want{{Model: "RTX", Count: 1}}, 6},
+		{[]Want{{Model: "RTX", Count: 2}}, 2},
+		{[]Want{{Model: "RTX", Count: 2}, {Model: "L40S", Count: 1}}, 2},
+		{[]Want{{Model: "RTX", Count: 1}, {Model: "L40S", Count: 2}}, 1},
+		{[]Want{{Model: "H100", Count: 1}}, 0},
 	} {
 		if n := Copies(servers, tc.want); n != tc.n {
 			t.Errorf("Copies(%v) = %d, want %d", tc.want, n, tc.n)
@@ -35,7 +35,7 @@ func TestGroupAlternativesAreForEveryNode(t *testing.T) {
 		{Name: "a", Free: map[string]int{"RTX": 1, "L40S": 4}},
 		{Name: "b", Free: map[string]int{"RTX": 1, "L40S": 1}},
 	}
-	want := []Want{{"RTX", 2}}
+	want := []Want{{Model: "RTX", Count: 2}}
 	// One node alone could have RTX:1 (and L40S:2): a per-node answer.
 	if got := Alternatives(two, want, models); len(got) != 2 {
 		t.Fatalf("one node: %+v", got)
@@ -48,22 +48,22 @@ func TestGroupAlternativesAreForEveryNode(t *testing.T) {
 	// Two nodes: L40S:2 fits twice on a, RTX:1 once on each server.
 	got := GroupAlternatives(two, want, models, 2)
 	wantAlts := []Alternative{
-		{Items: []Want{{"L40S", 2}}, Servers: 1},
-		{Items: []Want{{"RTX", 1}}, Servers: 2},
+		{Items: []Want{{Model: "L40S", Count: 2}}, Servers: 1},
+		{Items: []Want{{Model: "RTX", Count: 1}}, Servers: 2},
 	}
 	if !reflect.DeepEqual(got, wantAlts) {
 		t.Fatalf("two nodes: %+v, want %+v", got, wantAlts)
 	}
 	three := append(two, Server{Name: "c", Free: map[string]int{"RTX": 1}})
 	got = GroupAlternatives(three, want, models, 3)
-	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{"RTX", 1}}, Servers: 3}}) {
+	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{Model: "RTX", Count: 1}}, Servers: 3}}) {
 		t.Fatalf("three nodes with three RTX free: %+v", got)
 	}
 	// The largest count every node can get: 4 RTX free on one server
 	// give two nodes RTX:2 each, not RTX:3.
 	big := []Server{{Name: "a", Free: map[string]int{"RTX": 4}}}
-	got = GroupAlternatives(big, []Want{{"RTX", 4}}, []string{"RTX"}, 2)
-	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{"RTX", 2}}, Servers: 1}}) {
+	got = GroupAlternatives(big, []Want{{Model: "RTX", Count: 4}}, []string{"RTX"}, 2)
+	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{Model: "RTX", Count: 2}}, Servers: 1}}) {
 		t.Fatalf("two nodes of RTX:4 on 4 free: %+v", got)
 	}
 	// Several models: only the combinations every node can get.
@@ -71,8 +71,8 @@ func TestGroupAlternativesAreForEveryNode(t *testing.T) {
 		{Name: "a", Free: map[string]int{"RTX": 1, "L40S": 1}},
 		{Name: "b", Free: map[string]int{"RTX": 1}},
 	}
-	got = GroupAlternatives(mixed, []Want{{"RTX", 1}, {"L40S", 1}}, models, 2)
-	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{"RTX", 1}}, Servers: 2}}) {
+	got = GroupAlternatives(mixed, []Want{{Model: "RTX", Count: 1}, {Model: "L40S", Count: 1}}, models, 2)
+	if !reflect.DeepEqual(got, []Alternative{{Items: []Want{{Model: "RTX", Count: 1}}, Servers: 2}}) {
 		t.Fatalf("two nodes of RTX+L40S: %+v", got)
 	}
 }

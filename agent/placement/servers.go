@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/gpuherd/gpuherd/agent/api"
 )
 
 // Server is one server as a coordinator sees it through gossip: a hint, not
@@ -14,12 +16,9 @@ type Server struct {
 	Free    map[string]int // model → free GPUs
 }
 
-// Want is count GPUs of one model, all to be placed on one server together
-// with the rest of the request.
-type Want struct {
-	Model string
-	Count int
-}
+// Want is Count GPUs of one model, all to be placed on one server together
+// with the rest of the request: the API's item, as the request carries it.
+type Want = api.Item
 
 // fits reports whether s can hold every item of want at once.
 func (s Server) fits(want []Want) bool {

@@ -20,13 +20,13 @@ func TestRank(t *testing.T) {
 		prefer string
 		ranked []string
 	}{
-		{"best fit first", []Want{{"H100", 2}}, "", []string{"b", "c", "a"}},
-		{"too big for all but one", []Want{{"H100", 4}}, "", []string{"a"}},
-		{"preferred first when it fits", []Want{{"H100", 2}}, "a", []string{"a", "b", "c"}},
-		{"preferred skipped when it does not fit", []Want{{"H100", 4}}, "c", []string{"a"}},
-		{"drained never offered", []Want{{"H100", 8}}, "d", []string{"a"}},
-		{"every item on the same server", []Want{{"H100", 1}, {"L40S", 2}}, "", []string{"b"}},
-		{"nothing fits", []Want{{"H100", 9}}, "", []string{}},
+		{"best fit first", []Want{{Model: "H100", Count: 2}}, "", []string{"b", "c", "a"}},
+		{"too big for all but one", []Want{{Model: "H100", Count: 4}}, "", []string{"a"}},
+		{"preferred first when it fits", []Want{{Model: "H100", Count: 2}}, "a", []string{"a", "b", "c"}},
+		{"preferred skipped when it does not fit", []Want{{Model: "H100", Count: 4}}, "c", []string{"a"}},
+		{"drained never offered", []Want{{Model: "H100", Count: 8}}, "d", []string{"a"}},
+		{"every item on the same server", []Want{{Model: "H100", Count: 1}, {Model: "L40S", Count: 2}}, "", []string{"b"}},
+		{"nothing fits", []Want{{Model: "H100", Count: 9}}, "", []string{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestRankShufflesTiesOnly(t *testing.T) {
 	seen := map[string]bool{}
 	rnd := rand.New(rand.NewPCG(1, 2))
 	for range 50 {
-		got := Rank(servers, []Want{{"H100", 1}}, "", rnd)
+		got := Rank(servers, []Want{{Model: "H100", Count: 1}}, "", rnd)
 		if got[0] != "tight" {
 			t.Fatalf("best fit lost to a tie shuffle: %v", got)
 		}
@@ -65,15 +65,15 @@ func TestAlternatives(t *testing.T) {
 		{Name: "b", Free: map[string]int{"H100": 3}},
 		{Name: "c", Free: map[string]int{"A100": 8}, Drained: true},
 	}
-	got := Alternatives(servers, []Want{{"H100", 4}}, []string{"A100", "H100", "L40S"})
+	got := Alternatives(servers, []Want{{Model: "H100", Count: 4}}, []string{"A100", "H100", "L40S"})
 	want := []Alternative{
-		{Items: []Want{{"L40S", 4}}, Servers: 1},
-		{Items: []Want{{"H100", 3}}, Servers: 1},
+		{Items: []Want{{Model: "L40S", Count: 4}}, Servers: 1},
+		{Items: []Want{{Model: "H100", Count: 3}}, Servers: 1},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Alternatives = %+v, want %+v", got, want)
 	}
-	if got := Alternatives(servers, []Want{{"B200", 1}}, []string{"B200"}); len(got) != 0 {
+	if got := Alternatives(servers, []Want{{Model: "B200", Count: 1}}, []string{"B200"}); len(got) != 0 {
 		t.Errorf("nothing free anywhere: got %+v", got)
 	}
 }
