@@ -473,7 +473,12 @@ func TestIntegrationNodeGroups(t *testing.T) {
 	ctx := context.Background()
 
 	// Three nodes of 2 L40S need 6; the platform has 4: nothing is kept.
-	_, err := a.CreateGroup(ctx, "gpu-pool", api.GroupRequest{Nodes: 3, GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+	// A registry just founded may still change leaders (it grows as the
+	// second agent joins): a retryable 503 is retried, as clients do.
+	err := retryUnavailable(func() error {
+		_, err := a.CreateGroup(ctx, "gpu-pool", api.GroupRequest{Nodes: 3, GPUs: []api.Item{{Model: "L40S", Count: 2}}})
+		return err
+	})
 	if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
 		t.Fatalf("oversized group: %+v", e)
 	}
