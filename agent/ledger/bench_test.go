@@ -12,7 +12,7 @@ import (
 // per op: the Commit and the Release.
 func BenchmarkReserveCommit(b *testing.B) {
 	l := newLedger(b)
-	r := req(Item{h100, 2})
+	r := req(Item{Model: h100, Count: 2})
 	i := 0
 	for b.Loop() {
 		id := fmt.Sprintf("vm-%d", i)
@@ -35,16 +35,16 @@ func BenchmarkReserveCommit(b *testing.B) {
 // No durable transaction.
 func BenchmarkReserveRelease(b *testing.B) {
 	l := newLedger(b)
-	if _, err := l.Reserve("committed", req(Item{h100, 2}), "coord", t0, lease); err != nil {
+	if _, err := l.Reserve("committed", req(Item{Model: h100, Count: 2}), "coord", t0, lease); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := l.Commit("committed", t0); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := l.Reserve("other", req(Item{l40s, 1}), "coord", t0, lease); err != nil {
+	if _, err := l.Reserve("other", req(Item{Model: l40s, Count: 1}), "coord", t0, lease); err != nil {
 		b.Fatal(err)
 	}
-	r := req(Item{h100, 2})
+	r := req(Item{Model: h100, Count: 2})
 	i := 0
 	for b.Loop() {
 		id := fmt.Sprintf("vm-%d", i)

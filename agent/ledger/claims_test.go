@@ -14,13 +14,13 @@ import (
 
 func TestReserveCommitRelease(t *testing.T) {
 	l := newLedger(t)
-	r := Request{Items: []Item{{h100, 2}}, Labels: map[string]string{"vm": "vm-1"}}
+	r := Request{Items: []Item{{Model: h100, Count: 2}}, Labels: map[string]string{"vm": "vm-1"}}
 
 	c := mustReserve(t, l, "vm-1", r, t0)
 	want := Claim{
 		ID:          "vm-1",
 		State:       StateReserved,
-		Items:       []Item{{h100, 2}},
+		Items:       []Item{{Model: h100, Count: 2}},
 		GPUs:        []string{"0000:18:00.0", "0000:2a:00.0"},
 		Labels:      map[string]string{"vm": "vm-1"},
 		Coordinator: "coord-1",
@@ -60,44 +60,44 @@ func TestReserveCommitRelease(t *testing.T) {
 func TestReserveUsesPlacement(t *testing.T) {
 	l := newLedger(t)
 	// Both nodes have 4 free H100: tie, node 0.
-	if c := mustReserve(t, l, "a", req(Item{h100, 3}), t0); !slices.Equal(c.GPUs, []string{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"}) {
+	if c := mustReserve(t, l, "a", req(Item{Model: h100, Count: 3}), t0); !slices.Equal(c.GPUs, []string{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"}) {
 		t.Fatalf("a got %v", c.GPUs)
 	}
 	// Node 0 has 1 left, too few: node 1.
-	if c := mustReserve(t, l, "b", req(Item{h100, 2}), t0); !slices.Equal(c.GPUs, []string{"0000:9a:00.0", "0000:ab:00.0"}) {
+	if c := mustReserve(t, l, "b", req(Item{Model: h100, Count: 2}), t0); !slices.Equal(c.GPUs, []string{"0000:9a:00.0", "0000:ab:00.0"}) {
 		t.Fatalf("b got %v", c.GPUs)
 	}
 	// Best fit: node 0's single GPU, keeping node 1's pair whole.
-	if c := mustReserve(t, l, "c", req(Item{h100, 1}), t0); !slices.Equal(c.GPUs, []string{"0000:5d:00.0"}) {
+	if c := mustReserve(t, l, "c", req(Item{Model: h100, Count: 1}), t0); !slices.Equal(c.GPUs, []string{"0000:5d:00.0"}) {
 		t.Fatalf("c got %v", c.GPUs)
 	}
 }
 
 func TestReserveSeveralModels(t *testing.T) {
 	l := newLedger(t)
-	c := mustReserve(t, l, "vm-1", req(Item{l40s, 2}, Item{h100, 1}), t0)
+	c := mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 2}, Item{Model: h100, Count: 1}), t0)
 	want := []string{"0000:18:00.0", "0000:61:00.0", "0000:62:00.0"}
 	if !slices.Equal(c.GPUs, want) {
 		t.Fatalf("GPUs = %v, want %v (sorted)", c.GPUs, want)
 	}
-	if !slices.Equal(c.Items, []Item{{l40s, 2}, {h100, 1}}) {
+	if !slices.Equal(c.Items, []Item{{Model: l40s, Count: 2}, {Model: h100, Count: 1}}) {
 		t.Fatalf("Items = %v, want the request's order", c.Items)
 	}
 }
 
 func TestReserveNotAvailable(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "big", req(Item{h100, 6}), t0)
+	mustReserve(t, l, "big", req(Item{Model: h100, Count: 6}), t0)
 	rev := l.Revision()
 
-	_, err := l.Reserve("vm-2", req(Item{h100, 4}, Item{l40s, 1}, Item{"A100 80GB", 1}), "", t0, lease)
+	_, err := l.Reserve("vm-2", req(Item{Model: h100, Count: 4}, Item{Model: l40s, Count: 1}, Item{Model: "A100 80GB", Count: 1}), "", t0, lease)
 	var na *NotAvailableError
 	if !errors.As(err, &na) || !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("Reserve = %v, want *NotAvailableError", err)
 	}
 	// Every short item, each with its full count (2 H100 are free, but an
 	// item is all or nothing); the L40S that would fit is not listed.
-	want := []Item{{h100, 4}, {"A100 80GB", 1}}
+	want := []Item{{Model: h100, Count: 4}, {Model: "A100 80GB", Count: 1}}
 	if na.ID != "vm-2" || !slices.Equal(na.Missing, want) {
 		t.Fatalf("NotAvailableError = %+v, want missing %v", na, want)
 	}
@@ -120,12 +120,12 @@ func TestReserveNotAvailable(t *testing.T) {
 
 func TestReserveIdempotent(t *testing.T) {
 	l := newLedger(t)
-	r := Request{Items: []Item{{h100, 2}, {l40s, 1}}, Labels: map[string]string{"team": "ml"}}
+	r := Request{Items: []Item{{Model: h100, Count: 2}, {Model: l40s, Count: 1}}, Labels: map[string]string{"team": "ml"}}
 	first := mustReserve(t, l, "vm-1", r, t0)
 	rev := l.Revision()
 
 	// Same request, items in another order, later, from another coordinator.
-	retry, err := l.Reserve("vm-1", Request{Items: []Item{{l40s, 1}, {h100, 2}}, Labels: map[string]string{"team": "ml"}}, "coord-2", t0.Add(10*time.Second), lease)
+	retry, err := l.Reserve("vm-1", Request{Items: []Item{{Model: l40s, Count: 1}, {Model: h100, Count: 2}}, Labels: map[string]string{"team": "ml"}}, "coord-2", t0.Add(10*time.Second), lease)
 	if err != nil || !reflect.DeepEqual(retry, first) {
 		t.Fatalf("retry = %+v, %v; want the first claim unchanged %+v", retry, err, first)
 	}
@@ -140,8 +140,8 @@ func TestReserveIdempotent(t *testing.T) {
 	}
 
 	for name, other := range map[string]Request{
-		"count":  {Items: []Item{{h100, 3}, {l40s, 1}}, Labels: r.Labels},
-		"model":  {Items: []Item{{h100, 2}}, Labels: r.Labels},
+		"count":  {Items: []Item{{Model: h100, Count: 3}, {Model: l40s, Count: 1}}, Labels: r.Labels},
+		"model":  {Items: []Item{{Model: h100, Count: 2}}, Labels: r.Labels},
 		"labels": {Items: r.Items, Labels: map[string]string{"team": "web"}},
 	} {
 		_, err := l.Reserve("vm-1", other, "coord-1", t0.Add(time.Hour), lease)
@@ -154,7 +154,7 @@ func TestReserveIdempotent(t *testing.T) {
 
 func TestReserveAfterLeaseExpired(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{l40s, 2}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 2}), t0)
 
 	// At ExpiresAt exactly the reservation is no longer live: its GPUs are
 	// free for someone else.
@@ -162,10 +162,10 @@ func TestReserveAfterLeaseExpired(t *testing.T) {
 	if got := l.Free(end)[l40s]; got != 2 {
 		t.Fatalf("free L40S at the deadline = %d, want 2", got)
 	}
-	other := mustReserve(t, l, "vm-2", req(Item{l40s, 1}), end)
+	other := mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 1}), end)
 
 	// The same ID may reserve again, under a new lease, on what is left.
-	again, err := l.Reserve("vm-1", req(Item{l40s, 1}), "coord-1", end, lease)
+	again, err := l.Reserve("vm-1", req(Item{Model: l40s, Count: 1}), "coord-1", end, lease)
 	if err != nil {
 		t.Fatalf("re-reserve after expiry: %v", err)
 	}
@@ -187,7 +187,7 @@ func TestReserveSkipsUnavailableGPUs(t *testing.T) {
 	if err := l.Drain("0000:62:00.0", "fan failure", t0); err != nil {
 		t.Fatal(err)
 	}
-	_, err := l.Reserve("vm-1", req(Item{l40s, 1}), "", t0, lease)
+	_, err := l.Reserve("vm-1", req(Item{Model: l40s, Count: 1}), "", t0, lease)
 	if !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("Reserve with the only L40S sick and the other drained = %v, want ErrNotAvailable", err)
 	}
@@ -203,11 +203,11 @@ func TestReserveRejectsInvalidInput(t *testing.T) {
 		lease       time.Duration
 		field       string
 	}{
-		{"bad id", "vm 1", req(Item{h100, 1}), "", lease, "id"},
-		{"bad request", "vm-1", req(Item{h100, 0}), "", lease, "items[0].count"},
-		{"zero lease", "vm-1", req(Item{h100, 1}), "", 0, "lease"},
-		{"negative lease", "vm-1", req(Item{h100, 1}), "", -time.Second, "lease"},
-		{"coordinator too long", "vm-1", req(Item{h100, 1}), strings.Repeat("c", MaxCoordinatorLen+1), lease, "coordinator"},
+		{"bad id", "vm 1", req(Item{Model: h100, Count: 1}), "", lease, "id"},
+		{"bad request", "vm-1", req(Item{Model: h100, Count: 0}), "", lease, "items[0].count"},
+		{"zero lease", "vm-1", req(Item{Model: h100, Count: 1}), "", 0, "lease"},
+		{"negative lease", "vm-1", req(Item{Model: h100, Count: 1}), "", -time.Second, "lease"},
+		{"coordinator too long", "vm-1", req(Item{Model: h100, Count: 1}), strings.Repeat("c", MaxCoordinatorLen+1), lease, "coordinator"},
 	}
 	for _, tt := range tests {
 		_, err := l.Reserve(tt.id, tt.req, tt.coordinator, t0, tt.lease)
@@ -226,7 +226,7 @@ func TestMaxGPUsOption(t *testing.T) {
 	if l.MaxGPUs() != 2 {
 		t.Fatalf("MaxGPUs = %d", l.MaxGPUs())
 	}
-	_, err := l.Reserve("vm-1", req(Item{h100, 3}), "", t0, lease)
+	_, err := l.Reserve("vm-1", req(Item{Model: h100, Count: 3}), "", t0, lease)
 	if !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Reserve of 3 with max 2 = %v, want ErrInvalid", err)
 	}
@@ -238,7 +238,7 @@ func TestCommit(t *testing.T) {
 		t.Fatalf("Commit(unknown) = %v, want ErrNotFound naming the claim", err)
 	}
 
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	first := mustCommit(t, l, "vm-1", t0.Add(time.Second))
 	rev := l.Revision()
 	again := mustCommit(t, l, "vm-1", t0.Add(time.Hour))
@@ -247,7 +247,7 @@ func TestCommit(t *testing.T) {
 	}
 
 	// A reservation is expired at its deadline exactly: never committed.
-	mustReserve(t, l, "vm-2", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0)
 	_, err := l.Commit("vm-2", t0.Add(lease))
 	if !errors.Is(err, ErrLeaseExpired) || !strings.Contains(err.Error(), `"vm-2"`) {
 		t.Fatalf("Commit at the deadline = %v, want ErrLeaseExpired naming vm-2", err)
@@ -266,7 +266,7 @@ func TestExtend(t *testing.T) {
 	if _, err := l.Extend("nope", t0, lease); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Extend(unknown) = %v, want ErrNotFound", err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 
 	c, err := l.Extend("vm-1", t0.Add(50*time.Second), 2*lease)
 	if err != nil || !c.ExpiresAt.Equal(t0.Add(50*time.Second+2*lease)) {
@@ -287,7 +287,7 @@ func TestExtend(t *testing.T) {
 		t.Fatalf("Extend(committed) = %+v, %v; want it unchanged", c, err)
 	}
 
-	mustReserve(t, l, "vm-2", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0)
 	if _, err := l.Extend("vm-2", t0.Add(lease), lease); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("Extend after the deadline = %v, want ErrLeaseExpired", err)
 	}
@@ -301,7 +301,7 @@ func TestRelease(t *testing.T) {
 	if _, err := l.Release("nope", t0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Release(unknown) = %v, want ErrNotFound", err)
 	}
-	res := mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	res := mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	if got, err := l.Release("vm-1", t0.Add(time.Second)); err != nil || !reflect.DeepEqual(got, res) {
 		t.Fatalf("Release(reserved) = %+v, %v; want %+v", got, err, res)
 	}
@@ -309,7 +309,7 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("second Release = %v, want ErrNotFound", err)
 	}
 
-	mustReserve(t, l, "vm-2", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0)
 	if _, err := l.Release("vm-2", t0.Add(lease)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Release(expired) = %v, want ErrNotFound", err)
 	}
@@ -326,11 +326,11 @@ func TestAbortReservationLeavesACommittedClaim(t *testing.T) {
 	if _, err := l.AbortReservation("nope", t0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("AbortReservation(unknown) = %v, want ErrNotFound", err)
 	}
-	res := mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	res := mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	if got, err := l.AbortReservation("vm-1", t0.Add(time.Second)); err != nil || !reflect.DeepEqual(got, res) {
 		t.Fatalf("AbortReservation(reserved) = %+v, %v; want %+v", got, err, res)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	held := mustCommit(t, l, "vm-1", t0.Add(time.Second))
 	rev := l.Revision()
 	_, err := l.AbortReservation("vm-1", t0.Add(2*time.Second))
@@ -350,10 +350,10 @@ func TestAbortReservationLeavesACommittedClaim(t *testing.T) {
 
 func TestExpire(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "b-short", req(Item{h100, 1}), t0)
-	mustReserve(t, l, "a-short", req(Item{h100, 1}), t0)
-	mustReserve(t, l, "long", req(Item{h100, 1}), t0.Add(lease))
-	mustReserve(t, l, "done", req(Item{l40s, 1}), t0)
+	mustReserve(t, l, "b-short", req(Item{Model: h100, Count: 1}), t0)
+	mustReserve(t, l, "a-short", req(Item{Model: h100, Count: 1}), t0)
+	mustReserve(t, l, "long", req(Item{Model: h100, Count: 1}), t0.Add(lease))
+	mustReserve(t, l, "done", req(Item{Model: l40s, Count: 1}), t0)
 	mustCommit(t, l, "done", t0)
 
 	rev := l.Revision()
@@ -385,7 +385,7 @@ func TestExpire(t *testing.T) {
 
 func TestListReturnsCopies(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", Request{Items: []Item{{h100, 1}}, Labels: map[string]string{"a": "b"}}, t0)
+	mustReserve(t, l, "vm-1", Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{"a": "b"}}, t0)
 	c := l.List()[0]
 	c.GPUs[0] = "0000:00:00.0"
 	c.Labels["a"] = "changed"
@@ -402,7 +402,7 @@ func TestRevisionMovesOnEveryChange(t *testing.T) {
 		name string
 		do   func() error
 	}{
-		{"reserve", func() error { _, err := l.Reserve("vm-1", req(Item{h100, 1}), "", t0, lease); return err }},
+		{"reserve", func() error { _, err := l.Reserve("vm-1", req(Item{Model: h100, Count: 1}), "", t0, lease); return err }},
 		{"extend", func() error { _, err := l.Extend("vm-1", t0.Add(time.Second), lease); return err }},
 		{"commit", func() error { _, err := l.Commit("vm-1", t0); return err }},
 		{"drain", func() error { return l.Drain("0000:9a:00.0", "maintenance", t0) }},
@@ -437,7 +437,7 @@ func TestConcurrentReserve(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id := fmt.Sprintf("vm-%d", i)
-			c, err := l.Reserve(id, req(Item{h100, 1}), "", t0, lease)
+			c, err := l.Reserve(id, req(Item{Model: h100, Count: 1}), "", t0, lease)
 			if err == nil {
 				_, err = l.Commit(id, t0)
 			}
@@ -473,7 +473,7 @@ func TestCommitUnder(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	c, err := l.CommitUnder("vm-1", 42, t0)
 	if err != nil || c.NameToken != 42 || c.State != StateCommitted {
 		t.Fatalf("CommitUnder = %+v, %v", c, err)

@@ -187,7 +187,7 @@ func TestInspectReadsWithoutWriting(t *testing.T) {
 
 func TestBackupAndRestore(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{h100, 2}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
 	mustCommit(t, l, "vm-1", t0)
 	if err := l.Drain("0000:db:00.0", "fan", t0); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestOpenOnReadOnlyFileSystem(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	mustCommit(t, l, "vm-1", t0)
 	l.Close()
 	if out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput(); err != nil {
@@ -300,11 +300,11 @@ func TestWriteOnFullDisk(t *testing.T) {
 	)
 	for i := 0; failed == nil && i < 1000; i++ {
 		id = fmt.Sprintf("vm-%d", i)
-		if _, err := l.Reserve(id, Request{Items: []Item{{h100, 1}}, Labels: labels}, "c", t0, lease); err != nil {
+		if _, err := l.Reserve(id, Request{Items: []Item{{Model: h100, Count: 1}}, Labels: labels}, "c", t0, lease); err != nil {
 			t.Fatalf("Reserve %d on a full disk: %v; a reservation writes no file", i, err)
 		}
 		// Another live reservation, that the failed write must keep.
-		if _, err := l.Reserve("bystander", req(Item{l40s, 1}), "c", t0, lease); err != nil {
+		if _, err := l.Reserve("bystander", req(Item{Model: l40s, Count: 1}), "c", t0, lease); err != nil {
 			t.Fatal(err)
 		}
 		rev, before, free := l.Revision(), l.List(), l.Free(t0)
@@ -343,7 +343,7 @@ func TestWriteOnFullDisk(t *testing.T) {
 			want = append(want, c)
 		}
 	}
-	if _, err := l.Reserve("after", req(Item{l40s, 1}), "c", t0, lease); err != nil {
+	if _, err := l.Reserve("after", req(Item{Model: l40s, Count: 1}), "c", t0, lease); err != nil {
 		t.Fatalf("Reserve once space is back: %v", err)
 	}
 	l.Close()

@@ -43,7 +43,7 @@ func TestGPUStatusPrecedence(t *testing.T) {
 			l := newLedger(t)
 			const addr = "0000:61:00.0" // the first L40S placement picks
 			if tt.claim != "" {
-				mustReserve(t, l, "vm-1", req(Item{l40s, 1}), t0)
+				mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 1}), t0)
 				if tt.claim == StateCommitted {
 					mustCommit(t, l, "vm-1", t0)
 				}
@@ -73,7 +73,7 @@ func TestGPUStatusPrecedence(t *testing.T) {
 
 func TestGPUStatesAfterLeaseExpiry(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{l40s, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 1}), t0)
 	if s := stateOf(t, l, "0000:61:00.0"); s.Status != GPUReserved {
 		t.Fatalf("before deadline: %+v", s)
 	}
@@ -91,8 +91,8 @@ func TestTotalsAndFree(t *testing.T) {
 	if err := l.SetInventory(inv); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 2}), t0)
-	mustReserve(t, l, "vm-2", req(Item{l40s, 2}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 2}), t0)
 	mustCommit(t, l, "vm-2", t0)
 	if err := l.Drain("0000:18:00.0", "maintenance", t0); err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestTotalsAndFree(t *testing.T) {
 func TestDrain(t *testing.T) {
 	l := newLedger(t)
 	const addr = "0000:61:00.0"
-	c := mustReserve(t, l, "vm-1", req(Item{l40s, 1}), t0)
+	c := mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 1}), t0)
 	if c.GPUs[0] != addr {
 		t.Fatalf("placement changed: %v", c.GPUs)
 	}
@@ -137,7 +137,7 @@ func TestDrain(t *testing.T) {
 	if s := stateOf(t, l, addr); s.Status != GPUDrained || s.DrainReason != "replace fan" {
 		t.Fatalf("state %+v", s)
 	}
-	c = mustReserve(t, l, "vm-2", req(Item{l40s, 1}), t0)
+	c = mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 1}), t0)
 	if c.GPUs[0] == addr {
 		t.Fatal("drained GPU handed out")
 	}
@@ -186,7 +186,7 @@ func TestDrainErrors(t *testing.T) {
 
 func TestVanishedGPUs(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{l40s, 1}), t0) // 0000:61:00.0
+	mustReserve(t, l, "vm-1", req(Item{Model: l40s, Count: 1}), t0) // 0000:61:00.0
 	mustCommit(t, l, "vm-1", t0)
 	if err := l.Drain("0000:62:00.0", "flaky", t0); err != nil {
 		t.Fatal(err)

@@ -38,19 +38,19 @@ func TestOpenRefusesContradictoryClaims(t *testing.T) {
 		want  []string // in the error, besides the path
 	}{
 		{"a GPU in two claims", func(t *testing.T, path, held string) claimRecord {
-			return committedRecord("vm-2", []Item{{h100, 1}}, map[string]string{held: h100}, held)
+			return committedRecord("vm-2", []Item{{Model: h100, Count: 1}}, map[string]string{held: h100}, held)
 		}, []string{"claim vm-2", "which claim vm-1 holds too", "one GPU is in two claims"}},
 		{"a GPU the ledger does not hold", func(t *testing.T, path, held string) claimRecord {
-			return committedRecord("vm-2", []Item{{h100, 1}}, map[string]string{}, "0000:9a:00.0")
+			return committedRecord("vm-2", []Item{{Model: h100, Count: 1}}, map[string]string{}, "0000:9a:00.0")
 		}, []string{"claim vm-2", "0000:9a:00.0", "which the ledger does not hold"}},
 		{"items that do not match the models", func(t *testing.T, path, held string) claimRecord {
-			return committedRecord("vm-2", []Item{{h100, 2}}, map[string]string{"0000:9a:00.0": h100, "0000:61:00.0": l40s}, "0000:61:00.0", "0000:9a:00.0")
+			return committedRecord("vm-2", []Item{{Model: h100, Count: 2}}, map[string]string{"0000:9a:00.0": h100, "0000:61:00.0": l40s}, "0000:61:00.0", "0000:9a:00.0")
 		}, []string{"claim vm-2", "asks for 2x H100 80GB but holds 1x H100 80GB, 1x L40S"}},
 		{"a GPU that is no PCI address", func(t *testing.T, path, held string) claimRecord {
-			return committedRecord("vm-2", []Item{{h100, 1}}, map[string]string{"GPU0": h100}, "GPU0")
+			return committedRecord("vm-2", []Item{{Model: h100, Count: 1}}, map[string]string{"GPU0": h100}, "GPU0")
 		}, []string{"claim vm-2", `"GPU0" is not a PCI address`}},
 		{"a GPU named twice", func(t *testing.T, path, held string) claimRecord {
-			return committedRecord("vm-2", []Item{{h100, 2}}, map[string]string{"0000:9a:00.0": h100}, "0000:9a:00.0", "0000:9a:00.0")
+			return committedRecord("vm-2", []Item{{Model: h100, Count: 2}}, map[string]string{"0000:9a:00.0": h100}, "0000:9a:00.0", "0000:9a:00.0")
 		}, []string{"claim vm-2", "names GPU 0000:9a:00.0 twice"}},
 	}
 	for _, tt := range tests {
@@ -93,7 +93,7 @@ func TestOpenNamesEveryProblem(t *testing.T) {
 		if err := b.Put([]byte("vm-a"), []byte("{garbage")); err != nil {
 			return err
 		}
-		if err := b.Put([]byte("vm-b"), mustJSON(t, committedRecord("vm-b", []Item{{h100, 1}}, map[string]string{held: h100}, held))); err != nil {
+		if err := b.Put([]byte("vm-b"), mustJSON(t, committedRecord("vm-b", []Item{{Model: h100, Count: 1}}, map[string]string{held: h100}, held))); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketDrains).Put([]byte("0000:9a:00.0"), []byte("[]"))
@@ -125,7 +125,7 @@ func TestRemoveClaimRepairsARefusedLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := rep.Claims[0].GPUs[0]
-	putClaimRecord(t, path, committedRecord("vm-2", []Item{{h100, 1}}, map[string]string{held: h100}, held))
+	putClaimRecord(t, path, committedRecord("vm-2", []Item{{Model: h100, Count: 1}}, map[string]string{held: h100}, held))
 	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.Bucket(bucketClaims).Put([]byte("vm-3"), []byte("{")) })
 	if _, err := Open(path); !errors.Is(err, ErrIntegrity) {
 		t.Fatalf("Open of the damaged file = %v", err)

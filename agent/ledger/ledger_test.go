@@ -41,9 +41,9 @@ func TestPersistence(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 2}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
 	committed := mustCommit(t, l, "vm-1", t0)
-	reserved := mustReserve(t, l, "vm-2", Request{Items: []Item{{l40s, 1}}, Labels: map[string]string{"k": "v"}}, t0)
+	reserved := mustReserve(t, l, "vm-2", Request{Items: []Item{{Model: l40s, Count: 1}}, Labels: map[string]string{"k": "v"}}, t0)
 	if err := l.Drain("0000:db:00.0", "ECC errors", t0); err != nil {
 		t.Fatal(err)
 	}
@@ -100,9 +100,9 @@ func TestReservationsDoNotSurviveReopen(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	committed := mustCommit(t, l, "vm-1", t0)
-	reserved := mustReserve(t, l, "vm-2", req(Item{l40s, 2}), t0)
+	reserved := mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 2}), t0)
 	extended, err := l.Extend("vm-2", t0, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -126,14 +126,14 @@ func TestReservationsDoNotSurviveReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its GPUs are free again; the committed claim's are not.
-	again := mustReserve(t, l, "vm-3", req(Item{l40s, 2}), t0)
+	again := mustReserve(t, l, "vm-3", req(Item{Model: l40s, Count: 2}), t0)
 	if !reflect.DeepEqual(again.GPUs, reserved.GPUs) {
 		t.Fatalf("vm-3 got %v, want the GPUs the dropped reservation held, %v", again.GPUs, reserved.GPUs)
 	}
 	if st := stateOf(t, l, committed.GPUs[0]); st.Status != GPUClaimed || st.ClaimID != "vm-1" {
 		t.Fatalf("GPU of the committed claim after reopen: %+v", st)
 	}
-	if _, err := l.Reserve("vm-4", req(Item{h100, 8}), "c", t0, lease); !errors.Is(err, ErrNotAvailable) {
+	if _, err := l.Reserve("vm-4", req(Item{Model: h100, Count: 8}), "c", t0, lease); !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("Reserve of all 8 H100 while one is committed = %v, want ErrNotAvailable", err)
 	}
 }
@@ -177,7 +177,7 @@ func ledgerFile(t *testing.T) string {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	mustCommit(t, l, "vm-1", t0)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)

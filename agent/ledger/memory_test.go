@@ -84,9 +84,9 @@ func writesOnce(t *testing.T, l *Ledger, name string, do func() error) error {
 
 func TestReservationsWriteNoFile(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-c", req(Item{l40s, 1}), t0)
+	mustReserve(t, l, "vm-c", req(Item{Model: l40s, Count: 1}), t0)
 	mustCommit(t, l, "vm-c", t0)
-	r := req(Item{h100, 2})
+	r := req(Item{Model: h100, Count: 2})
 	later := t0.Add(2 * lease)
 
 	steps := []struct {
@@ -96,8 +96,14 @@ func TestReservationsWriteNoFile(t *testing.T) {
 	}{
 		{"Reserve", func() error { _, err := l.Reserve("vm-1", r, "coord", t0, lease); return err }, nil},
 		{"Reserve retried", func() error { _, err := l.Reserve("vm-1", r, "coord", t0, lease); return err }, nil},
-		{"Reserve with another request", func() error { _, err := l.Reserve("vm-1", req(Item{h100, 1}), "coord", t0, lease); return err }, ErrConflict},
-		{"Reserve that does not fit", func() error { _, err := l.Reserve("vm-big", req(Item{l40s, 2}), "coord", t0, lease); return err }, ErrNotAvailable},
+		{"Reserve with another request", func() error {
+			_, err := l.Reserve("vm-1", req(Item{Model: h100, Count: 1}), "coord", t0, lease)
+			return err
+		}, ErrConflict},
+		{"Reserve that does not fit", func() error {
+			_, err := l.Reserve("vm-big", req(Item{Model: l40s, Count: 2}), "coord", t0, lease)
+			return err
+		}, ErrNotAvailable},
 		{"Extend", func() error { _, err := l.Extend("vm-1", t0.Add(time.Second), lease); return err }, nil},
 		{"Extend of a committed claim", func() error { _, err := l.Extend("vm-c", t0, lease); return err }, nil},
 		{"Commit of a committed claim", func() error { _, err := l.Commit("vm-c", t0); return err }, nil},
@@ -106,7 +112,10 @@ func TestReservationsWriteNoFile(t *testing.T) {
 		{"Reserve again", func() error { _, err := l.Reserve("vm-2", r, "coord", t0, lease); return err }, nil},
 		{"Reserve a third", func() error { _, err := l.Reserve("vm-3", r, "coord", t0, lease); return err }, nil},
 		{"Reserve a fourth", func() error { _, err := l.Reserve("vm-4", r, "coord", t0, lease); return err }, nil},
-		{"Reserve a fifth", func() error { _, err := l.Reserve("vm-5", req(Item{h100, 1}), "coord", t0, lease); return err }, nil},
+		{"Reserve a fifth", func() error {
+			_, err := l.Reserve("vm-5", req(Item{Model: h100, Count: 1}), "coord", t0, lease)
+			return err
+		}, nil},
 		{"Commit after the lease", func() error { _, err := l.Commit("vm-2", later); return err }, ErrLeaseExpired},
 		{"Extend after the lease", func() error { _, err := l.Extend("vm-3", later, lease); return err }, ErrLeaseExpired},
 		{"Release after the lease", func() error { _, err := l.Release("vm-4", later); return err }, ErrNotFound},
@@ -121,7 +130,7 @@ func TestReservationsWriteNoFile(t *testing.T) {
 		{"SetInventory", func() error { return l.SetInventory(server()[:9]) }, nil},
 		{"Drain with the same reason", func() error { return l.Drain("0000:9a:00.0", "fan", t0) }, nil},
 		{"Undrain of a GPU in service", func() error { return l.Undrain("0000:18:00.0") }, nil},
-		{"Resize to the same request", func() error { _, err := l.Resize("vm-c", req(Item{l40s, 1}), later); return err }, nil},
+		{"Resize to the same request", func() error { _, err := l.Resize("vm-c", req(Item{Model: l40s, Count: 1}), later); return err }, nil},
 	}
 	if err := l.Drain("0000:9a:00.0", "fan", t0); err != nil {
 		t.Fatal(err)
@@ -150,7 +159,7 @@ func TestClaimCostsOneWrite(t *testing.T) {
 	var c Claim
 	err := withoutFileWrites(t, l, "Reserve", func() error {
 		var err error
-		c, err = l.Reserve("vm-1", req(Item{h100, 2}), "coord", t0, lease)
+		c, err = l.Reserve("vm-1", req(Item{Model: h100, Count: 2}), "coord", t0, lease)
 		return err
 	})
 	if err != nil {
@@ -185,8 +194,8 @@ func TestClaimCostsOneWrite(t *testing.T) {
 // taken for the next check-and-take.
 func TestFileWriteKeepsReservations(t *testing.T) {
 	l := newLedger(t)
-	a := mustReserve(t, l, "vm-a", req(Item{h100, 4}), t0)
-	mustReserve(t, l, "vm-b", req(Item{h100, 3}), t0)
+	a := mustReserve(t, l, "vm-a", req(Item{Model: h100, Count: 4}), t0)
+	mustReserve(t, l, "vm-b", req(Item{Model: h100, Count: 3}), t0)
 	mustCommit(t, l, "vm-b", t0)
 	if err := l.Drain("0000:61:00.0", "fan", t0); err != nil {
 		t.Fatal(err)
@@ -195,15 +204,15 @@ func TestFileWriteKeepsReservations(t *testing.T) {
 		t.Fatalf("reservation after two file writes: %+v, %v; want %+v", got, err, a)
 	}
 	// 8 H100: 4 reserved, 3 committed. One is left.
-	if _, err := l.Reserve("vm-c", req(Item{h100, 2}), "c", t0, lease); !errors.Is(err, ErrNotAvailable) {
+	if _, err := l.Reserve("vm-c", req(Item{Model: h100, Count: 2}), "c", t0, lease); !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("Reserve of 2 H100 with 7 of 8 taken = %v, want ErrNotAvailable", err)
 	}
-	mustReserve(t, l, "vm-c", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-c", req(Item{Model: h100, Count: 1}), t0)
 	if free := l.Free(t0); free[h100] != 0 || free[l40s] != 1 {
 		t.Fatalf("Free = %v", free)
 	}
 	// A resize (a file write) cannot take the reserved GPUs either.
-	if _, err := l.Resize("vm-b", req(Item{h100, 4}), t0); !errors.Is(err, ErrNotAvailable) {
+	if _, err := l.Resize("vm-b", req(Item{Model: h100, Count: 4}), t0); !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("Resize onto reserved GPUs = %v, want ErrNotAvailable", err)
 	}
 }
@@ -348,7 +357,7 @@ func TestDroppedAtOpen(t *testing.T) {
 		t.Fatalf("DroppedAtOpen on the second Open = %+v, want nil", got)
 	}
 	fresh := newLedger(t)
-	mustReserve(t, fresh, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, fresh, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	if got := fresh.DroppedAtOpen(); got != nil {
 		t.Fatalf("DroppedAtOpen of a new ledger = %+v", got)
 	}

@@ -17,7 +17,7 @@ func TestNameTokenKeptAndMovedByNewerGrant(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	r := Request{Items: []Item{{h100, 2}}, NameToken: 7}
+	r := Request{Items: []Item{{Model: h100, Count: 2}}, NameToken: 7}
 	c, err := l.Reserve("vm-1", r, "coord-1", t0, lease)
 	if err != nil || c.NameToken != 7 {
 		t.Fatalf("Reserve = %+v, %v; want token 7", c, err)

@@ -11,7 +11,7 @@ import (
 // placement: a Kubernetes claim prepared twice with other devices.
 func TestReservePinnedDevices(t *testing.T) {
 	l := newLedger(t)
-	pinned := Request{Items: []Item{{h100, 2}}, Devices: []string{"0000:9a:00.0", "0000:db:00.0"}}
+	pinned := Request{Items: []Item{{Model: h100, Count: 2}}, Devices: []string{"0000:9a:00.0", "0000:db:00.0"}}
 	c := mustReserve(t, l, "k8s.a", pinned, t0)
 	if !slices.Equal(c.GPUs, pinned.Devices) {
 		t.Fatalf("pinned reserve took %v, want %v", c.GPUs, pinned.Devices)
@@ -19,20 +19,20 @@ func TestReservePinnedDevices(t *testing.T) {
 	if again := mustReserve(t, l, "k8s.a", pinned, t0); !slices.Equal(again.GPUs, c.GPUs) {
 		t.Fatalf("retry took %v, want %v", again.GPUs, c.GPUs)
 	}
-	other := Request{Items: []Item{{h100, 2}}, Devices: []string{"0000:18:00.0", "0000:db:00.0"}}
+	other := Request{Items: []Item{{Model: h100, Count: 2}}, Devices: []string{"0000:18:00.0", "0000:db:00.0"}}
 	if _, err := l.Reserve("k8s.a", other, "coord-1", t0, lease); !errors.Is(err, ErrConflict) {
 		t.Fatalf("same ID, other devices: %v, want a conflict", err)
 	}
 
 	// A GPU held by another claim is not available to a pinned request,
 	// even when other GPUs of its model are free.
-	_, err := l.Reserve("k8s.b", Request{Items: []Item{{h100, 1}}, Devices: []string{"0000:9a:00.0"}}, "coord-1", t0, lease)
+	_, err := l.Reserve("k8s.b", Request{Items: []Item{{Model: h100, Count: 1}}, Devices: []string{"0000:9a:00.0"}}, "coord-1", t0, lease)
 	var na *NotAvailableError
-	if !errors.As(err, &na) || len(na.Missing) != 1 || na.Missing[0] != (Item{h100, 1}) {
+	if !errors.As(err, &na) || len(na.Missing) != 1 || na.Missing[0] != (Item{Model: h100, Count: 1}) {
 		t.Fatalf("pinned to a held GPU: %v, want not available 1x %s", err, h100)
 	}
 	// A GPU of another model than the item asks for is not taken.
-	_, err = l.Reserve("k8s.c", Request{Items: []Item{{h100, 1}}, Devices: []string{"0000:61:00.0"}}, "coord-1", t0, lease)
+	_, err = l.Reserve("k8s.c", Request{Items: []Item{{Model: h100, Count: 1}}, Devices: []string{"0000:61:00.0"}}, "coord-1", t0, lease)
 	if !errors.As(err, &na) {
 		t.Fatalf("pinned to an L40S for an H100: %v, want not available", err)
 	}
@@ -40,7 +40,7 @@ func TestReservePinnedDevices(t *testing.T) {
 	if err := l.Drain("0000:18:00.0", "maintenance", t0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Reserve("k8s.d", Request{Items: []Item{{h100, 1}}, Devices: []string{"0000:18:00.0"}}, "coord-1", t0, lease)
+	_, err = l.Reserve("k8s.d", Request{Items: []Item{{Model: h100, Count: 1}}, Devices: []string{"0000:18:00.0"}}, "coord-1", t0, lease)
 	if !errors.As(err, &na) {
 		t.Fatalf("pinned to a drained GPU: %v, want not available", err)
 	}
@@ -58,7 +58,7 @@ func TestValidatePinnedDevices(t *testing.T) {
 		{"twice", []string{"0000:18:00.0", "0000:18:00.0"}, "devices[1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := ValidateRequest(Request{Items: []Item{{h100, 2}}, Devices: tc.devices}, 0)
+			err := ValidateRequest(Request{Items: []Item{{Model: h100, Count: 2}}, Devices: tc.devices}, 0)
 			var ve *ValidationError
 			if !errors.As(err, &ve) || ve.Field != tc.field {
 				t.Fatalf("ValidateRequest(%v) = %v, want an error on %s", tc.devices, err, tc.field)

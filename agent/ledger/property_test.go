@@ -508,7 +508,7 @@ func (m *machine) verify() error {
 // claims, must be reported.
 func TestPropertiesCatchABrokenLedger(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-a", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-a", req(Item{Model: h100, Count: 1}), t0)
 	c := mustCommit(t, l, "vm-a", t0)
 	m := &machine{l: l, now: t0, inv: map[string]GPU{}, claims: map[string]claimModel{"vm-a": {claim: c}}}
 	for _, g := range server() {

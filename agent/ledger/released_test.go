@@ -14,7 +14,7 @@ func TestRememberAndRecall(t *testing.T) {
 	if err := l.SetInventory(server()); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, l, "vm-1", Request{Items: []Item{{h100, 2}}, Labels: map[string]string{"tenant": "x"}}, t0)
+	mustReserve(t, l, "vm-1", Request{Items: []Item{{Model: h100, Count: 2}}, Labels: map[string]string{"tenant": "x"}}, t0)
 	c := mustCommit(t, l, "vm-1", t0)
 	if _, err := l.Release("vm-1", t0.Add(time.Minute)); err != nil {
 		t.Fatal(err)
@@ -31,7 +31,7 @@ func TestRememberAndRecall(t *testing.T) {
 	}
 	l = openAt(t, path)
 	r, ok, err := l.Recall("vm-1", t0.Add(time.Hour), 24*time.Hour)
-	if err != nil || !ok || r.ID != "vm-1" || len(r.Items) != 1 || r.Items[0] != (Item{h100, 2}) || r.Labels["tenant"] != "x" || !r.ReleasedAt.Equal(t0.Add(time.Minute)) {
+	if err != nil || !ok || r.ID != "vm-1" || len(r.Items) != 1 || r.Items[0] != (Item{Model: h100, Count: 2}) || r.Labels["tenant"] != "x" || !r.ReleasedAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("Recall after reopen = %+v, %v, %v", r, ok, err)
 	}
 	if _, ok, _ := l.Recall("vm-1", t0.Add(25*time.Hour), 24*time.Hour); ok {
@@ -63,7 +63,7 @@ func TestRememberIsBounded(t *testing.T) {
 	maxReleased = 3
 	l := newLedger(t)
 	for i := range 5 {
-		c := Claim{ID: fmt.Sprintf("vm-%d", i), Items: []Item{{h100, 1}}}
+		c := Claim{ID: fmt.Sprintf("vm-%d", i), Items: []Item{{Model: h100, Count: 1}}}
 		if err := l.Remember(c, t0.Add(time.Duration(i)*time.Minute), time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -76,14 +76,14 @@ func TestRememberIsBounded(t *testing.T) {
 
 func TestAdopt(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
 	held := mustCommit(t, l, "vm-1", t0).GPUs[0]
 
 	c, err := l.Adopt("adopted-n-vm-b", []string{"0000:9a:00.0", "0000:61:00.0"}, nil, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.State != StateCommitted || len(c.Items) != 2 || c.Items[0] != (Item{h100, 1}) || c.Items[1] != (Item{l40s, 1}) {
+	if c.State != StateCommitted || len(c.Items) != 2 || c.Items[0] != (Item{Model: h100, Count: 1}) || c.Items[1] != (Item{Model: l40s, Count: 1}) {
 		t.Fatalf("adopted claim = %+v", c)
 	}
 	if got, err := l.Get("adopted-n-vm-b"); err != nil || got.State != StateCommitted {

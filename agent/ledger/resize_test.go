@@ -8,10 +8,10 @@ import (
 
 func TestResizeInPlace(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{h100, 2}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
 	orig := mustCommit(t, l, "vm-1", t0)
 
-	grown, err := l.Resize("vm-1", req(Item{h100, 4}), t0)
+	grown, err := l.Resize("vm-1", req(Item{Model: h100, Count: 4}), t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestResizeInPlace(t *testing.T) {
 			t.Errorf("growing dropped %s, which the VM already had", a)
 		}
 	}
-	shrunk, err := l.Resize("vm-1", req(Item{h100, 1}), t0)
+	shrunk, err := l.Resize("vm-1", req(Item{Model: h100, Count: 1}), t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestResizeInPlace(t *testing.T) {
 	if got := l.Free(t0)[h100]; got != 7 {
 		t.Errorf("after shrinking to 1, %d H100 free, want 7", got)
 	}
-	changed, err := l.Resize("vm-1", req(Item{l40s, 2}), t0)
+	changed, err := l.Resize("vm-1", req(Item{Model: l40s, Count: 2}), t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,13 +44,13 @@ func TestResizeInPlace(t *testing.T) {
 
 func TestResizeThatDoesNotFitChangesNothing(t *testing.T) {
 	l := newLedger(t)
-	mustReserve(t, l, "vm-1", req(Item{h100, 6}), t0)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 6}), t0)
 	before := mustCommit(t, l, "vm-1", t0)
-	mustReserve(t, l, "vm-2", req(Item{h100, 2}), t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 2}), t0)
 	mustCommit(t, l, "vm-2", t0)
 	rev := l.Revision()
 
-	_, err := l.Resize("vm-1", req(Item{h100, 7}), t0)
+	_, err := l.Resize("vm-1", req(Item{Model: h100, Count: 7}), t0)
 	var na *NotAvailableError
 	if !errors.As(err, &na) {
 		t.Fatalf("Resize beyond the server: %v, want *NotAvailableError", err)
@@ -63,11 +63,11 @@ func TestResizeThatDoesNotFitChangesNothing(t *testing.T) {
 
 func TestResizeOnlyCommittedClaims(t *testing.T) {
 	l := newLedger(t)
-	if _, err := l.Resize("nope", req(Item{h100, 1}), t0); !errors.Is(err, ErrNotFound) {
+	if _, err := l.Resize("nope", req(Item{Model: h100, Count: 1}), t0); !errors.Is(err, ErrNotFound) {
 		t.Errorf("unknown claim: %v", err)
 	}
-	mustReserve(t, l, "vm-1", req(Item{h100, 1}), t0)
-	if _, err := l.Resize("vm-1", req(Item{h100, 2}), t0); !errors.Is(err, ErrConflict) {
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
+	if _, err := l.Resize("vm-1", req(Item{Model: h100, Count: 2}), t0); !errors.Is(err, ErrConflict) {
 		t.Errorf("resize of a reservation: %v, want a conflict", err)
 	}
 }

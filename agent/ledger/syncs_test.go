@@ -14,7 +14,10 @@ func TestSyncsCountsEveryCommittedWrite(t *testing.T) {
 		do   func() error
 		want uint64
 	}{
-		{"Reserve", func() error { _, err := l.Reserve("vm-1", req(Item{h100, 2}), "coord", t0, lease); return err }, 0},
+		{"Reserve", func() error {
+			_, err := l.Reserve("vm-1", req(Item{Model: h100, Count: 2}), "coord", t0, lease)
+			return err
+		}, 0},
 		{"Commit", func() error { _, err := l.Commit("vm-1", t0); return err }, 1},
 		{"Commit again", func() error { _, err := l.Commit("vm-1", t0); return err }, 0},
 		{"Release", func() error { _, err := l.Release("vm-1", t0); return err }, 1},

@@ -56,32 +56,32 @@ func TestValidateRequest(t *testing.T) {
 		max       int
 		wantField string // "" means valid
 	}{
-		{name: "one item", req: req(Item{h100, 1})},
-		{name: "several models", req: req(Item{h100, 4}, Item{l40s, 2})},
-		{name: "exactly the default max", req: req(Item{h100, 8}, Item{l40s, 8})},
-		{name: "max from the caller", req: req(Item{h100, 20}), max: 32},
-		{name: "labels at the limits", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{
+		{name: "one item", req: req(Item{Model: h100, Count: 1})},
+		{name: "several models", req: req(Item{Model: h100, Count: 4}, Item{Model: l40s, Count: 2})},
+		{name: "exactly the default max", req: req(Item{Model: h100, Count: 8}, Item{Model: l40s, Count: 8})},
+		{name: "max from the caller", req: req(Item{Model: h100, Count: 20}), max: 32},
+		{name: "labels at the limits", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{
 			strings.Repeat("k", MaxLabelKeyLen): strings.Repeat("v", MaxLabelValueLen),
 			"gpuherd.io/vm":                     "vm-1",
 		}}},
-		{name: "32 labels", req: Request{Items: []Item{{h100, 1}}, Labels: maxLabels}},
+		{name: "32 labels", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: maxLabels}},
 
 		{name: "no items", req: Request{}, wantField: "items"},
-		{name: "empty model", req: req(Item{"", 1}), wantField: "items[0].model"},
-		{name: "model with control char", req: req(Item{"H100\x00", 1}), wantField: "items[0].model"},
-		{name: "model with spaces around", req: req(Item{" H100", 1}), wantField: "items[0].model"},
-		{name: "model too long", req: req(Item{strings.Repeat("m", MaxModelLen+1), 1}), wantField: "items[0].model"},
-		{name: "zero count", req: req(Item{h100, 0}), wantField: "items[0].count"},
-		{name: "negative count", req: req(Item{h100, 1}, Item{l40s, -2}), wantField: "items[1].count"},
-		{name: "one item over max", req: req(Item{h100, 17}), wantField: "items[0].count"},
-		{name: "total over max", req: req(Item{h100, 9}, Item{l40s, 8}), wantField: "items"},
-		{name: "model twice", req: req(Item{h100, 1}, Item{l40s, 1}, Item{h100, 2}), wantField: "items[2].model"},
-		{name: "33 labels", req: Request{Items: []Item{{h100, 1}}, Labels: manyLabels}, wantField: "labels"},
-		{name: "empty label key", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{"": "v"}}, wantField: "labels"},
-		{name: "label key too long", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLen+1): "v"}}, wantField: fmt.Sprintf("labels[%q]", strings.Repeat("k", MaxLabelKeyLen+1))},
-		{name: "label key with =", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{"a=b": "v"}}, wantField: `labels["a=b"]`},
-		{name: "label value too long", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{"k": strings.Repeat("v", MaxLabelValueLen+1)}}, wantField: `labels["k"]`},
-		{name: "label value not UTF-8", req: Request{Items: []Item{{h100, 1}}, Labels: map[string]string{"k": "\xff"}}, wantField: `labels["k"]`},
+		{name: "empty model", req: req(Item{Model: "", Count: 1}), wantField: "items[0].model"},
+		{name: "model with control char", req: req(Item{Model: "H100\x00", Count: 1}), wantField: "items[0].model"},
+		{name: "model with spaces around", req: req(Item{Model: " H100", Count: 1}), wantField: "items[0].model"},
+		{name: "model too long", req: req(Item{Model: strings.Repeat("m", MaxModelLen+1), Count: 1}), wantField: "items[0].model"},
+		{name: "zero count", req: req(Item{Model: h100, Count: 0}), wantField: "items[0].count"},
+		{name: "negative count", req: req(Item{Model: h100, Count: 1}, Item{Model: l40s, Count: -2}), wantField: "items[1].count"},
+		{name: "one item over max", req: req(Item{Model: h100, Count: 17}), wantField: "items[0].count"},
+		{name: "total over max", req: req(Item{Model: h100, Count: 9}, Item{Model: l40s, Count: 8}), wantField: "items"},
+		{name: "model twice", req: req(Item{Model: h100, Count: 1}, Item{Model: l40s, Count: 1}, Item{Model: h100, Count: 2}), wantField: "items[2].model"},
+		{name: "33 labels", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: manyLabels}, wantField: "labels"},
+		{name: "empty label key", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{"": "v"}}, wantField: "labels"},
+		{name: "label key too long", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLen+1): "v"}}, wantField: fmt.Sprintf("labels[%q]", strings.Repeat("k", MaxLabelKeyLen+1))},
+		{name: "label key with =", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{"a=b": "v"}}, wantField: `labels["a=b"]`},
+		{name: "label value too long", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{"k": strings.Repeat("v", MaxLabelValueLen+1)}}, wantField: `labels["k"]`},
+		{name: "label value not UTF-8", req: Request{Items: []Item{{Model: h100, Count: 1}}, Labels: map[string]string{"k": "\xff"}}, wantField: `labels["k"]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
