@@ -2,18 +2,14 @@ package api_test
 
 import (
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/internal/srcconst"
 )
 
 // Every Code… constant of the package is a row of the error-code table,
@@ -71,50 +67,19 @@ func TestEveryErrorCodeIsInTheTableAndTheDocs(t *testing.T) {
 // constant named Code… and the string it stands for.
 func codeConstants(t *testing.T) map[string]string {
 	t.Helper()
-	files, err := filepath.Glob("*.go")
+	found, err := srcconst.Find(".", regexp.MustCompile(`^Code[A-Z]`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := regexp.MustCompile(`^Code[A-Z]`)
 	consts := map[string]string{}
-	fset := token.NewFileSet()
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
+	for _, c := range found {
+		if !c.Literal {
+			t.Errorf("%s: %s is not a string literal; write the code out", c.Pos, c.Name)
 			continue
 		}
-		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range file.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.CONST {
-				continue
-			}
-			for _, spec := range gd.Specs {
-				vs := spec.(*ast.ValueSpec)
-				for i, id := range vs.Names {
-					if !name.MatchString(id.Name) {
-						continue
-					}
-					lit, ok := valueAt(vs, i).(*ast.BasicLit)
-					if !ok || lit.Kind != token.STRING {
-						t.Errorf("%s: %s is not a string literal; write the code out", fset.Position(id.Pos()), id.Name)
-						continue
-					}
-					consts[id.Name], _ = strconv.Unquote(lit.Value)
-				}
-			}
-		}
+		consts[c.Name] = c.Value
 	}
 	return consts
-}
-
-func valueAt(vs *ast.ValueSpec, i int) ast.Expr {
-	if i < len(vs.Values) {
-		return vs.Values[i]
-	}
-	return nil
 }
 
 // docRows is the rows of the first table under heading in a Markdown

@@ -2,11 +2,7 @@ package main
 
 import (
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -14,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/internal/srcconst"
 )
 
 // The peer API's refusals of who a caller is reach a script as plain
@@ -141,37 +138,14 @@ func TestREADMEListsTheExitCodes(t *testing.T) {
 // code… constants with a string of their own (not an api.Code… alias).
 func cliCodes(t *testing.T) map[string]string {
 	t.Helper()
-	files, err := filepath.Glob("*.go")
+	found, err := srcconst.Find(".", regexp.MustCompile(`^code[A-Z]`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := regexp.MustCompile(`^code[A-Z]`)
 	codes := map[string]string{}
-	fset := token.NewFileSet()
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range file.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.CONST {
-				continue
-			}
-			for _, spec := range gd.Specs {
-				vs := spec.(*ast.ValueSpec)
-				for i, id := range vs.Names {
-					if !name.MatchString(id.Name) || i >= len(vs.Values) {
-						continue
-					}
-					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-						codes[id.Name], _ = strconv.Unquote(lit.Value)
-					}
-				}
-			}
+	for _, c := range found {
+		if c.Literal {
+			codes[c.Name] = c.Value
 		}
 	}
 	if len(codes) == 0 {

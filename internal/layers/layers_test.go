@@ -43,7 +43,7 @@ var layers = [][]string{
 	{"agent/groups"},                                         // the node groups, over the coordinator
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
-	{"agent/internal/testdisk", "agent/internal/testmain", "agent/host/hosttest", "agent/internal/dst", "packaging", "internal/layers", "internal/testport"}, // tests and their helpers
+	{"agent/internal/testdisk", "agent/internal/testmain", "agent/host/hosttest", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers
 }
 
 // rolePackages are the packages of the claim protocol's roles
