@@ -152,10 +152,6 @@ func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.clk = clock.WithNow(now) }
 }
 
-// WithTimeSource replaces the agent's whole clock, its timers included (a
-// clock.Manual in tests and the simulation).
-func WithTimeSource(c clock.Clock) Option { return func(o *options) { o.clk = c } }
-
 // WithWallClock replaces the wall clock the agent's clock starts from (see
 // clock.Monotonic); fault tests step it to play a clock step.
 func WithWallClock(wall func() time.Time) Option { return func(o *options) { o.wall = wall } }

@@ -46,19 +46,6 @@ func Wall() time.Time { return time.Now() }
 // stopped early; use NewTimer in a loop that may leave before it fires.
 func After(c Clock, d time.Duration) <-chan time.Time { return c.NewTimer(d).C() }
 
-// Sleep waits d on c, or until ctx-like done closes; it reports whether the
-// whole wait passed.
-func Sleep(c Clock, d time.Duration, done <-chan struct{}) bool {
-	t := c.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-done:
-		return false
-	}
-}
-
 // Deadline is a point d after its start on a clock, read by a timer of that
 // clock: a loop that waits on the same clock's timers reaches it whether
 // the clock is real, manual, or has its Now frozen by a test.
@@ -109,9 +96,6 @@ type realTicker struct{ t *time.Ticker }
 
 func (t realTicker) C() <-chan time.Time { return t.t.C }
 func (t realTicker) Stop()               { t.t.Stop() }
-
-// System is the system clock.
-func System() Clock { return WithNow(Wall) }
 
 // Monotonic reads the wall clock once, at start, and then advances with the
 // monotonic clock: a step of the wall clock while the agent runs (NTP

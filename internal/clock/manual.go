@@ -51,17 +51,6 @@ func (m *Manual) Set(t time.Time) {
 	}
 }
 
-// Next is when the earliest pending timer fires, and whether there is one.
-func (m *Manual) Next() (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.timers) == 0 {
-		return time.Time{}, false
-	}
-	m.sortLocked()
-	return m.timers[0].at, true
-}
-
 // Pending is the number of timers and tickers waiting to fire.
 func (m *Manual) Pending() int {
 	m.mu.Lock()
