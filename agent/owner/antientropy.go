@@ -18,6 +18,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/internal/keyedlock"
 )
 
 // Anti-entropy between the name registry and this owner's ledger
@@ -55,8 +56,9 @@ const antiEntropyEvery = 30 * time.Second
 
 // antiEntropy is what the passes remember between them.
 type antiEntropy struct {
-	// pass serialises passes; passes counts those that ended.
-	pass   sync.Mutex
+	// pass serialises passes (a lock a waiter blocks on durably, see
+	// keyedlock); passes counts those that ended.
+	pass   keyedlock.Set
 	passes atomic.Int64
 
 	mu sync.Mutex
@@ -130,8 +132,7 @@ func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
 	if o.names() == nil {
 		return rep
 	}
-	o.ae.pass.Lock()
-	defer o.ae.pass.Unlock()
+	defer o.ae.pass.Lock("pass")()
 	defer o.ae.passes.Add(1)
 	self := o.cfg.NodeName
 	// The registry first, the ledger second: an owner confirms a name

@@ -1,4 +1,4 @@
-// Package keyedlock is one mutex per key, held only while used.
+// Package keyedlock is one lock per key, held only while used.
 package keyedlock
 
 import (
@@ -18,8 +18,12 @@ type Set struct {
 	locks map[string]*keyedLock
 }
 
+// keyedLock is a lock made of a channel of one slot, not a sync.Mutex: a
+// caller waiting for it is blocked on a channel, which testing/synctest
+// counts as durably blocked, so the deterministic simulation can run the
+// roles that take these locks.
 type keyedLock struct {
-	sync.Mutex
+	slot  chan struct{}
 	users int // holders and waiters; the entry is dropped at zero
 }
 
@@ -30,17 +34,17 @@ func (d *Set) acquire(key string) *keyedLock {
 	}
 	l, ok := d.locks[key]
 	if !ok {
-		l = new(keyedLock)
+		l = &keyedLock{slot: make(chan struct{}, 1)}
 		d.locks[key] = l
 	}
 	l.users++
 	d.mu.Unlock()
-	l.Lock()
+	l.slot <- struct{}{}
 	return l
 }
 
 func (d *Set) release(key string, l *keyedLock) {
-	l.Unlock()
+	<-l.slot
 	d.mu.Lock()
 	if l.users--; l.users == 0 {
 		delete(d.locks, key)
