@@ -29,7 +29,9 @@ type attempt struct {
 	// anyNode lets a remembered ID be placed elsewhere than the server it
 	// last ran on (lifecycle.go).
 	anyNode bool
-	view    []Target // the servers as this attempt saw them first
+	// stay places the claim on prefer or nowhere (samenode.go).
+	stay bool
+	view []Target // the servers as this attempt saw them first
 	// vouch, when set, says whether the claim ID's home vouched that
 	// nobody else is placing it; it is asked once a reservation is made,
 	// before committing it (it may wait for the home's answer), and a
@@ -190,9 +192,10 @@ func (at *attempt) lookUp(ctx context.Context) (c api.Claim, done bool, err erro
 // shuffled.
 func (at *attempt) rank(servers []placement.Server) []string {
 	ranked := at.servers.RankAvoidedLast(placement.Rank(servers, at.want, at.prefer, at.rnd()))
-	if len(at.rr.Devices) > 0 {
+	if len(at.rr.Devices) > 0 || at.stay {
 		// GPUs named by address are those of one server: no other
-		// server's GPU of the same address is the one asked for.
+		// server's GPU of the same address is the one asked for. A claim
+		// that must stay goes nowhere else.
 		ranked = slices.DeleteFunc(ranked, func(n string) bool { return n != at.prefer })
 	}
 	return ranked

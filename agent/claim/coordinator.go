@@ -98,12 +98,13 @@ func outcome(err error) string {
 // attempt: validate, then look the ID up at its home (attempt.lookUp) or,
 // when the home cannot vouch, on every server, then place.
 func (co *Coordinator) coordinate(ctx context.Context, id string, req api.ClaimRequest) (api.Claim, error) {
-	return co.coordinateOn(ctx, id, req, nil)
+	return co.coordinateOn(ctx, id, req, nil, false)
 }
 
 // coordinateOn is coordinate with the view's figures replaced by fresh
-// ones for the servers in fresh (by name).
-func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.ClaimRequest, fresh []placement.Server) (api.Claim, error) {
+// ones for the servers in fresh (by name); with stay, the claim is placed
+// on req.PreferNode or nowhere.
+func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.ClaimRequest, fresh []placement.Server, stay bool) (api.Claim, error) {
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -116,6 +117,7 @@ func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 		return api.Claim{}, err
 	}
 	at.view = withFresh(at.view, fresh)
+	at.stay = stay
 	if co.names() != nil {
 		// The name registry decides the ID (namedclaim.go): no home to
 		// vouch, no every-server lookup, no settling of copies.

@@ -83,21 +83,16 @@ func (co *Coordinator) ClaimOn(ctx context.Context, id string, req api.ClaimRequ
 	if len(placement.Rank(fresh, at.want, "", nil)) == 0 {
 		return api.Claim{}, refuse(fresh)
 	}
-	c, err := co.coordinateOn(ctx, id, req, fresh)
+	c, err := co.coordinateOn(ctx, id, req, fresh, true)
 	if err != nil || c.Node == node {
 		return c, err
 	}
-	// node refused it after all (taken meanwhile) and it landed elsewhere:
-	// undo that, it must not move.
-	if other, ok := targetNamed(co.servers.Targets(), c.Node); ok {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.OwnerOpTimeout)
-		_, rerr := other.owner.Abort(actx, id)
-		cancel()
-		if rerr != nil && !api.IsCode(rerr, api.CodeNotFound) {
-			return api.Claim{}, api.Annotate(rerr, "claim %[2]s must stay on %[3]s but was placed on %[4]s, and releasing it there failed (%[1]s): release it (gpuherd release %[2]s), then claim it again with --prefer-node %[3]s --same-node", id, node, c.Node)
-		}
-	}
-	return api.Claim{}, refuse(at.recheck(ctx, []Target{t}))
+	// Placed nowhere else by this call (it stays on node or nowhere): the
+	// ID was claimed meanwhile on c.Node, by a concurrent request (a client
+	// that retried through another agent). That claim is not this call's
+	// to undo.
+	return api.Claim{}, &api.Error{Code: api.CodeConflict, Node: c.Node,
+		Message: fmt.Sprintf("claim %s must stay on %s, %s, but a concurrent request placed it on %s meanwhile; release it there first (gpuherd release %s), or use it where it is", id, node, why, c.Node, id)}
 }
 
 // withFresh replaces the view of the targets named in fresh.
