@@ -32,6 +32,21 @@ func NewLocal(clock func() time.Time, lease time.Duration) *Registry {
 		failing: map[string]bool{}, known: map[string]bool{}, stop: make(chan struct{})}
 }
 
+// Transport carries a call from a front of a local registry (Front) to its
+// state machine, as a network and raft would: it may apply the call
+// (apply answers as the registry does), apply it late, or answer without
+// applying it or without telling what apply answered. The deterministic
+// simulation injects its faults here.
+type Transport func(ctx context.Context, req Request, apply func(Request) (Result, error)) (Result, error)
+
+// Front is a registry that reaches r's state machine through t: what a
+// server of a simulated cluster calls, all of them sharing r's names. The
+// answers it gets are turned into records and errors as r's are.
+func (r *Registry) Front(t Transport) *Registry {
+	return &Registry{cfg: r.cfg, fsm: r.fsm, local: r.local, via: t,
+		failing: map[string]bool{}, known: map[string]bool{}, stop: make(chan struct{})}
+}
+
 // doLocal answers req from the local state machine.
 func (r *Registry) doLocal(ctx context.Context, req Request) (Result, error) {
 	if err := ctx.Err(); err != nil {

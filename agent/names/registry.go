@@ -23,6 +23,7 @@ type Registry struct {
 	fsm   *FSM       // nil for a client
 	store *Store     // nil in memory or for a client
 	local *localLog  // set for a registry without raft (NewLocal)
+	via   Transport  // set for a front of one (Front)
 
 	// readyTerm is the term in which this server, as leader, saw a barrier
 	// applied: from then its FSM holds every entry committed before its
@@ -441,6 +442,11 @@ func refused(op Op, key Key, res Result) error {
 // for a stale read), else at the leader. While no leader answers it waits
 // up to Timing.Hold, then names the servers it could not reach.
 func (r *Registry) do(ctx context.Context, req Request) (Result, error) {
+	if r.local != nil && r.via != nil {
+		// A call delivered late is applied whatever its caller's context
+		// has become since, as a leader applies what reached it.
+		return r.via(ctx, req, func(q Request) (Result, error) { return r.doLocal(context.Background(), q) })
+	}
 	if r.local != nil {
 		return r.doLocal(ctx, req)
 	}
