@@ -93,6 +93,9 @@ type Deps struct {
 	// ClaimLocks serialise the requests for one claim ID through this
 	// agent; the owner's anti-entropy takes them too.
 	ClaimLocks *keyedlock.Set
+	// Random seeds the choices between equally good servers; nil is
+	// math/rand's. The simulation passes its seed's.
+	Random func() uint64
 }
 
 // Coordinator is this server's coordinator role.
@@ -109,6 +112,7 @@ type Coordinator struct {
 	registry   Registry
 	catalog    *inventory.Catalog
 	claimLocks *keyedlock.Set
+	random     func() uint64
 
 	// lastRefusal is when an owner last refused this coordinator (clock
 	// UnixNano; 0 never): see contended.
@@ -120,8 +124,12 @@ type Coordinator struct {
 
 // New builds the coordinator over d.
 func New(d Deps) *Coordinator {
-	return &Coordinator{cfg: d.Config, clk: d.Clock, rec: d.Recorder, log: d.Log, ledger: d.Ledger, host: d.Host,
-		home: d.Home, servers: d.View, namesNow: d.Names, registry: d.Registry, catalog: d.Catalog, claimLocks: d.ClaimLocks}
+	co := &Coordinator{cfg: d.Config, clk: d.Clock, rec: d.Recorder, log: d.Log, ledger: d.Ledger, host: d.Host,
+		home: d.Home, servers: d.View, namesNow: d.Names, registry: d.Registry, catalog: d.Catalog, claimLocks: d.ClaimLocks, random: d.Random}
+	if co.random == nil {
+		co.random = rand.Uint64
+	}
+	return co
 }
 
 // names is the registry now, or nil.
@@ -138,7 +146,7 @@ func (co *Coordinator) apiError(err error) error { return owner.APIError(co.cfg.
 
 // rnd breaks ties between equally good servers; each call gets its own
 // generator, so concurrent claims need no lock.
-func (co *Coordinator) rnd() *rand.Rand { return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) }
+func (co *Coordinator) rnd() *rand.Rand { return rand.New(rand.NewPCG(co.random(), co.random())) }
 
 // readFirstFor is how long claims through an agent read their ID in the
 // registry before placing it, after a placement through it could not be

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -114,8 +113,7 @@ func (o *Owner) RunAntiEntropy(ctx context.Context) {
 	}
 	for {
 		o.AntiEntropyPass(ctx)
-		jitter := time.Duration(rand.Int64N(int64(antiEntropyEvery)*2/5)) - antiEntropyEvery/5
-		t := o.clk.NewTimer(antiEntropyEvery + jitter)
+		t := o.clk.NewTimer(o.jitter(antiEntropyEvery*4/5, antiEntropyEvery*6/5))
 		select {
 		case <-ctx.Done():
 			t.Stop()

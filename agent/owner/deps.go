@@ -10,6 +10,7 @@ package owner
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -99,6 +100,9 @@ type Deps struct {
 	// ClaimLocks are the coordinator's locks by claim ID: anti-entropy
 	// repairs a claim only while no request of it runs through this agent.
 	ClaimLocks *keyedlock.Set
+	// Random spreads the periodic passes; nil is math/rand's. The
+	// simulation passes its seed's.
+	Random func() uint64
 }
 
 // Owner is this server's owner role.
@@ -117,6 +121,7 @@ type Owner struct {
 	drained    func() bool
 	changed    func()
 	claimLocks *keyedlock.Set
+	random     func() uint64
 
 	// commitLocks run an owner's commits of one claim ID one at a time
 	// (Commit): a commit that failed after its hold lets the name go
@@ -132,9 +137,18 @@ type Owner struct {
 
 // New builds the owner over d.
 func New(d Deps) *Owner {
-	return &Owner{cfg: d.Config, ledger: d.Ledger, host: d.Host, home: d.Home, clk: d.Clock, rec: d.Recorder,
+	o := &Owner{cfg: d.Config, ledger: d.Ledger, host: d.Host, home: d.Home, clk: d.Clock, rec: d.Recorder,
 		counters: d.Counters, log: d.Log, namesNow: d.Names, clusterNow: d.Cluster, peers: d.Peers,
-		drained: d.Drained, changed: d.Changed, claimLocks: d.ClaimLocks, notices: newDirNotices()}
+		drained: d.Drained, changed: d.Changed, claimLocks: d.ClaimLocks, random: d.Random, notices: newDirNotices()}
+	if o.random == nil {
+		o.random = rand.Uint64
+	}
+	return o
+}
+
+// jitter is a duration in [lo, hi), from the owner's source of randomness.
+func (o *Owner) jitter(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(o.random()%uint64(hi-lo))
 }
 
 // names is the registry now, or nil.

@@ -2,7 +2,7 @@ package owner
 
 import (
 	"context"
-	"math/rand/v2"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -62,46 +62,113 @@ func (o *Owner) RunNotices(ctx context.Context) {
 	sub, cancel := c.Subscribe()
 	defer cancel()
 	o.dirMembership()
-	resync := o.clk.NewTimer(jitter(dirResync))
+	resync := o.clk.NewTimer(o.spread(dirResync))
 	defer resync.Stop()
 	retry := o.clk.NewTicker(time.Second)
 	defer retry.Stop()
 	for {
-		select {
-		case <-ctx.Done():
+		switch ev, op := o.nextNoticeEvent(ctx, sub, retry, resync); ev {
+		case evStop:
 			return
-		case <-retry.C():
-			o.dirRetry(ctx)
-		case op := <-o.notices.queue:
-			batch := []api.DirOp{op}
-		more:
-			for len(batch) < api.MaxDirUpdateIDs {
-				select {
-				case op := <-o.notices.queue:
-					batch = append(batch, op)
-				default:
-					break more
-				}
-			}
-			o.dirSend(ctx, batch)
-		case _, ok := <-sub:
-			if !ok {
-				return
-			}
+		case evNotice:
+			o.dirSend(ctx, o.gatherNotices(ctx, op))
+		case evMembership:
 			if o.dirMembership() {
 				o.dirResyncAll(ctx)
 			}
-		case <-resync.C():
+		case evRetry:
+			o.dirRetry(ctx)
+		case evResync:
 			o.dirResyncAll(ctx)
-			resync.Reset(jitter(dirResync))
+			resync.Reset(o.spread(dirResync))
 		}
 	}
 }
 
-// jitter spreads a period over ±25% so that servers do not resync in step.
-func jitter(d time.Duration) time.Duration {
-	return d*3/4 + rand.N(d/2)
+// The events of the notice loop, in the order it takes them when several
+// are ready.
+const (
+	evStop = iota
+	evNotice
+	evMembership
+	evRetry
+	evResync
+)
+
+// nextNoticeEvent waits for the notice loop's next event. What is ready is
+// taken in a fixed order (notices, membership, retries, resync), not at the
+// random pick of a select among ready cases, so that the deterministic
+// simulation replays it; evStop when ctx ends or the membership closes.
+func (o *Owner) nextNoticeEvent(ctx context.Context, sub <-chan struct{}, retry clock.Ticker, resync clock.Timer) (int, api.DirOp) {
+	membership := func(ok bool) int {
+		if !ok {
+			return evStop
+		}
+		return evMembership
+	}
+	if ctx.Err() != nil {
+		return evStop, api.DirOp{}
+	}
+	select {
+	case op := <-o.notices.queue:
+		return evNotice, op
+	default:
+	}
+	select {
+	case _, ok := <-sub:
+		return membership(ok), api.DirOp{}
+	default:
+	}
+	select {
+	case <-retry.C():
+		return evRetry, api.DirOp{}
+	default:
+	}
+	select {
+	case <-resync.C():
+		return evResync, api.DirOp{}
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return evStop, api.DirOp{}
+	case op := <-o.notices.queue:
+		return evNotice, op
+	case _, ok := <-sub:
+		return membership(ok), api.DirOp{}
+	case <-retry.C():
+		return evRetry, api.DirOp{}
+	case <-resync.C():
+		return evResync, api.DirOp{}
+	}
 }
+
+// noticeGather is how long the first notice of a batch waits for others:
+// the notices of one step (a release and its name) go in one batch, and
+// which batch a notice joins does not depend on how goroutines ran.
+const noticeGather = time.Millisecond
+
+// gatherNotices is a batch: first, and the notices queued within
+// noticeGather of it, up to api.MaxDirUpdateIDs.
+func (o *Owner) gatherNotices(ctx context.Context, first api.DirOp) []api.DirOp {
+	batch := []api.DirOp{first}
+	t := o.clk.NewTimer(noticeGather)
+	defer t.Stop()
+	for len(batch) < api.MaxDirUpdateIDs {
+		select {
+		case op := <-o.notices.queue:
+			batch = append(batch, op)
+		case <-t.C():
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+// spread spreads a period over ±25% so that servers do not resync in step.
+func (o *Owner) spread(d time.Duration) time.Duration { return o.jitter(d*3/4, d*5/4) }
 
 // dirMembership tells this agent's home the usable members now, and reports
 // whether they changed (a member came, went, or restarted behind the same
@@ -140,7 +207,7 @@ func (o *Owner) dirRetry(ctx context.Context) {
 		return
 	}
 	var ops []api.DirOp
-	for id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(ids)) { // in a stable order: logs and the simulation replay
 		op := api.DirOp{ID: id, Op: api.DirOpGone}
 		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
 			op.Op = api.DirOpHeld
