@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
@@ -71,36 +72,60 @@ func New(t testing.TB, profile string) *Host {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	allow, err := vfio.ParseAllowList([]string{"10de:*"})
+	h := &Host{Kernel: m.Kernel, Ledger: l, Clock: clock.NewManual(Epoch), Counters: &Counters{}, Recorder: &Recorder{},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h.Host, err = On(Parts{Kernel: m.Kernel, Ledger: l, Clock: h.Clock, Node: "gpu-1",
+		Counters: h.Counters, Recorder: h.Recorder, Log: h.Log, Changed: h.Changed})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &Host{Kernel: m.Kernel, Ledger: l, Clock: clock.NewManual(Epoch), Counters: &Counters{}, Recorder: &Recorder{},
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	pci := vfio.New(m.Kernel)
-	h.Host = host.New(host.Deps{
-		Config:    host.Config{NodeName: "gpu-1", BindTimeout: 5 * time.Second, IdlePolicy: vfio.IdleNone, FabricMode: host.FabricAuto},
+	return h
+}
+
+// Parts are what On builds a host from.
+type Parts struct {
+	Kernel   *fakekernel.Kernel
+	Ledger   *ledger.Ledger
+	Clock    clock.Clock
+	Node     string
+	Counters host.Counters
+	Recorder events.Recorder
+	Log      *slog.Logger
+	Changed  func()
+}
+
+// On builds a host on a simulated machine's kernel, discovered, assessed
+// and reconciled, as an agent's start leaves it. The simulation builds
+// each server's host with it, again at each restart.
+func On(p Parts) (*host.Host, error) {
+	allow, err := vfio.ParseAllowList([]string{"10de:*"})
+	if err != nil {
+		return nil, err
+	}
+	pci := vfio.New(p.Kernel)
+	h := host.New(host.Deps{
+		Config:    host.Config{NodeName: p.Node, BindTimeout: 5 * time.Second, IdlePolicy: vfio.IdleNone, FabricMode: host.FabricAuto},
 		PCI:       pci,
 		Binder:    vfio.NewBinder(pci, vfio.WithAllowList(allow), vfio.WithWriteTimeout(5*time.Second)),
-		Inventory: inventory.New(pci, inventory.WithFactStore(l)),
-		Ledger:    l,
-		Proc:      host.ProcFor(m.Kernel, "/proc", true),
-		Clock:     h.Clock,
-		Recorder:  h.Recorder,
-		Counters:  h.Counters,
-		Log:       h.Log,
-		Changed:   h.Changed,
+		Inventory: inventory.New(pci, inventory.WithFactStore(p.Ledger)),
+		Ledger:    p.Ledger,
+		Proc:      host.ProcFor(p.Kernel, "/proc", true),
+		Clock:     p.Clock,
+		Recorder:  p.Recorder,
+		Counters:  p.Counters,
+		Log:       p.Log,
+		Changed:   p.Changed,
 	})
 	if err := h.Discover(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := h.InitReadiness(allow); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := h.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return h
+	return h, nil
 }
 
 // Driver is the driver of the device at addr now.
