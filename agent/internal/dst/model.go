@@ -28,6 +28,11 @@ type nameReg struct {
 	Token    uint64
 	Deadline int64
 	Last     uint64 // the highest token seen
+	// RanOn and RanUntil: a release that remembered where the claim ran
+	// (docs/names.md, remembered runs): until RanUntil a hold with recall
+	// on another server is refused.
+	RanOn    string
+	RanUntil int64
 }
 
 type modelOut struct {
@@ -80,7 +85,7 @@ func (s nameReg) shows(rec names.Record) (nameReg, bool) {
 	return s.learn(rec.Token)
 }
 
-func (s nameReg) gone() nameReg { return nameReg{Last: s.Last} }
+func (s nameReg) gone() nameReg { return nameReg{Last: s.Last, RanOn: s.RanOn, RanUntil: s.RanUntil} }
 
 // grant checks the answer to an acquire or a hold that makes s the state
 // (from was the state before): want, showing s, or never seen.
@@ -137,7 +142,7 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 			}
 			return s.grant(s, out, names.CodeSame)
 		}
-		n := nameReg{Exists: true, Req: in.Request, Caller: in.Caller, Deadline: in.Now + in.Lease, Last: s.Last}
+		n := nameReg{Exists: true, Req: in.Request, Caller: in.Caller, Deadline: in.Now + in.Lease, Last: s.Last, RanOn: s.RanOn, RanUntil: s.RanUntil}
 		return n.grant(s, out, names.CodeOK)
 	case "hold":
 		if s.Exists {
@@ -146,6 +151,10 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 			}
 			return s.grant(s, out, names.CodeSame)
 		}
+		if in.Recall && s.RanOn != "" && s.RanOn != in.Node && in.Now < s.RanUntil {
+			return code(names.CodeRecalled), s
+		}
+		// A new hold forgets where the claim ran: its next release says.
 		n := nameReg{Exists: true, Held: true, Req: in.Request, Caller: in.Caller, Owner: in.Node, Last: s.Last}
 		return n.grant(s, out, names.CodeOK)
 	case "confirm":
@@ -179,7 +188,13 @@ func stepName(s nameReg, in regIn, out modelOut) (bool, nameReg) {
 			return code(names.CodeConflict), s
 		}
 		s.Last = max(s.Last, in.Token)
-		return code(names.CodeOK), s.gone()
+		wasHeld := s.Held
+		s = s.gone()
+		s.RanOn, s.RanUntil = "", 0
+		if in.Remember > 0 && wasHeld {
+			s.RanOn, s.RanUntil = holder, in.Now+in.Remember
+		}
+		return code(names.CodeOK), s
 	}
 	return false, s
 }
