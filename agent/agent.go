@@ -25,6 +25,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/owner"
+	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
@@ -42,7 +43,8 @@ type Agent struct {
 	*claim.Coordinator
 	*owner.Owner
 	*groups.Groups
-	home *home.Home // the home role: the claim directory's records of the IDs homed here
+	*registry.Service            // the registry's calls: ServeNames, RemoveMember
+	home              *home.Home // the home role: the claim directory's records of the IDs homed here
 
 	cfg    Config
 	log    *slog.Logger
@@ -86,7 +88,7 @@ type Agent struct {
 	names NameAuthority
 	// registry runs the name registry on this agent (registry.go); nil
 	// when this server runs alone or its authority was injected.
-	registry *registryState
+	registry *registry.Registry
 }
 
 var (
@@ -274,6 +276,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		ClaimLocks: &a.claimLocks,
 	})
 	a.Groups = newGroups(a)
+	a.Service = newRegistryService(a)
 	a.setPhase(phaseDiscovering)
 	if err := a.host.Discover(); err != nil {
 		a.Close()
@@ -341,11 +344,11 @@ func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
 // kernel stays blocked; nothing can cancel it.
 func (a *Agent) Close() error {
 	var err error
-	a.registry.transfer()
+	a.registry.Transfer()
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
 	}
-	a.registry.close()
+	a.registry.Close()
 	a.lns.close()
 	if a.ledger != nil {
 		err = a.ledger.Close()

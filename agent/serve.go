@@ -66,7 +66,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			a.ready.Store(false)
 			// A registry leader hands over first: the others elect no one
 			// while it still answers.
-			a.registry.transfer()
+			a.registry.Transfer()
 			if c := a.cluster; c != nil {
 				// A graceful leave: the others stop placing claims here at once.
 				c.stop(context.Background())
@@ -74,7 +74,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err := srv.Shutdown(shutCtx)
-			a.registry.close() // after the APIs: nothing asks it any more
+			a.registry.Close() // after the APIs: nothing asks it any more
 			a.removeSocket()
 			return err
 		case err := <-errc:

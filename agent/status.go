@@ -22,7 +22,7 @@ func (a *Agent) Status(context.Context) (api.Status, error) {
 	if err := a.host.AnnotateUse(st.GPUs); err != nil {
 		st.InUseError = err.Error()
 	}
-	st.Names = a.registry.status()
+	st.Names = a.registry.Status()
 	if ps := a.storage.problems(); len(ps) > 0 {
 		st.Storage = ps
 	}

@@ -126,5 +126,5 @@ func (v agentView) MemberStates() string {
 // it.
 type agentRegistry struct{ a *Agent }
 
-func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.registry.awaitFounding(ctx) }
-func (r agentRegistry) Leaderless() bool                  { return r.a.registry.leaderless() }
+func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.registry.AwaitFounding(ctx) }
+func (r agentRegistry) Leaderless() bool                  { return r.a.registry.Leaderless() }

@@ -37,6 +37,7 @@ var layers = [][]string{
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
+	{"agent/registry"},                                       // cluster: the name registry run on this agent over gossip
 	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
 	{"agent/owner"},                                          // the protocol: the owner role, this server's claims
 	{"agent/claim"},                                          // the protocol: the coordinator role, placing claims
@@ -52,9 +53,9 @@ var layers = [][]string{
 var rolePackages = []string{"agent/host", "agent/home", "agent/owner", "agent/claim", "agent/groups"}
 
 // clockPackages are the packages whose code reads time only through
-// internal/clock, so that tests and the simulation can drive it: agent and
-// every role package.
-var clockPackages = append([]string{"agent"}, rolePackages...)
+// internal/clock, so that tests and the simulation can drive it: agent,
+// the name registry it runs, and every role package.
+var clockPackages = append([]string{"agent", "agent/registry"}, rolePackages...)
 
 // timeClockFuncs are the time package's functions that read or wait on the
 // system clock.
