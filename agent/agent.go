@@ -27,6 +27,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/agent/status"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
 	"github.com/gpuherd/gpuherd/metrics"
@@ -56,8 +57,9 @@ type Agent struct {
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	host       *host.Host    // the GPUs and their drivers (agent/host)
-	claimLocks keyedlock.Set // by claim ID
+	host       *host.Host     // the GPUs and their drivers (agent/host)
+	status     *status.Reader // the GPUs as the status API shows them (agent/status)
+	claimLocks keyedlock.Set  // by claim ID
 	rec        Recorder
 	cluster    *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
@@ -261,6 +263,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		PCI: pci, Binder: binder, Inventory: a.inv, Ledger: a.ledger, Proc: host.ProcFor(fs, cfg.ProcRoot, o.fs != nil),
 		Events: events, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log, Changed: a.changed,
 	})
+	a.status = newStatus(a)
 	a.Owner = owner.New(owner.Deps{
 		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},

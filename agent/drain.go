@@ -16,7 +16,7 @@ import (
 
 // Drain stops new claims on a GPU; a claim it is in stays.
 func (a *Agent) Drain(_ context.Context, addr, reason string) (api.GPU, error) {
-	if err := a.knownGPU(addr); err != nil {
+	if err := a.status.Known(addr); err != nil {
 		return api.GPU{}, err
 	}
 	if len(reason) > 256 {
@@ -27,12 +27,12 @@ func (a *Agent) Drain(_ context.Context, addr, reason string) (api.GPU, error) {
 	}
 	a.log.Info("drained", "pci_address", addr, "reason", reason)
 	a.changed() // a capacity change: gossiped at once, like a claim
-	return a.gpuView(addr)
+	return a.status.GPU(addr)
 }
 
 // Undrain offers a drained GPU again.
 func (a *Agent) Undrain(_ context.Context, addr string) (api.GPU, error) {
-	if err := a.knownGPU(addr); err != nil {
+	if err := a.status.Known(addr); err != nil {
 		return api.GPU{}, err
 	}
 	if err := a.ledger.Undrain(addr); err != nil {
@@ -40,7 +40,7 @@ func (a *Agent) Undrain(_ context.Context, addr string) (api.GPU, error) {
 	}
 	a.log.Info("undrained", "pci_address", addr)
 	a.changed()
-	return a.gpuView(addr)
+	return a.status.GPU(addr)
 }
 
 // serverDrain is a cordon on the whole server: no new claims, existing ones

@@ -72,7 +72,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	a.tele.mu.RLock()
 	tele := a.tele.last
 	a.tele.mu.RUnlock()
-	for _, s := range a.gpuStates() {
+	for _, s := range a.status.States() {
 		g, _ := a.host.GPU(s.GPU.Address)
 		mg := metrics.GPU{
 			PCIAddress: s.GPU.Address,
@@ -85,8 +85,8 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 			State:      string(s.Status),
 			Healthy:    s.Status != ledger.GPUUnhealthy,
 		}
-		if s.read {
-			mg.Driver = s.driver
+		if s.Read {
+			mg.Driver = s.Driver
 		}
 		if a.host.IsReturning(s.GPU.Address) && a.host.Health(s.GPU.Address) == "" {
 			mg.State, mg.Healthy = metrics.StateReturning, true // kept back, not sick
