@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/claim"
+	"github.com/gpuherd/gpuherd/agent/drain"
 	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/host"
@@ -38,13 +38,14 @@ import (
 // and the servers, and runs the lifecycle; the claim protocol is its three
 // roles (docs/protocol.md): the coordinator, the owner and the home, and
 // the node groups over them. The coordinator's, the owner's and the
-// groups' methods are promoted and the home's forwarded, so an *Agent
-// serves the whole API.
+// groups' methods are promoted, as are the name registry's calls and the
+// drains, and the home's forwarded, so an *Agent serves the whole API.
 type Agent struct {
 	*claim.Coordinator
 	*owner.Owner
 	*groups.Groups
 	*registry.Service            // the registry's calls: ServeNames, RemoveMember
+	*drain.Drains                // GPU and server drains; nil until New read the cordon
 	home              *home.Home // the home role: the claim directory's records of the IDs homed here
 
 	cfg    Config
@@ -72,9 +73,6 @@ type Agent struct {
 	peerNet     PeerNetwork   // nil: mutual TLS on cfg.PeerAddr
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
 	boot        uint64        // this run's identity in gossip
-
-	drainMu sync.RWMutex
-	drained *serverDrain // nil when the server takes new claims
 
 	metrics *metrics.Metrics
 	storage *storageHealth // every store's last write (storage.go)
@@ -269,7 +267,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
 		Ledger: a.ledger, Host: a.host, Home: a.home, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log,
 		Names: namesFor[owner.Names](a), Cluster: ownerCluster(a), Peers: a.peers,
-		Drained: a.serverDrained, Changed: a.changed, ClaimLocks: &a.claimLocks,
+		Drained: func() bool { return a.ServerDrained() }, Changed: a.changed, ClaimLocks: &a.claimLocks,
 	})
 	a.Coordinator = claim.New(claim.Deps{
 		Config: claim.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
@@ -289,7 +287,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
-	if err := a.loadServerDrain(); err != nil {
+	if a.Drains, err = openDrains(a); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -394,7 +392,7 @@ func (a *Agent) StatusLine() string {
 		free += t.Free
 	}
 	s := fmt.Sprintf("%d GPUs, %d free, %d claims", total, free, len(a.ledger.List()))
-	if a.serverDrained() {
+	if a.ServerDrained() {
 		s += ", drained"
 	}
 	if c := a.cluster; c != nil {

@@ -181,7 +181,7 @@ func (c *clusterState) summary() gossip.Summary {
 	s := gossip.Summary{
 		AgentVersion: Version,
 		PeerAddr:     c.peerAddr,
-		Drained:      a.serverDrained(),
+		Drained:      a.ServerDrained(),
 		Revision:     a.ledger.Revision(),
 		Boot:         a.boot,
 	}

@@ -19,7 +19,7 @@ func (a *Agent) targets() []claim.Target {
 	for m, c := range caps {
 		free[m] = c.Free
 	}
-	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.serverDrained(), caps)}
+	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.ServerDrained(), caps)}
 	if a.cluster != nil {
 		out = append(out, a.cluster.peers()...)
 	}
