@@ -28,6 +28,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/agent/status"
+	"github.com/gpuherd/gpuherd/agent/telemetry"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
 	"github.com/gpuherd/gpuherd/metrics"
@@ -75,9 +76,9 @@ type Agent struct {
 	boot        uint64        // this run's identity in gossip
 
 	metrics *metrics.Metrics
-	storage *storageHealth // every store's last write (storage.go)
-	tele    telemetry
-	ready   atomic.Bool // serving: /readyz says so
+	storage *storageHealth     // every store's last write (storage.go)
+	tele    *telemetry.Watcher // NVML's readings and XID errors (agent/telemetry)
+	ready   atomic.Bool        // serving: /readyz says so
 	// lns are the sockets bound before any driver moves (listeners.go).
 	lns        *listeners
 	startPhase atomic.Value // string: what start-up is doing
@@ -262,6 +263,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		Events: events, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log, Changed: a.changed,
 	})
 	a.status = newStatus(a)
+	a.tele = newTelemetry(a)
 	a.Owner = owner.New(owner.Deps{
 		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
