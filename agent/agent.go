@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,13 +18,17 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/claim"
+	"github.com/gpuherd/gpuherd/agent/drain"
 	"github.com/gpuherd/gpuherd/agent/groups"
 	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/owner"
+	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/agent/status"
+	"github.com/gpuherd/gpuherd/agent/telemetry"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
 	"github.com/gpuherd/gpuherd/metrics"
@@ -36,13 +39,15 @@ import (
 // and the servers, and runs the lifecycle; the claim protocol is its three
 // roles (docs/protocol.md): the coordinator, the owner and the home, and
 // the node groups over them. The coordinator's, the owner's and the
-// groups' methods are promoted and the home's forwarded, so an *Agent
-// serves the whole API.
+// groups' methods are promoted, as are the name registry's calls and the
+// drains, and the home's forwarded, so an *Agent serves the whole API.
 type Agent struct {
 	*claim.Coordinator
 	*owner.Owner
 	*groups.Groups
-	home *home.Home // the home role: the claim directory's records of the IDs homed here
+	*registry.Service            // the registry's calls: ServeNames, RemoveMember
+	*drain.Drains                // GPU and server drains; nil until New read the cordon
+	home              *home.Home // the home role: the claim directory's records of the IDs homed here
 
 	cfg    Config
 	log    *slog.Logger
@@ -54,8 +59,9 @@ type Agent struct {
 	nvml   *inventory.NVMLSource // nil when NVML does not answer
 	sim    *sim.Machine          // nil on real hardware
 
-	host       *host.Host    // the GPUs and their drivers (agent/host)
-	claimLocks keyedlock.Set // by claim ID
+	host       *host.Host     // the GPUs and their drivers (agent/host)
+	status     *status.Reader // the GPUs as the status API shows them (agent/status)
+	claimLocks keyedlock.Set  // by claim ID
 	rec        Recorder
 	cluster    *clusterState // nil when this server runs alone
 	// gossipTune adjusts memberlist's configuration (tests shorten its timers).
@@ -69,13 +75,10 @@ type Agent struct {
 	readTimeout time.Duration // of one request on the socket and the peer API; 0: the default
 	boot        uint64        // this run's identity in gossip
 
-	drainMu sync.RWMutex
-	drained *serverDrain // nil when the server takes new claims
-
 	metrics *metrics.Metrics
-	storage *storageHealth // every store's last write (storage.go)
-	tele    telemetry
-	ready   atomic.Bool // serving: /readyz says so
+	storage *storageHealth     // every store's last write (storage.go)
+	tele    *telemetry.Watcher // NVML's readings and XID errors (agent/telemetry)
+	ready   atomic.Bool        // serving: /readyz says so
 	// lns are the sockets bound before any driver moves (listeners.go).
 	lns        *listeners
 	startPhase atomic.Value // string: what start-up is doing
@@ -86,7 +89,7 @@ type Agent struct {
 	names NameAuthority
 	// registry runs the name registry on this agent (registry.go); nil
 	// when this server runs alone or its authority was injected.
-	registry *registryState
+	registry *registry.Registry
 }
 
 var (
@@ -259,12 +262,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		PCI: pci, Binder: binder, Inventory: a.inv, Ledger: a.ledger, Proc: host.ProcFor(fs, cfg.ProcRoot, o.fs != nil),
 		Events: events, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log, Changed: a.changed,
 	})
+	a.status = newStatus(a)
+	a.tele = newTelemetry(a)
 	a.Owner = owner.New(owner.Deps{
 		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
 		Ledger: a.ledger, Host: a.host, Home: a.home, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log,
 		Names: namesFor[owner.Names](a), Cluster: ownerCluster(a), Peers: a.peers,
-		Drained: a.serverDrained, Changed: a.changed, ClaimLocks: &a.claimLocks,
+		Drained: func() bool { return a.ServerDrained() }, Changed: a.changed, ClaimLocks: &a.claimLocks,
 	})
 	a.Coordinator = claim.New(claim.Deps{
 		Config: claim.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
@@ -274,6 +279,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		ClaimLocks: &a.claimLocks,
 	})
 	a.Groups = newGroups(a)
+	a.Service = newRegistryService(a)
 	a.setPhase(phaseDiscovering)
 	if err := a.host.Discover(); err != nil {
 		a.Close()
@@ -283,7 +289,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		a.Close()
 		return nil, err
 	}
-	if err := a.loadServerDrain(); err != nil {
+	if a.Drains, err = openDrains(a); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -341,11 +347,11 @@ func (a *Agent) openHardware(o options) (vfio.FS, nvml.Interface, error) {
 // kernel stays blocked; nothing can cancel it.
 func (a *Agent) Close() error {
 	var err error
-	a.registry.transfer()
+	a.registry.Transfer()
 	if a.cluster != nil {
 		a.cluster.stop(context.Background())
 	}
-	a.registry.close()
+	a.registry.Close()
 	a.lns.close()
 	if a.ledger != nil {
 		err = a.ledger.Close()
@@ -388,7 +394,7 @@ func (a *Agent) StatusLine() string {
 		free += t.Free
 	}
 	s := fmt.Sprintf("%d GPUs, %d free, %d claims", total, free, len(a.ledger.List()))
-	if a.serverDrained() {
+	if a.ServerDrained() {
 		s += ", drained"
 	}
 	if c := a.cluster; c != nil {

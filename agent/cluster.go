@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,11 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpuherd/gpuherd/agent/claim"
-
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/gossip"
 )
 
@@ -43,7 +44,7 @@ type clusterState struct {
 	// before that this agent's view may lack servers that hold claims.
 	joined atomic.Bool
 	// names is this agent's part in the name registry, once it runs.
-	names atomic.Pointer[registryState]
+	names atomic.Pointer[registry.Registry]
 	// known is every server this agent has seen, kept on disk
 	// (knownmembers.go).
 	known *knownMembers
@@ -180,12 +181,12 @@ func (c *clusterState) summary() gossip.Summary {
 	s := gossip.Summary{
 		AgentVersion: Version,
 		PeerAddr:     c.peerAddr,
-		Drained:      a.serverDrained(),
+		Drained:      a.ServerDrained(),
 		Revision:     a.ledger.Revision(),
 		Boot:         a.boot,
 	}
 	if rs := c.names.Load(); rs != nil {
-		s.Names = rs.namesInfo()
+		s.Names = rs.Info()
 	}
 	for m, t := range a.ledger.Totals(a.clk.Now()) {
 		s.Models = append(s.Models, gossip.ModelCapacity{Model: m, Total: clamp16(t.Total), Free: clamp16(t.Free), Healthy: clamp16(t.Healthy), Unusable: clamp16(t.Unusable)})
@@ -316,6 +317,38 @@ func (c *clusterState) client(name, addr string) api.Owner {
 	c.clients[key] = pc
 	return pc
 }
+
+// namesPeer is the peer client that carries registry requests to server
+// at addr (registry.Deps.Peer), or why there is none.
+func (c *clusterState) namesPeer(server, addr string) (registry.Peer, error) {
+	switch o := c.client(server, addr).(type) {
+	case *api.PeerClient:
+		return o, nil
+	case brokenOwner:
+		return nil, o.err
+	default:
+		return nil, errors.New("no peer client")
+	}
+}
+
+// State is node's state in this agent's gossip view, "" when the view
+// does not hold it (registry.Cluster).
+func (c *clusterState) State(node string) string {
+	for _, m := range c.g.Members() {
+		if m.Name == node {
+			return m.State
+		}
+	}
+	return ""
+}
+
+// Forget drops a member that is not alive from the gossip view
+// (registry.Cluster).
+func (c *clusterState) Forget(node string) { c.g.Forget(node) }
+
+// ForgetKnown drops node from the servers this agent has seen
+// (registry.Cluster, knownmembers.go).
+func (c *clusterState) ForgetKnown(node string) { c.known.forget(node) }
 
 // publish re-advertises this server's summary; it coalesces bursts.
 func (c *clusterState) publish() {

@@ -260,7 +260,7 @@ func (tc *testCluster) registryUp() {
 	for {
 		var waiting []string
 		for name, a := range tc.agents {
-			if a.registry != nil && a.registry.reg.Load().Status().Leader == "" {
+			if a.registry != nil && a.registry.Names().Status().Leader == "" {
 				waiting = append(waiting, name)
 			}
 		}

@@ -25,7 +25,7 @@ func newGroups(a *Agent) *groups.Groups {
 		MaxGPUsPerClaim: a.cfg.MaxGPUsPerClaim,
 		Claims:          groupClaims{a.Coordinator},
 		Names:           func() groups.Names { return a.names },
-		AwaitFounding:   func(ctx context.Context) { a.registry.awaitFounding(ctx) },
+		AwaitFounding:   func(ctx context.Context) { a.registry.AwaitFounding(ctx) },
 		View:            groupView{a},
 		Catalog:         groupView{a},
 		Log:             a.log,

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/internal/atomicfile"
 )
@@ -65,7 +66,7 @@ func (a *Agent) openKnownMembers() *knownMembers {
 		return k
 	}
 	for _, n := range doc.Members {
-		if n != a.cfg.NodeName && memberName(n) {
+		if n != a.cfg.NodeName && registry.IsServerName(n) {
 			k.names[n] = true
 		}
 	}

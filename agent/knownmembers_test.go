@@ -29,7 +29,7 @@ func (tc *testCluster) cutOff(name string) {
 	}
 	tc.peers.Partition([]string{name}, others)
 	tc.gossip.Pause(x.cluster.g.LocalAddr())
-	tc.converge(name+" dead", func(y *Agent) bool { return y == x || y.memberState(name) == gossip.StateDead })
+	tc.converge(name+" dead", func(y *Agent) bool { return y == x || memberState(y, name) == gossip.StateDead })
 }
 
 // restartUnaware stops name and starts it again on the same data
@@ -50,14 +50,14 @@ func (tc *testCluster) restartUnaware(name, profile string, beforeStart func(dat
 			return false
 		}
 		for n := range tc.agents {
-			if n != name && !slices.Contains(unseen, n) && x.memberState(n) != gossip.StateAlive {
+			if n != name && !slices.Contains(unseen, n) && memberState(x, n) != gossip.StateAlive {
 				return false
 			}
 		}
 		return true
 	})
 	for _, n := range unseen {
-		if s := x.memberState(n); s != "" {
+		if s := memberState(x, n); s != "" {
 			tc.t.Fatalf("the restarted %s's gossip lists %s (%s): the scenario needs an agent that has not heard of it", name, n, s)
 		}
 	}

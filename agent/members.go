@@ -125,10 +125,10 @@ func memberView(m gossip.Member) api.Member {
 
 // self is this server as a member.
 func (a *Agent) self() api.Member {
-	m := api.Member{Name: a.cfg.NodeName, State: "alive", Self: true, Drained: a.serverDrained(),
+	m := api.Member{Name: a.cfg.NodeName, State: "alive", Self: true, Drained: a.ServerDrained(),
 		AgentVersion: Version, Models: []api.ModelAvailability{}}
 	if rs := a.registry; rs != nil {
-		info := rs.namesInfo()
+		info := rs.Info()
 		m.NamesRole, m.NamesLeader = info.Role, info.Leader
 	}
 	totals := a.ledger.Totals(a.clk.Now())

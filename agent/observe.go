@@ -2,65 +2,23 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"slices"
-	"sync"
-	"time"
 
-	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/telemetry"
 	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/metrics"
 )
 
-// telemetryInterval is how often NVML is read for the metrics: a scrape
-// only copies the last reading, so it stays cheap however often it comes.
-const telemetryInterval = 10 * time.Second
-
-// ignoredXIDs are the XIDs caused by the application, not the card (the
-// same list NVIDIA's device plugin ignores by default): counted, not fenced.
-var ignoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
-
-// telemetry caches NVML's last reading per GPU.
-type telemetry struct {
-	mu   sync.RWMutex
-	last map[string]inventory.Telemetry
-}
-
-func (a *Agent) refreshTelemetry() {
-	if a.nvml == nil {
-		return
+// newTelemetry builds a's watcher of NVML's readings (agent/telemetry);
+// it reads nothing when NVML does not answer.
+func newTelemetry(a *Agent) *telemetry.Watcher {
+	d := telemetry.Deps{Host: a.host, Recorder: a.rec, Log: a.log}
+	if a.nvml != nil {
+		d.NVML = a.nvml
 	}
-	t, err := a.nvml.Telemetry()
-	if err != nil {
-		a.log.Debug("NVML telemetry", "err", err)
-		return
-	}
-	a.tele.mu.Lock()
-	a.tele.last = t
-	a.tele.mu.Unlock()
-}
-
-// watchXID counts XID errors and fences a card that reports one that is
-// the card's fault. It returns when NVML cannot deliver events.
-func (a *Agent) watchXID(ctx context.Context) {
-	if a.nvml == nil {
-		return
-	}
-	err := a.nvml.WatchXID(ctx, func(addr string, xid uint64) {
-		g, _ := a.host.GPU(addr)
-		a.rec.XID(addr, g.Model, xid)
-		if slices.Contains(ignoredXIDs, xid) {
-			a.log.Warn("XID error (application-caused, card kept)", "pci_address", addr, "xid", xid)
-			return
-		}
-		a.host.Fence(addr, fmt.Sprintf("XID %d reported by the driver", xid))
-	})
-	if err != nil && !errors.Is(err, context.Canceled) {
-		a.log.Info("XID errors are not watched", "reason", err)
-	}
+	return telemetry.New(d)
 }
 
 // metricsSnapshot is what one scrape shows: built from the ledger, the
@@ -69,10 +27,8 @@ func (a *Agent) watchXID(ctx context.Context) {
 func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	v := VersionInfo()
 	snap := metrics.Snapshot{Build: metrics.BuildInfo{Version: v.Version, Revision: v.Commit, GoVersion: v.Go}}
-	a.tele.mu.RLock()
-	tele := a.tele.last
-	a.tele.mu.RUnlock()
-	for _, s := range a.gpuStates() {
+	tele := a.tele.Last()
+	for _, s := range a.status.States() {
 		g, _ := a.host.GPU(s.GPU.Address)
 		mg := metrics.GPU{
 			PCIAddress: s.GPU.Address,
@@ -85,8 +41,8 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 			State:      string(s.Status),
 			Healthy:    s.Status != ledger.GPUUnhealthy,
 		}
-		if s.read {
-			mg.Driver = s.driver
+		if s.Read {
+			mg.Driver = s.Driver
 		}
 		if a.host.IsReturning(s.GPU.Address) && a.host.Health(s.GPU.Address) == "" {
 			mg.State, mg.Healthy = metrics.StateReturning, true // kept back, not sick

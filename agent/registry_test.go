@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/agent/registry"
 )
 
 // registryOf is the registry an agent runs; it fails the test when none.
@@ -17,7 +18,7 @@ func registryOf(t testing.TB, a *Agent) *names.Registry {
 	if a.registry == nil {
 		t.Fatalf("%s runs no name registry", a.cfg.NodeName)
 	}
-	return a.registry.reg.Load()
+	return a.registry.Names()
 }
 
 // waitRegistry waits until every agent of agents sees one leader among
@@ -126,9 +127,9 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	if g.Record.Caller != "gpu-d" || g.Record.Token == 0 {
 		t.Fatalf("grant through the standby: %+v", g.Record)
 	}
-	time.Sleep(3 * registryTick) // time to found a registry, if it would
-	if st := registryOf(t, d).Status(); st.Role != names.StatusStandby || st.HasState || d.registry.registryCount() != 1 {
-		t.Fatalf("gpu-d after joining: %+v, registries seen %d; want a standby of the one registry", st, d.registry.registryCount())
+	time.Sleep(3 * registry.Tick) // time to found a registry, if it would
+	if st := registryOf(t, d).Status(); st.Role != names.StatusStandby || st.HasState || d.registry.Registries() != 1 {
+		t.Fatalf("gpu-d after joining: %+v, registries seen %d; want a standby of the one registry", st, d.registry.Registries())
 	}
 	via := others(agents, leader)[0]
 	if g2 := acquire(t, via, "vm-1b"); g2.Record.Caller != via.cfg.NodeName {
@@ -175,7 +176,7 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	// An operator removes the dead voter (members remove), through an
 	// agent that does not lead: the leader replaces it with the standby.
 	follower := others(rest, next)[0]
-	if was, err := follower.removeVoter(ctx, leader); err != nil || !was {
+	if was, err := follower.registry.RemoveVoter(ctx, leader); err != nil || !was {
 		t.Fatalf("removing voter %s through %s: %v", leader, follower.cfg.NodeName, err)
 	}
 	waitRegistry(t, append(rest, d), []string{rest[0].cfg.NodeName, rest[1].cfg.NodeName, "gpu-d"}, 10*time.Second)

@@ -13,6 +13,10 @@ import (
 	"github.com/gpuherd/gpuherd/gossip"
 )
 
+// memberState is node's state in a's gossip view, "" when the view does
+// not hold it.
+func memberState(a *Agent, node string) string { return a.cluster.State(node) }
+
 // voterNames is the test registry as seen by an agent that knows its
 // servers (*names.Registry does): removing one of them must take it out.
 type voterNames struct {
@@ -46,7 +50,7 @@ func (tc *testCluster) crash(name string) {
 	// pings go unanswered, not one it fails to write to.
 	tc.gossip.Pause(a.cluster.g.LocalAddr())
 	tc.converge(name+" dead", func(x *Agent) bool {
-		return x == a || x.memberState(name) == gossip.StateDead
+		return x == a || memberState(x, name) == gossip.StateDead
 	})
 	if err := a.cluster.g.Shutdown(); err != nil {
 		tc.t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/host"
+	"github.com/gpuherd/gpuherd/agent/telemetry"
 )
 
 // Run serves the local API on the unix socket and runs the background loops
@@ -22,8 +23,8 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	// New (listeners.go); from here the API takes requests.
 	srv, errc := a.lns.apiSrv, a.lns.apiErr
 	a.lns.serving.Store(true)
-	a.refreshTelemetry()
-	go a.watchXID(ctx)
+	a.tele.Refresh()
+	go a.tele.WatchXID(ctx)
 	go a.host.WatchPCI(ctx, a.host.OpenPCIEvents(ctx)) // subscribed before ready: no event is missed
 	a.log.Info("serving the local API", "socket", a.cfg.Socket, "node", a.cfg.NodeName)
 	if c := a.cluster; c != nil {
@@ -48,7 +49,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 	if ready != nil {
 		ready()
 	}
-	tele := a.clk.NewTicker(telemetryInterval)
+	tele := a.clk.NewTicker(telemetry.Interval)
 	defer tele.Stop()
 
 	sweep := a.clk.NewTicker(sweepInterval(time.Duration(a.cfg.ReservationLease)))
@@ -66,7 +67,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			a.ready.Store(false)
 			// A registry leader hands over first: the others elect no one
 			// while it still answers.
-			a.registry.transfer()
+			a.registry.Transfer()
 			if c := a.cluster; c != nil {
 				// A graceful leave: the others stop placing claims here at once.
 				c.stop(context.Background())
@@ -74,7 +75,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 			shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err := srv.Shutdown(shutCtx)
-			a.registry.close() // after the APIs: nothing asks it any more
+			a.registry.Close() // after the APIs: nothing asks it any more
 			a.removeSocket()
 			return err
 		case err := <-errc:
@@ -84,7 +85,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		case <-health.C():
 			a.host.CheckHealth()
 		case <-tele.C():
-			a.refreshTelemetry()
+			a.tele.Refresh()
 		case <-drivers.C():
 			a.host.CheckDrivers(ctx, nil)
 		case <-returns.C():

@@ -40,7 +40,7 @@ func TestClaimOnlyASuspectCouldHold(t *testing.T) {
 			c := tc.start("c", "l40s-4")
 			tc.converge("membership", func(x *Agent) bool { return freeOf(x, "NVIDIA L40S") == 4 })
 			tc.gossip.Pause(c.cluster.g.LocalAddr())
-			waitFor(t, "c suspect in a's view", 10e9, func() bool { return a.memberState("c") == gossip.StateSuspect })
+			waitFor(t, "c suspect in a's view", 10e9, func() bool { return memberState(a, "c") == gossip.StateSuspect })
 			ctx := context.Background()
 			one := []api.Item{{Model: "L40S", Count: 1}}
 
@@ -59,8 +59,8 @@ func TestClaimOnlyASuspectCouldHold(t *testing.T) {
 			if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
 				t.Fatalf("5 L40S, more than any server has: %+v; want not available", e)
 			}
-			if a.memberState("c") != gossip.StateSuspect {
-				t.Fatalf("c is %s in a's view by the end; the test needs it suspect throughout", a.memberState("c"))
+			if memberState(a, "c") != gossip.StateSuspect {
+				t.Fatalf("c is %s in a's view by the end; the test needs it suspect throughout", memberState(a, "c"))
 			}
 		})
 	}

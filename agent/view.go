@@ -19,7 +19,7 @@ func (a *Agent) targets() []claim.Target {
 	for m, c := range caps {
 		free[m] = c.Free
 	}
-	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.serverDrained(), caps)}
+	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.ServerDrained(), caps)}
 	if a.cluster != nil {
 		out = append(out, a.cluster.peers()...)
 	}
@@ -126,5 +126,5 @@ func (v agentView) MemberStates() string {
 // it.
 type agentRegistry struct{ a *Agent }
 
-func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.registry.awaitFounding(ctx) }
-func (r agentRegistry) Leaderless() bool                  { return r.a.registry.leaderless() }
+func (r agentRegistry) AwaitFounding(ctx context.Context) { r.a.registry.AwaitFounding(ctx) }
+func (r agentRegistry) Leaderless() bool                  { return r.a.registry.Leaderless() }

@@ -33,10 +33,13 @@ var layers = [][]string{
 	{"agent/placement"},                      // state: choosing and ranking
 	{"agent/ledger"},                         // state: the owner's claims
 	{"agent/host"},                           // the GPUs, their drivers and their users
+	{"agent/status", "agent/drain"},          // the GPUs as the status API shows them; GPU and server drains
+	{"agent/telemetry"},                      // NVML's readings and XID errors
 	{"gossip/gossiptest", "agent/claimtest"}, // the in-memory networks for tests
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
 	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
 	{"agent/names"},                                          // cluster: the name registry (raft)
+	{"agent/registry"},                                       // cluster: the name registry run on this agent over gossip
 	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
 	{"agent/owner"},                                          // the protocol: the owner role, this server's claims
 	{"agent/claim"},                                          // the protocol: the coordinator role, placing claims
@@ -52,9 +55,10 @@ var layers = [][]string{
 var rolePackages = []string{"agent/host", "agent/home", "agent/owner", "agent/claim", "agent/groups"}
 
 // clockPackages are the packages whose code reads time only through
-// internal/clock, so that tests and the simulation can drive it: agent and
-// every role package.
-var clockPackages = append([]string{"agent"}, rolePackages...)
+// internal/clock, so that tests and the simulation can drive it: agent,
+// the name registry it runs, the status of its GPUs, the drains, NVML's
+// readings, and every role package.
+var clockPackages = append([]string{"agent", "agent/registry", "agent/status", "agent/drain", "agent/telemetry"}, rolePackages...)
 
 // timeClockFuncs are the time package's functions that read or wait on the
 // system clock.

@@ -1,4 +1,4 @@
-package agent
+package registry
 
 import (
 	"context"
@@ -14,22 +14,22 @@ import (
 // "Voters in a cluster"): an agent with no raft state never founds one
 // while any member knows a registry; once it has joined and the alive
 // membership has stayed the same for directory_settle (at most
-// foundingSettle), the member that
-// names.ChooseVoters puts first asks every member it knows (alive,
-// suspect or dead; not those that left) whether it knows a registry and,
-// only if all answer no, founds one with itself as its only voter. The leader then adds voters, in ChooseVoters order, until
-// there are names_bootstrap_expect.
+// Config.FoundingSettle), the member that names.ChooseVoters puts first
+// asks every member it knows (alive, suspect or dead; not those that
+// left) whether it knows a registry and, only if all answer no, founds one
+// with itself as its only voter. The leader then adds voters, in
+// ChooseVoters order, until there are names_bootstrap_expect.
 
-// registryTick is how often the agent looks at its registry and gossip.
-const registryTick = 250 * time.Millisecond
+// Tick is how often the agent looks at its registry and gossip.
+const Tick = 250 * time.Millisecond
 
-// foundingSettle caps how long the alive membership must stay the same
-// before the founder asks (directory_settle when shorter). Gossip settles
-// a join within a few probe rounds; the founder's question to every
-// member, not this wait, is what keeps two founders apart, and the first
-// claims of a new cluster wait for the founding. A variable: tests of
-// whole clusters on loopback shorten it (agent's TestMain).
-var foundingSettle = 2 * time.Second
+// DefaultFoundingSettle caps how long the alive membership must stay the
+// same before the founder asks (directory_settle when shorter; see
+// Config.FoundingSettle). Gossip settles a join within a few probe rounds;
+// the founder's question to every member, not this wait, is what keeps
+// two founders apart, and the first claims of a new cluster wait for the
+// founding.
+const DefaultFoundingSettle = 2 * time.Second
 
 // askTimeout bounds the founder's status question to one member.
 const askTimeout = 2 * time.Second
@@ -43,11 +43,11 @@ type founding struct {
 
 func (f *founding) reset() { *f = founding{} }
 
-func (rs *registryState) run() {
+func (rs *Registry) run() {
 	defer rs.wg.Done()
-	changes, unsubscribe := rs.c.g.Subscribe()
+	changes, unsubscribe := rs.gossip.Subscribe()
 	defer unsubscribe()
-	t := rs.a.clk.NewTicker(registryTick)
+	t := rs.clk.NewTicker(Tick)
 	defer t.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -70,7 +70,7 @@ func (rs *registryState) run() {
 // step does whatever the registry needs now: tell gossip what changed,
 // learn the registry's ID, watch for a second registry, and, without
 // names_voters, found the registry or grow its voters.
-func (rs *registryState) step(ctx context.Context, f *founding) {
+func (rs *Registry) step(ctx context.Context, f *founding) {
 	reg := rs.reg.Load()
 	rs.adoptID(reg)
 	rs.republish()
@@ -89,8 +89,8 @@ func (rs *registryState) step(ctx context.Context, f *founding) {
 	}
 }
 
-// namesInfo is what this agent gossips about its part in the registry.
-func (rs *registryState) namesInfo() gossip.NamesInfo {
+// Info is what this agent gossips about its part in the registry.
+func (rs *Registry) Info() gossip.NamesInfo {
 	reg := rs.reg.Load()
 	if reg == nil {
 		return gossip.NamesInfo{Addr: rs.addr}
@@ -101,20 +101,20 @@ func (rs *registryState) namesInfo() gossip.NamesInfo {
 
 // republish re-advertises this agent's summary when its registry part
 // changed (a new leader, a role, an ID).
-func (rs *registryState) republish() {
-	info := rs.namesInfo()
+func (rs *Registry) republish() {
+	info := rs.Info()
 	rs.mu.Lock()
 	changed := info != rs.published
 	rs.published = info
 	rs.mu.Unlock()
 	if changed {
-		rs.c.publish()
+		rs.publish()
 	}
 }
 
 // adoptID learns the ID of the registry this server belongs to from its
 // leader's gossip, when it was added rather than founding it.
-func (rs *registryState) adoptID(reg *names.Registry) {
+func (rs *Registry) adoptID(reg *names.Registry) {
 	if reg.ID() != "" || !reg.HasState() {
 		return
 	}
@@ -136,9 +136,9 @@ func knowsRegistry(n gossip.NamesInfo) bool {
 
 // found founds the registry when this agent is the founder and no member
 // knows one (see the comment at the top of this file).
-func (rs *registryState) found(ctx context.Context, f *founding) {
-	self := rs.a.cfg.NodeName
-	if !rs.c.joined.Load() {
+func (rs *Registry) found(ctx context.Context, f *founding) {
+	self := rs.cfg.Node
+	if !rs.joined() {
 		f.reset()
 		return
 	}
@@ -166,11 +166,11 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		alive = append(alive, self)
 	}
 	slices.Sort(alive)
-	now := rs.a.clk.Now()
+	now := rs.clk.Now()
 	if sig := strings.Join(alive, ","); sig != f.sig {
 		f.sig, f.since = sig, now
 	}
-	settle := min(time.Duration(rs.a.cfg.DirectorySettle), foundingSettle)
+	settle := min(rs.cfg.DirectorySettle, rs.cfg.FoundingSettle)
 	if now.Sub(f.since) < settle || now.Before(f.nextAsk) {
 		return
 	}
@@ -190,12 +190,12 @@ func (rs *registryState) found(ctx context.Context, f *founding) {
 		return
 	}
 	rs.log.Info("founded the name registry; its leader adds voters as members join", "registry", id, "members", len(alive),
-		"voters_wanted", rs.a.cfg.namesExpect())
+		"voters_wanted", rs.cfg.Expect)
 }
 
 // askAll asks every other member it knows whether it knows a registry; ok
 // only when all answered and none does. Otherwise it says why.
-func (rs *registryState) askAll(ctx context.Context, others []string) (string, bool) {
+func (rs *Registry) askAll(ctx context.Context, others []string) (string, bool) {
 	type answer struct {
 		node string
 		why  string
@@ -232,9 +232,9 @@ func (rs *registryState) askAll(ctx context.Context, others []string) (string, b
 // names_bootstrap_expect: alive members that run raft and belong to no
 // other registry, in ChooseVoters order. One per step: each waits for the
 // new voter to catch up.
-func (rs *registryState) grow(ctx context.Context, reg *names.Registry) {
+func (rs *Registry) grow(ctx context.Context, reg *names.Registry) {
 	voters := reg.Voters()
-	if len(voters) >= rs.a.cfg.namesExpect() {
+	if len(voters) >= rs.cfg.Expect {
 		return
 	}
 	id := reg.ID()
@@ -262,7 +262,7 @@ func (rs *registryState) grow(ctx context.Context, reg *names.Registry) {
 			rs.log.Warn("name registry: adding a voter failed; trying again", "node", n, "err", err)
 			return
 		}
-		rs.log.Info("added a voter to the name registry", "node", n, "voters", len(voters)+1, "voters_wanted", rs.a.cfg.namesExpect())
+		rs.log.Info("added a voter to the name registry", "node", n, "voters", len(voters)+1, "voters_wanted", rs.cfg.Expect)
 		return
 	}
 }
@@ -270,15 +270,15 @@ func (rs *registryState) grow(ctx context.Context, reg *names.Registry) {
 // checkSplit looks for a second registry: two gossip islands that each
 // founded one and then met. Nothing merges them; the operator is told
 // (log, gpuherd_names_registries) and docs/names.md says what to do.
-func (rs *registryState) checkSplit() {
+func (rs *Registry) checkSplit() {
 	by := map[string][]string{}
 	for _, m := range rs.members() {
 		if m.State == gossip.StateAlive && m.Summary.Names.Registry != "" {
 			by[m.Summary.Names.Registry] = append(by[m.Summary.Names.Registry], m.Name)
 		}
 	}
-	if id := rs.reg.Load().ID(); id != "" && !slices.Contains(by[id], rs.a.cfg.NodeName) {
-		by[id] = append(by[id], rs.a.cfg.NodeName)
+	if id := rs.reg.Load().ID(); id != "" && !slices.Contains(by[id], rs.cfg.Node) {
+		by[id] = append(by[id], rs.cfg.Node)
 	}
 	ids := make([]string, 0, len(by))
 	for id := range by {
@@ -301,8 +301,9 @@ func (rs *registryState) checkSplit() {
 		"Stop the agents of the smaller one, remove their names_dir, set names_voters, and start them again (docs/names.md)", args...)
 }
 
-// registryCount is how many registries the last look at gossip found.
-func (rs *registryState) registryCount() int {
+// Registries is how many registries the last look at gossip found: more
+// than one is a split.
+func (rs *Registry) Registries() int {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return len(rs.registries)
