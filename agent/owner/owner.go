@@ -76,7 +76,7 @@ func (o *Owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 func (o *Owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, recall bool, early *earlyHold) (api.Claim, error) {
 	committed, err := o.commit(ctx, id, recall, early)
 	var e *api.Error
-	if err != nil && (!errors.As(err, &e) || e.ServerFault()) {
+	if err != nil && c.State == ledger.StateReserved && (!errors.As(err, &e) || e.ServerFault()) {
 		o.log.Debug("reservation kept for the coordinator's commit", "claim", id, "err", err)
 		return o.ClaimView(c), nil
 	}
@@ -185,6 +185,14 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 	pending, err := o.ledger.Get(id)
 	if err != nil {
 		return api.Claim{}, o.apiError(err)
+	}
+	if pending.State == ledger.StateCommitted && pending.NameToken != 0 && o.names() != nil {
+		// Committed already (a retried commit, or a reserve and commit of
+		// the same request): the answer is this claim only while the
+		// registry holds its ID here.
+		if err := o.heldHere(ctx, pending); err != nil {
+			return api.Claim{}, err
+		}
 	}
 	unlock := o.host.LockGPUs(pending.GPUs...)
 	defer unlock()

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,5 +177,55 @@ func TestEarlyHoldSettles(t *testing.T) {
 	}
 	if _, ok := held("vm-racing"); !ok {
 		t.Fatal("vm-racing lost its name")
+	}
+}
+
+// TestCommittedCopyIsTheClaimOnlyWhileNamedHere: a reserve-and-commit (or
+// a retried commit) of a claim already committed here is answered with it
+// only while the registry holds its ID here under its token; a copy a move
+// left behind is a conflict naming where the ID is held, and stays for the
+// anti-entropy pass.
+func TestCommittedCopyIsTheClaimOnlyWhileNamedHere(t *testing.T) {
+	o := newTestOwner(t, "l40s-4", nil)
+	reg := names.NewLocal(o.clk.Now, 30*time.Second)
+	o.namesNow = func() Names { return reg }
+	ctx := context.Background()
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Commit: true}
+	c, err := o.Reserve(ctx, "vm-1", rr)
+	if err != nil || c.State != api.StateClaimed {
+		t.Fatalf("first claim: %+v, %v", c, err)
+	}
+	again, err := o.Reserve(ctx, "vm-1", rr)
+	if err != nil || again.State != api.StateClaimed || again.GPUs[0].PCIAddress != c.GPUs[0].PCIAddress {
+		t.Fatalf("the same claim again, held here: %+v, %v; want the claim", again, err)
+	}
+
+	// A move took the name to gpu-2, which confirmed it: this copy is a
+	// leftover.
+	rec, err := reg.Lookup(ctx, names.Claim("vm-1"), names.Linearizable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv, err := reg.Move(ctx, names.Claim("vm-1"), rec.Token, "gpu-1", "gpu-2", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mv.Move == nil {
+		t.Fatalf("move: %+v", mv)
+	}
+	if _, err := reg.Confirm(ctx, names.Claim("vm-1"), mv.Move.Token, "gpu-2", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []func() (api.Claim, error){
+		func() (api.Claim, error) { return o.Reserve(ctx, "vm-1", rr) },
+		func() (api.Claim, error) { return o.Commit(ctx, "vm-1") },
+	} {
+		got, err := call()
+		if !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "on gpu-2") {
+			t.Fatalf("a leftover copy answered %+v, %v; want a conflict naming gpu-2", got, err)
+		}
+	}
+	if l, err := o.ledger.Get("vm-1"); err != nil || l.State != ledger.StateCommitted {
+		t.Fatalf("the leftover copy: %+v, %v; want it kept for the pass", l, err)
 	}
 }

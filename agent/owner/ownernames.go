@@ -134,6 +134,30 @@ func (o *Owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 		Message: fmt.Sprintf("claim %s: not committed on %s: %v", id, o.cfg.NodeName, err)}
 }
 
+// heldHere checks that the registry holds claim c's ID on this server under
+// the token c was committed with. A committed copy it does not hold there
+// (one a move left behind, or one whose name was let go) is no claim to
+// answer with: the anti-entropy pass releases it.
+func (o *Owner) heldHere(ctx context.Context, c ledger.Claim) error {
+	lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+	rec, err := o.names().Lookup(lctx, names.Claim(c.ID), names.Linearizable)
+	cancel()
+	if names.IsUnavailable(err) {
+		return &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s is committed on %s, but the name registry could not say that it still holds it there: %v", c.ID, o.cfg.NodeName, err)}
+	}
+	held := err == nil && rec.State == names.StateHeld
+	if held && rec.Owner == o.cfg.NodeName && rec.Token == c.NameToken {
+		return nil
+	}
+	where := "nowhere"
+	if held {
+		where = fmt.Sprintf("on %s under token %d", rec.Owner, rec.Token)
+	}
+	return &api.Error{Code: api.CodeConflict,
+		Message: fmt.Sprintf("claim %s: the copy on %s (token %d) is not the claim: the name registry holds the ID %s; the copy is released by the anti-entropy pass", c.ID, o.cfg.NodeName, c.NameToken, where)}
+}
+
 // dropUnconfirmed drops a reservation whose claim ID the registry refused
 // to confirm and returns its GPUs to the idle driver. The caller holds the
 // reservation's device locks.
