@@ -327,7 +327,7 @@ func (co *Coordinator) findNamed(ctx context.Context, targets []Target, id strin
 		return api.Claim{}, Target{}, rec, true, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s is being placed by %s; retry in a moment", id, rec.Caller)}
 	case names.StateLost:
-		return api.Claim{}, Target{}, rec, true, lostError(rec) // removed.go
+		return api.Claim{}, Target{}, rec, true, lostError(rec) // agent/registry/removal.go
 	}
 	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
 	return c, t, rec, true, err

@@ -19,6 +19,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/host/hosttest"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/internal/clock"
 	"github.com/gpuherd/gpuherd/internal/keyedlock"
@@ -310,12 +311,39 @@ func wireError(err error) *api.Error {
 
 func (p peer) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (api.Claim, error) {
 	return peerCall(ctx, p, fmt.Sprintf("reserve %s %v token=%d commit=%v", id, rr.Items, rr.Token, rr.Commit), func(ctx context.Context, nd *node) (api.Claim, error) {
-		return nd.owner.Reserve(ctx, id, wire(rr))
+		c, err := nd.owner.Reserve(ctx, id, wire(rr))
+		p.w.checkCommitted(nd, id, c, err)
+		return c, err
 	})
 }
 
 func (p peer) Commit(ctx context.Context, id string) (api.Claim, error) {
-	return peerCall(ctx, p, "commit "+id, func(ctx context.Context, nd *node) (api.Claim, error) { return nd.owner.Commit(ctx, id) })
+	return peerCall(ctx, p, "commit "+id, func(ctx context.Context, nd *node) (api.Claim, error) {
+		c, err := nd.owner.Commit(ctx, id)
+		p.w.checkCommitted(nd, id, c, err)
+		return c, err
+	})
+}
+
+// checkCommitted checks an owner's answer that claim id is committed on
+// nd, at the instant it answers: the registry holds the name on nd under
+// the token nd's ledger committed it with. Other servers may still hold an
+// older copy then (a move commits before it releases the old one).
+func (w *world) checkCommitted(nd *node, id string, c api.Claim, err error) {
+	if err != nil || c.State != api.StateClaimed {
+		return
+	}
+	lc, lerr := nd.ledger.Get(id)
+	if lerr != nil || lc.State != ledger.StateCommitted {
+		return // killed meanwhile, or released by another call already
+	}
+	rec, rerr := w.reg.base.Lookup(context.Background(), names.Claim(id), names.Linearizable)
+	switch {
+	case rerr != nil:
+		w.violation("claim %s answered committed on %s (token %d), but the registry holds no name for it (%v)", id, nd.name, lc.NameToken, rerr)
+	case rec.State != names.StateHeld || rec.Owner != nd.name || rec.Token != lc.NameToken:
+		w.violation("claim %s answered committed on %s under token %d, but the registry has it %s on %s under token %d", id, nd.name, lc.NameToken, rec.State, rec.Owner, rec.Token)
+	}
 }
 
 func (p peer) Abort(ctx context.Context, id string) (api.Claim, error) {

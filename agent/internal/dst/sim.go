@@ -81,6 +81,7 @@ type idState struct {
 	acked string
 	node  string
 	gpus  []string
+	items []api.Item // what it was claimed with
 	// abandoned: a call of this kind ended without a definite answer
 	// (timeout, 503) and may still take effect later, after an answer
 	// the client got to a later call (see docs/names.md, "Simulation").
@@ -316,6 +317,11 @@ func (c *client) run(out *Outcome) {
 		if op != "get" {
 			st.acked = "" // what it was is no longer certain
 		}
+		if op == "release" && st.node != "" && c.rng.IntN(4) == 0 {
+			// A hasty client: the same claim again, straight to the server
+			// that held it, while the release may still run there.
+			c.hasty(id, w.index(st.node), st.items, time.Duration(c.rng.Int64N(int64(100*time.Millisecond))), out)
+		}
 		for try := 3; try > 0; try-- {
 			out.ClientOps++
 			via := c.rng.IntN(len(w.nodes))
@@ -341,6 +347,19 @@ func (c *client) run(out *Outcome) {
 			return
 		}
 	}
+}
+
+// hasty sends a claim of id after delay without waiting for its answer,
+// beside the client's next call: the two run at once, in no order the
+// client knows, so the claim counts as abandoned.
+func (c *client) hasty(id string, via int, items []api.Item, delay time.Duration, out *Outcome) {
+	c.ids[id].abandoned["claim"] = true
+	out.ClientOps++
+	go func() {
+		time.Sleep(delay)
+		cl, err, answered := c.do(via, "claim", id, items)
+		c.w.logf("client hasty claim %s via %s: %v %s %v", id, c.w.name(via), answered, cl.Node, err)
+	}()
 }
 
 // do sends one call through agent via: its answer, or answered false
@@ -392,7 +411,7 @@ func (c *client) settled(op, id string, cl api.Claim, err error, out *Outcome) {
 	st := c.ids[id]
 	switch {
 	case (op == "claim" || op == "resize") && err == nil:
-		st.acked, st.node, st.gpus = "claimed", cl.Node, gpuAddrs(cl)
+		st.acked, st.node, st.gpus, st.items = "claimed", cl.Node, gpuAddrs(cl), cl.Items
 		out.Acked++
 	case op == "release" && (err == nil || api.IsCode(err, api.CodeNotFound)):
 		st.acked = "released"
