@@ -46,7 +46,8 @@ var layers = [][]string{
 	{"agent/groups"},                                         // the node groups, over the coordinator
 	{"agent"},                                                // the protocol and the wiring
 	{"cmd/gpuherd"},                                          // the binary
-	{"agent/internal/testdisk", "agent/internal/testmain", "agent/host/hosttest", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers
+	{"agent/host/hosttest"},                                  // a host on a simulated machine, for the roles' tests and the simulation
+	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers
 }
 
 // rolePackages are the packages of the claim protocol's roles
