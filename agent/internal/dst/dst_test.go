@@ -43,7 +43,9 @@ func TestSimulation(t *testing.T) {
 	var (
 		mu                                                      sync.Mutex
 		ops, acked, regOps, faults, checked, skipped, undecided int
+		known                                                   []uint64
 	)
+	strict := os.Getenv("DST_STRICT") == "1"
 	t.Run("schedules", func(t *testing.T) {
 		for wk := range workers {
 			t.Run(fmt.Sprintf("worker-%d", wk), func(t *testing.T) {
@@ -53,6 +55,12 @@ func TestSimulation(t *testing.T) {
 					cfg := DefaultConfig(seed, dir)
 					cfg.Trace = n == 1
 					out := Run(t, cfg)
+					if len(out.Known) > 0 {
+						t.Logf("DST_SEED=%d: open defect (docs/names.md, \"Simulation\"): %s", seed, out.Known[0])
+						if strict {
+							out.Violations = append(out.Violations, out.Known...)
+						}
+					}
 					var res porcupine.CheckResult
 					if len(out.Violations) == 0 {
 						res, out.Violations = checkHistory(out.History, 2*time.Second)
@@ -62,6 +70,9 @@ func TestSimulation(t *testing.T) {
 					checked, skipped = checked+out.Checked, skipped+out.Skipped
 					if res == porcupine.Unknown {
 						undecided++
+					}
+					if len(out.Known) > 0 {
+						known = append(known, seed)
 					}
 					mu.Unlock()
 					if n == 1 && os.Getenv("DST_TRACE") == "1" {
@@ -78,8 +89,8 @@ func TestSimulation(t *testing.T) {
 		}
 	})
 	el := time.Since(start)
-	t.Logf("%d schedules in %v (%.1f schedules/s, %d side by side): %d client calls (%d acknowledged claims/releases), %d registry commands applied, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late); %d registry histories linearizable, %d undecided in 2 s",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, ops, acked, regOps, faults, checked, skipped, n-undecided, undecided)
+	t.Logf("%d schedules in %v (%.1f schedules/s, %d side by side): %d client calls (%d acknowledged claims/releases), %d registry commands applied, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late); %d registry histories linearizable, %d undecided in 2 s; the open defect in %d schedules %v",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, ops, acked, regOps, faults, checked, skipped, n-undecided, undecided, len(known), known)
 }
 
 // TestSimulationCatchesCommitWithoutName proves the checks can fail: a
@@ -100,10 +111,19 @@ func TestSimulationCatchesCommitWithoutName(t *testing.T) {
 
 // TestSimulationReplays: the same seed gives the same schedule, event by
 // event, though the roles run on goroutines: every message, registry call,
-// fault and answer at the same virtual time, in the same order.
+// fault and answer at the same virtual time, in the same order. 8 seeds,
+// or DST_REPLAYS.
 func TestSimulationReplays(t *testing.T) {
 	dir := t.TempDir()
-	for seed := uint64(1); seed <= 8; seed++ {
+	n := uint64(8)
+	if s := os.Getenv("DST_REPLAYS"); s != "" { // more seeds, to hunt a replay that differs
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || v < 1 {
+			t.Fatalf("DST_REPLAYS=%q: want a positive integer", s)
+		}
+		n = v
+	}
+	for seed := uint64(1); seed <= n; seed++ {
 		cfg := DefaultConfig(seed, dir)
 		cfg.Trace = true
 		a, b := Run(t, cfg), Run(t, cfg)

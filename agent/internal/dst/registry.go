@@ -165,3 +165,17 @@ func brokenGrant(req names.Request, apply func(names.Request) (names.Result, err
 	}
 	return regAnswer{names.Result{Code: names.CodeOK, Record: &rec}, nil}
 }
+
+// handedBack reports whether a server moved claim id's name back to
+// another on its own (a move whose caller is the name's holder: the
+// anti-entropy pass handing a moved name back to the server it came from).
+func (r *registry) handedBack(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, op := range r.history {
+		if op.In.Op == string(names.OpMove) && op.In.Key == id && op.In.Caller == op.In.Node {
+			return true
+		}
+	}
+	return false
+}

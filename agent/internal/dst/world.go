@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing/synctest"
 	"time"
 )
@@ -116,15 +117,19 @@ type world struct {
 	// the registry.
 	cut    [][]bool
 	loss   float64
-	faulty bool
+	faulty atomic.Bool
 
 	// checked and lateSkipped count the final checks of acknowledged
 	// answers made and left out.
 	checked, lateSkipped int
+	// clientOps and acked count the clients' calls and acknowledged
+	// answers, from their goroutines.
+	clientOps, acked atomic.Int64
 
 	traceMu sync.Mutex
 	trace   []string
 	fail    []string
+	known   []string
 }
 
 func (w *world) ms() int64 { return time.Since(w.start).Milliseconds() }
@@ -144,6 +149,15 @@ func (w *world) violation(format string, args ...any) {
 	w.fail = append(w.fail, msg)
 	w.traceMu.Unlock()
 	w.logf("VIOLATION %s", msg)
+}
+
+// knownDefect notes a violation of the open defect Outcome.Known names.
+func (w *world) knownDefect(format string, args ...any) {
+	msg := fmt.Sprintf("at %dms: ", w.ms()) + fmt.Sprintf(format, args...)
+	w.traceMu.Lock()
+	w.known = append(w.known, msg)
+	w.traceMu.Unlock()
+	w.logf("KNOWN DEFECT %s", msg)
 }
 
 func (w *world) name(i int) string {
@@ -293,7 +307,7 @@ func (w *world) deliver(d *delivery) {
 	}
 	// A registry that applied a command may lose its answer with its
 	// leader: drawn here, by the driver, so the schedule stays the seed's.
-	lost := m.to == len(w.nodes) && w.faulty && w.fate(m).Float64() < w.cfg.RegUncertain
+	lost := m.to == len(w.nodes) && w.faulty.Load() && w.fate(m).Float64() < w.cfg.RegUncertain
 	go func() {
 		a := m.handle(ctx)
 		if _, none := a.(noReply); none || lost {
