@@ -20,7 +20,8 @@ import (
 //
 //   - a name held here with no claim, which came here by a move, is
 //     handed back to the server it came from (whose copy may be the only
-//     one), and released only if that server did not take it;
+//     one), asked to take it at once, and released only once that server
+//     answers that it holds no copy;
 //   - a committed copy here whose name is moving here takes it (confirms
 //     the move as this server);
 //   - a committed copy whose name was released (its ledger has a name
@@ -41,9 +42,10 @@ const (
 // nameWithoutClaim settles name r, held on this server with no claim in
 // its ledger: a name that came here by a move, and whose claim this
 // server does not remember releasing under its token, is handed back to
-// the server it came from, once per token; any other (or one handed back
-// before, still here) is released. A name with a move under way is left
-// to that move.
+// the server it came from, and handed back again at each pass while that
+// server holds a copy and did not take it; any other (or one handed back
+// before whose server answers that it holds no copy) is released. A name
+// with a move under way is left to that move.
 func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcome {
 	self := o.cfg.NodeName
 	if r.Move != nil {
@@ -59,11 +61,19 @@ func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 	tried := o.ae.handedBack[r.Name] == r.Token
 	o.ae.mu.Unlock()
 	if tried {
-		// Its server did not take it back: it holds no copy either.
-		if o.freeName(ctx, r) {
-			return nameFreed
+		// Its server did not take it back. Freed only when that server
+		// says it holds no copy: while it holds one (its confirm did not
+		// come in time: it was cut off, or busy), it may be the claim's
+		// only copy, whose name must not go; handed back again.
+		switch o.originCopy(ctx, r) {
+		case originNoCopy:
+			if o.freeName(ctx, r) {
+				return nameFreed
+			}
+			return nameKept
+		case originNoAnswer:
+			return nameKept
 		}
-		return nameKept
 	}
 	if c, err := o.ledger.Get(r.Name); err == nil && c.Live(o.clk.Now()) {
 		return nameKept // committed or reserved since the pass read the ledger
@@ -102,7 +112,51 @@ func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 	o.ae.mu.Unlock()
 	o.log.Warn("anti-entropy: name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
 		"claim", r.Name, "to", r.MovedFrom, "token", r.Token)
+	o.nudgeOrigin(ctx, r)
 	return nameHandedBack
+}
+
+// What the server a name came from answers about its copy.
+const (
+	originHasCopy = iota
+	originNoCopy
+	originNoAnswer
+)
+
+// originCopy asks the server name r came from whether it holds the claim
+// (committed or reserved): originNoCopy only when it answers that it does
+// not.
+func (o *Owner) originCopy(ctx context.Context, r names.Record) int {
+	p, ok := o.peer(r.MovedFrom)
+	if !ok {
+		return originNoAnswer
+	}
+	lctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
+	defer cancel()
+	_, err := p.Owner.Lookup(lctx, r.Name)
+	switch {
+	case err == nil:
+		return originHasCopy
+	case api.IsCode(err, api.CodeNotFound):
+		return originNoCopy
+	}
+	return originNoAnswer
+}
+
+// nudgeOrigin asks the server a handed-back name goes to for the commit of
+// its copy: its owner, finding the name moving to it, confirms the move
+// onto the copy at once (heldHere) rather than at its next pass, which
+// may come after the move lapsed. Best effort: the pass confirms it too.
+func (o *Owner) nudgeOrigin(ctx context.Context, r names.Record) {
+	p, ok := o.peer(r.MovedFrom)
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
+	defer cancel()
+	if _, err := p.Owner.Commit(cctx, r.Name); err != nil {
+		o.log.Info("anti-entropy: the server a name was handed back to did not take it at once; its pass may", "claim", r.Name, "to", r.MovedFrom, "err", err)
+	}
 }
 
 // forgetHandedBack drops the hand-backs of names no longer held here

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,90 @@ func TestCommittedCopyIsTheClaimOnlyWhileNamedHere(t *testing.T) {
 	}
 	if l, err := o.ledger.Get("vm-1"); err != nil || l.State != ledger.StateCommitted {
 		t.Fatalf("the leftover copy: %+v, %v; want it kept for the pass", l, err)
+	}
+}
+
+// originPeer is the server a moved name came from, as the pass asks it:
+// whether it holds a copy, and to take the name (which it does not here).
+type originPeer struct {
+	api.Owner // the other calls are not made
+	lookup    error
+	nudged    int
+}
+
+func (p *originPeer) Lookup(_ context.Context, id string) (api.Claim, error) {
+	if p.lookup != nil {
+		return api.Claim{}, p.lookup
+	}
+	return api.Claim{ID: id, State: api.StateClaimed}, nil
+}
+
+func (p *originPeer) Commit(context.Context, string) (api.Claim, error) {
+	p.nudged++
+	return api.Claim{}, &api.Error{Code: api.CodeUnavailable, Message: "busy"}
+}
+
+// TestHandBackUntilTheOriginTakesIt: a name moved here with no claim here
+// is handed back to the server it came from, which is asked to take it at
+// once; while that server holds a copy and did not take it (cut off, busy),
+// the name is handed back again at each pass, never released: that copy
+// may be the claim's only one. It is released once that server answers
+// that it holds no copy, and kept while it does not answer.
+func TestHandBackUntilTheOriginTakesIt(t *testing.T) {
+	o := newTestOwner(t, "l40s-4", nil)
+	reg := names.NewLocal(o.clk.Now, 5*time.Second)
+	o.namesNow = func() Names { return reg }
+	origin := &originPeer{}
+	o.peers = func() []Peer { return []Peer{{Name: "gpu-0", Owner: origin}} }
+	ctx := context.Background()
+	key := names.Claim("vm-m")
+	r, err := reg.Hold(ctx, key, "coord", "gpu-0", "req", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv, err := reg.Move(ctx, key, r.Token, "gpu-0", "gpu-1", "coord")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Confirm(ctx, key, mv.Move.Token, "gpu-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	current := func() names.Record {
+		t.Helper()
+		rec, err := reg.Lookup(ctx, key, names.Linearizable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	lapse := func() {
+		t.Helper()
+		o.h.Clock.Advance(6 * time.Second)
+		if _, err := reg.ExpirePending(ctx); err != nil { // the registry's time moves with its writes
+			t.Fatal(err)
+		}
+		if rec := current(); rec.Move != nil || rec.Owner != "gpu-1" {
+			t.Fatalf("after the hand-back lapsed: %+v, want held here, no move", rec)
+		}
+	}
+
+	if got := o.nameWithoutClaim(ctx, current()); got != nameHandedBack || origin.nudged != 1 {
+		t.Fatalf("first pass: %v, origin asked %d times; want handed back and asked once", got, origin.nudged)
+	}
+	lapse()
+	if got := o.nameWithoutClaim(ctx, current()); got != nameHandedBack || origin.nudged != 2 {
+		t.Fatalf("the origin holds a copy and did not take it: %v (asked %d times); want handed back again", got, origin.nudged)
+	}
+	lapse()
+	origin.lookup = errors.New("no answer")
+	if got := o.nameWithoutClaim(ctx, current()); got != nameKept {
+		t.Fatalf("the origin does not answer: %v, want the name kept", got)
+	}
+	origin.lookup = &api.Error{Code: api.CodeNotFound, Message: "no such claim"}
+	if got := o.nameWithoutClaim(ctx, current()); got != nameFreed {
+		t.Fatalf("the origin holds no copy: %v, want the name freed", got)
+	}
+	if _, err := reg.Lookup(ctx, key, names.Linearizable); !errors.Is(err, names.ErrNotFound) {
+		t.Fatalf("vm-m after it was freed: %v", err)
 	}
 }

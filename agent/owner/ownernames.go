@@ -150,6 +150,12 @@ func (o *Owner) heldHere(ctx context.Context, c ledger.Claim) error {
 	if held && rec.Owner == o.cfg.NodeName && rec.Token == c.NameToken {
 		return nil
 	}
+	if held && rec.Move != nil && rec.Move.To == o.cfg.NodeName && o.confirmMoveHere(ctx, c, rec) {
+		// The name was moving here (handed back by the server it had
+		// moved to, which holds no copy): this copy takes it, as the
+		// anti-entropy pass would.
+		return nil
+	}
 	where := "nowhere"
 	if held {
 		where = fmt.Sprintf("on %s under token %d", rec.Owner, rec.Token)

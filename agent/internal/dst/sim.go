@@ -75,9 +75,10 @@ type Outcome struct {
 	// Checked counts the IDs whose acknowledged state was checked;
 	// Skipped those left out because an abandoned call might land late.
 	Checked, Skipped int
-	// Known are violations of the open defect docs/names.md describes
-	// ("Open defect: a hand-back that lapses"): reported, failing the
-	// run only with DST_STRICT=1.
+	// Known are violations of the kind the hand-back defect made (an
+	// acknowledged claim lost after its moved name was handed back;
+	// docs/names.md, "a hand-back that lapsed"): reported by name,
+	// failing the run only with DST_STRICT=1.
 	Known []string
 }
 
