@@ -204,6 +204,42 @@ func TestClusterNamedRegistryDown(t *testing.T) {
 	}
 }
 
+// A release while the registry does not answer cannot tell which copy of
+// a claim the registry names: a move cut short leaves the old one behind
+// (here, b's). It releases every copy and says so, never one copy while
+// the other stays held; with a member silent, it is a 503 that releases
+// nothing.
+func TestClusterNamedReleaseWithRegistryDownFreesEveryCopy(t *testing.T) {
+	tc, a, b, c := namedThree(t)
+	ctx := context.Background()
+	held, err := c.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}, PreferNode: "c", SameNode: true})
+	if err != nil || held.Node != "c" {
+		t.Fatalf("claim on c: %+v, %v", held, err)
+	}
+	namedClaim(t, b, "vm-1", 1) // the leftover of a move cut short
+	tc.names.SetDown(true)
+
+	tc.peers.Pause("b")
+	if _, err := a.Release(ctx, "vm-1"); !api.IsCode(err, api.CodeUnavailable) || !strings.Contains(err.Error(), "b") {
+		t.Fatalf("release with the registry down and b silent: %v; want a 503 naming b", err)
+	}
+	if on := copiesOf("vm-1", a, b, c); !slices.Equal(on, []string{"b", "c"}) {
+		t.Fatalf("copies after the refused release: %v, want both kept", on)
+	}
+	tc.peers.Resume("b")
+
+	got, err := a.Release(ctx, "vm-1")
+	if err != nil {
+		t.Fatalf("release with the registry down: %v", err)
+	}
+	if on := copiesOf("vm-1", a, b, c); len(on) > 0 {
+		t.Fatalf("vm-1 still held on %v after its release", on)
+	}
+	if len(got.Warnings) != 1 || !strings.Contains(got.Warnings[0], "another copy") {
+		t.Errorf("the release's answer: %+v; want a warning about the other copy", got)
+	}
+}
+
 // Issue 11, point 6: with a member that does not answer, a get or release
 // of an ID that never existed is a definite 404 from the registry, not a
 // 503 naming the dead member.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -200,6 +201,7 @@ func (co *Coordinator) Release(ctx context.Context, id string) (api.Claim, error
 		if handled {
 			return c, err
 		}
+		return co.releaseEveryCopy(ctx, targets, id, abort)
 	}
 	h, err := co.askHome(ctx, targets, id, abort)
 	if h.done {
@@ -213,6 +215,42 @@ func (co *Coordinator) Release(ctx context.Context, id string) (api.Claim, error
 	defer cancel()
 	c, err := abort(rctx, t)
 	return c, unanswered(ctx, id, t.name, err)
+}
+
+// releaseEveryCopy is a release while the name registry does not answer.
+// Without it this agent cannot tell which copy of the claim is the one the
+// registry names (a move cut short leaves two, one of them a leftover the
+// anti-entropy pass would release), so it releases every copy the servers
+// hold; while a member does not answer, a copy may be held there, and the
+// answer is a 503 (retry the release) before anything is released.
+func (co *Coordinator) releaseEveryCopy(ctx context.Context, targets []Target, id string, abort func(context.Context, Target) (api.Claim, error)) (api.Claim, error) {
+	hits, silent := co.allCopies(ctx, targets, id)
+	if len(silent) > 0 {
+		return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: the name registry does not answer, and %s did not answer either, so a copy may be held there; retry the release when they are back (a server that will not come back: gpuherd members remove NODE)", id, strings.Join(silent, ", "))}
+	}
+	var (
+		released api.Claim
+		found    bool
+	)
+	for _, h := range hits { // the copy to answer with first (before)
+		rctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
+		c, err := abort(rctx, h.t)
+		cancel()
+		switch {
+		case api.IsCode(err, api.CodeNotFound):
+		case err != nil:
+			return api.Claim{}, unanswered(ctx, id, h.t.name, err)
+		case !found:
+			released, found = c, true
+		default:
+			released.Warnings = append(released.Warnings, fmt.Sprintf("claim %s had another copy on %s, released too", id, h.t.name))
+		}
+	}
+	if !found {
+		return api.Claim{}, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("claim %s not found on any server", id)}
+	}
+	return released, nil
 }
 
 // Claims lists the claims of every server that answered (ListClaims says
