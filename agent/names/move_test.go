@@ -65,6 +65,23 @@ func TestMove(t *testing.T) {
 	want(t, x.release(vm, done.Token, "node-b"), CodeOK)
 }
 
+// While a name moves, a hold of it on the server it leaves is refused, not
+// "same": a claim committed there under it (a retry placed on the old
+// server, or one placed on a server handing a name back) would lose it
+// when the move is confirmed. Once the move lapsed, the hold is the same
+// hold again.
+func TestHoldRefusedWhileMoving(t *testing.T) {
+	x := newFx(t)
+	vm := Claim("vm-x")
+	h := want(t, x.hold(vm, "node-c", "node-a", "req"), CodeOK).Record
+	want(t, x.hold(vm, "node-c", "node-a", "req"), CodeSame)
+	m := want(t, x.move(vm, h.Token, "node-a", "node-b", "node-a"), CodeOK).Record
+	want(t, x.hold(vm, "node-z", "node-a", "req"), CodeConflict, "moving from node-a to node-b")
+	x.now = m.Move.Deadline
+	want(t, x.run(messageExpire, &expireMessage{Now: x.now}), CodeOK)
+	want(t, x.hold(vm, "node-z", "node-a", "req"), CodeSame)
+}
+
 // A move nobody confirms lapses: the name stays on its server, and a
 // later move may go elsewhere.
 func TestMoveLapses(t *testing.T) {

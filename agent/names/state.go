@@ -149,8 +149,8 @@ func (s *state) acquire(idx uint64, m *acquireMessage) Result {
 // hold makes a claim ID held on the server that commits it, in one write:
 // the claim path's acquire and confirm together. A name already held on
 // that server under the same request is the same hold (a retried
-// commit); held elsewhere, being placed, held under another request, or
-// lost, it is refused, and the owner drops its reservation.
+// commit); held elsewhere, being placed, moving away, held under another
+// request, or lost, it is refused, and the owner drops its reservation.
 func (s *state) hold(idx uint64, m *holdMessage) Result {
 	s.advance(m.Now)
 	if r, ok := s.get(m.Key); ok {
@@ -164,6 +164,12 @@ func (s *state) hold(idx uint64, m *holdMessage) Result {
 		case r.Owner != m.Owner:
 			return Result{Code: CodeConflict, Record: ptr(r.clone()),
 				Detail: fmt.Sprintf("%s is held on %s", m.Key, r.Owner)}
+		case r.Move != nil:
+			// On its way to another server (a resize, or a name handed
+			// back): a claim committed here under it would lose it when
+			// the move is confirmed.
+			return Result{Code: CodeConflict, Record: ptr(r.clone()),
+				Detail: fmt.Sprintf("%s is moving from %s to %s", m.Key, r.Owner, r.Move.To)}
 		}
 		return withRecord(CodeSame, r)
 	}

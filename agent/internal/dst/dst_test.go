@@ -12,7 +12,8 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// schedules is how many seeds TestSimulation runs: DST_SCHEDULES, or 100.
+// schedules is which seeds TestSimulation runs: DST_SCHEDULES of them (or
+// 100) from DST_FIRST (or 1).
 // DST_SEED runs that one seed, with its trace on failure.
 func schedules(t *testing.T) (first uint64, n int) {
 	if s := os.Getenv("DST_SEED"); s != "" {
@@ -30,7 +31,15 @@ func schedules(t *testing.T) (first uint64, n int) {
 		}
 		n = v
 	}
-	return 1, n
+	first = 1
+	if s := os.Getenv("DST_FIRST"); s != "" { // a later stretch of seeds
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || v < 1 {
+			t.Fatalf("DST_FIRST=%q: want a positive integer", s)
+		}
+		first = v
+	}
+	return first, n
 }
 
 // workers is how many schedules run side by side: each runs in a bubble
