@@ -268,8 +268,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 		Config: owner.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),
 			RememberReleased: time.Duration(cfg.RememberReleased), IdlePolicy: policy},
 		Ledger: a.ledger, Host: a.host, Home: a.home, Clock: a.clk, Recorder: a.rec, Counters: a.metrics, Log: log,
-		Names: namesFor[owner.Names](a), Cluster: ownerCluster(a), Peers: a.peers,
-		Drained: func() bool { return a.ServerDrained() }, Changed: a.changed, ClaimLocks: &a.claimLocks,
+		Names: namesFor[owner.Names](a), Server: ownerServer{a}, ClaimLocks: &a.claimLocks,
 	})
 	a.Coordinator = claim.New(claim.Deps{
 		Config: claim.Config{NodeName: cfg.NodeName, ReservationLease: time.Duration(cfg.ReservationLease),

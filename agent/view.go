@@ -64,16 +64,21 @@ func namesFor[T any](a *Agent) func() T {
 	}
 }
 
-// ownerCluster is the membership the owner follows; nil while this server
-// runs alone.
-func ownerCluster(a *Agent) func() owner.Cluster {
-	return func() owner.Cluster {
-		if a.cluster == nil {
-			return nil
-		}
-		return gossipMembership{a.cluster}
+// ownerServer is the agent as its owner reads it (owner.Server).
+type ownerServer struct{ a *Agent }
+
+// Cluster is the membership the owner follows; nil while this server runs
+// alone.
+func (s ownerServer) Cluster() owner.Cluster {
+	if s.a.cluster == nil {
+		return nil
 	}
+	return gossipMembership{s.a.cluster}
 }
+
+func (s ownerServer) Peers() []owner.Peer { return s.a.peers() }
+func (s ownerServer) Drained() bool       { return s.a.ServerDrained() }
+func (s ownerServer) Changed()            { s.a.changed() }
 
 // agentView is the agent's view of the servers as the coordinator reads it.
 type agentView struct{ a *Agent }

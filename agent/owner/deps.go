@@ -61,6 +61,19 @@ type Cluster interface {
 	Usable() []home.Member
 }
 
+// Server is the agent an owner serves, as the owner reads it when it uses
+// it: the cluster started after the roles were built.
+type Server interface {
+	// Cluster is the membership now; nil while this server runs alone.
+	Cluster() Cluster
+	// Peers are the servers now, this one first.
+	Peers() []Peer
+	// Drained reports whether the server is drained (no new claims).
+	Drained() bool
+	// Changed is called whenever this server's capacity may have changed.
+	Changed()
+}
+
 // Peer is a server this owner tells or asks: itself or another.
 type Peer struct {
 	Name  string
@@ -89,14 +102,8 @@ type Deps struct {
 	// Names is the name registry now; nil while there is none (a server
 	// alone, or a cluster not joined yet).
 	Names func() Names
-	// Cluster is the membership now; nil while this server runs alone.
-	Cluster func() Cluster
-	// Peers are the servers now, this one first.
-	Peers func() []Peer
-	// Drained reports whether the server is drained (no new claims).
-	Drained func() bool
-	// Changed is called whenever this server's capacity may have changed.
-	Changed func()
+	// Server is the agent this owner serves, read when used.
+	Server Server
 	// ClaimLocks are the coordinator's locks by claim ID: anti-entropy
 	// repairs a claim only while no request of it runs through this agent.
 	ClaimLocks *keyedlock.Set
@@ -138,8 +145,8 @@ type Owner struct {
 // New builds the owner over d.
 func New(d Deps) *Owner {
 	o := &Owner{cfg: d.Config, ledger: d.Ledger, host: d.Host, home: d.Home, clk: d.Clock, rec: d.Recorder,
-		counters: d.Counters, log: d.Log, namesNow: d.Names, clusterNow: d.Cluster, peers: d.Peers,
-		drained: d.Drained, changed: d.Changed, claimLocks: d.ClaimLocks, random: d.Random, notices: newDirNotices()}
+		counters: d.Counters, log: d.Log, namesNow: d.Names, clusterNow: d.Server.Cluster, peers: d.Server.Peers,
+		drained: d.Server.Drained, changed: d.Server.Changed, claimLocks: d.ClaimLocks, random: d.Random, notices: newDirNotices()}
 	if o.random == nil {
 		o.random = rand.Uint64
 	}

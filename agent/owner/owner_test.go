@@ -28,6 +28,14 @@ func (counters) ClaimNameFreed()         {}
 func (counters) ClaimNameAdopted()       {}
 func (counters) ClaimDuplicateReleased() {}
 
+// alone is the server of a test owner: in no cluster, never drained.
+type alone struct{ h *hosttest.Host }
+
+func (alone) Cluster() Cluster { return nil }
+func (alone) Peers() []Peer    { return nil }
+func (alone) Drained() bool    { return false }
+func (s alone) Changed()       { s.h.Changed() }
+
 // testOwner is an owner on a simulated machine (hosttest), alone in its
 // cluster, with reg as its name registry when set.
 type testOwner struct {
@@ -47,9 +55,7 @@ func newTestOwner(t *testing.T, profile string, reg Names) *testOwner {
 		Counters:   counters{},
 		Log:        h.Log,
 		Names:      func() Names { return reg },
-		Peers:      func() []Peer { return nil },
-		Drained:    func() bool { return false },
-		Changed:    h.Changed,
+		Server:     alone{h},
 		ClaimLocks: &keyedlock.Set{},
 	})
 	return &testOwner{Owner: o, h: h}

@@ -86,8 +86,7 @@ func (n *node) start() error {
 		Config: owner.Config{NodeName: n.name, ReservationLease: lease,
 			RememberReleased: time.Duration(w.cfg.RememberReleased) * time.Millisecond},
 		Ledger: l, Host: h, Home: n.home, Clock: clk, Recorder: &hosttest.Recorder{}, Counters: nopCounters{}, Log: quiet,
-		Names: func() owner.Names { return names }, Cluster: func() owner.Cluster { return view },
-		Peers: view.peers, Drained: func() bool { return false }, Changed: func() {}, ClaimLocks: &claimLocks, Random: random,
+		Names: func() owner.Names { return names }, Server: server{view}, ClaimLocks: &claimLocks, Random: random,
 	})
 	n.coord = claim.New(claim.Deps{
 		Config: claim.Config{NodeName: n.name, ReservationLease: lease, MaxGPUsPerClaim: 8},
@@ -178,7 +177,16 @@ func (v *view) Targets() []claim.Target {
 
 func (v *view) peer(i int) api.Owner { return peer{w: v.w, from: v.self, gen: v.gen, to: i} }
 
-func (v *view) peers() []owner.Peer {
+// server is the view as the owner reads it (owner.Server): a simulated
+// server is never drained.
+type server struct{ *view }
+
+func (s server) Cluster() owner.Cluster { return s.view }
+func (s server) Drained() bool          { return false }
+func (s server) Changed()               {}
+
+func (s server) Peers() []owner.Peer {
+	v := s.view
 	var out []owner.Peer
 	for _, i := range v.members() {
 		out = append(out, owner.Peer{Name: v.w.nodes[i].name, Owner: v.peer(i)})
