@@ -135,7 +135,7 @@ func (k *knownMembers) storeLocked() {
 // as soon as it sees it.
 func (a *Agent) watchKnownMembers(ctx context.Context) {
 	c := a.cluster
-	sub, cancel := c.g.Subscribe()
+	sub, cancel := c.g.SubscribeMembers()
 	defer cancel()
 	for {
 		var seen []string

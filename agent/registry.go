@@ -8,6 +8,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/registry"
+	"github.com/gpuherd/gpuherd/gossip"
 	"github.com/gpuherd/gpuherd/metrics"
 )
 
@@ -39,7 +40,7 @@ func (a *Agent) openRegistry(c *clusterState) error {
 		Config: registry.Config{Node: cfg.NodeName, Voters: cfg.NamesVoters, Expect: cfg.namesExpect(), RunsRaft: cfg.runsRaft(),
 			Dir: cfg.namesDir(), DirectorySettle: time.Duration(cfg.DirectorySettle), FoundingSettle: foundingSettle,
 			Timing: registryTiming()},
-		Gossip:   c.g,
+		Gossip:   membersOnly{c.g},
 		Joined:   c.joined.Load,
 		Publish:  c.publish,
 		Peer:     c.namesPeer,
@@ -112,3 +113,10 @@ func newRegistryCollector(rs *registry.Registry) prometheus.Collector {
 		}, true
 	})
 }
+
+// membersOnly is the gossip view as the name registry follows it: its
+// loop wakes on membership changes, not on the capacity changes every
+// claim in the cluster makes.
+type membersOnly struct{ *gossip.Cluster }
+
+func (m membersOnly) Subscribe() (<-chan struct{}, func()) { return m.SubscribeMembers() }

@@ -40,7 +40,7 @@ func (a *Agent) peers() []owner.Peer {
 // gossipMembership is the cluster's membership as the owner follows it.
 type gossipMembership struct{ c *clusterState }
 
-func (m gossipMembership) Subscribe() (<-chan struct{}, func()) { return m.c.g.Subscribe() }
+func (m gossipMembership) Subscribe() (<-chan struct{}, func()) { return m.c.g.SubscribeMembers() }
 
 func (m gossipMembership) Usable() []home.Member {
 	var usable []home.Member

@@ -159,9 +159,26 @@ func New(cfg Config, local func() Summary) (*Cluster, error) {
 	if cfg.Tune != nil {
 		cfg.Tune(mc)
 	}
+	var own *transport
+	if mc.Transport == nil {
+		t, err := newTransport(mc.BindAddr, mc.BindPort, log)
+		if err != nil {
+			return nil, err
+		}
+		mc.Transport, own = t, t
+		if mc.BindPort == 0 {
+			mc.BindPort = t.port
+			if mc.AdvertisePort == 0 {
+				mc.AdvertisePort = t.port
+			}
+		}
+	}
 
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if own != nil {
+			_ = own.Shutdown()
+		}
 		return nil, fmt.Errorf("gossip: start memberlist on %s:%d: %w", mc.BindAddr, cfg.BindPort, err)
 	}
 	c.ml = ml
@@ -186,6 +203,8 @@ func (c *Cluster) currentMeta() []byte {
 
 // Members returns every member this agent knows of, itself included, sorted
 // by name; dead and left members stay listed for Config.RememberDeparted.
+// The slice is shared with other callers until the view next changes: read
+// it (ranging copies each member), never modify it.
 func (c *Cluster) Members() []Member {
 	return c.view.list()
 }
@@ -194,7 +213,15 @@ func (c *Cluster) Members() []Member {
 // changed (several changes in a row arrive as one), and a function that ends
 // the subscription and closes the channel. Re-read Members after each value.
 func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
-	return c.view.subscribe()
+	return c.view.subscribe(false)
+}
+
+// SubscribeMembers is Subscribe for changes of membership only: a member
+// joining, going, changing state or address, or changing anything in its
+// summary but its capacity (free counts and ledger revision), which every
+// claim anywhere in the cluster changes.
+func (c *Cluster) SubscribeMembers() (<-chan struct{}, func()) {
+	return c.view.subscribe(true)
 }
 
 // HealthScore is memberlist's awareness score: 0 is healthy; higher means

@@ -17,7 +17,7 @@ func (v *view) forget(name string) bool {
 	delete(v.deadForgotten, name)
 	if ok {
 		delete(v.members, name)
-		v.notifyLocked()
+		v.notifyLocked(true)
 	}
 	return ok || wasForgotten
 }

@@ -42,7 +42,7 @@ type view struct {
 
 	mu      sync.Mutex
 	members map[string]*viewEntry
-	subs    map[int]chan struct{}
+	subs    map[int]subscriber
 	nextSub int
 	// snap is list's last answer, until a change (notifyLocked drops it) or
 	// snapUntil, when a departed member is due to be forgotten. Coordinators
@@ -65,7 +65,7 @@ func newView(self string, remember time.Duration) *view {
 		remember: remember,
 		now:      time.Now,
 		members:  make(map[string]*viewEntry),
-		subs:     make(map[int]chan struct{}),
+		subs:     make(map[int]subscriber),
 
 		deadForgotten: make(map[string]struct{}),
 	}
@@ -76,11 +76,23 @@ func (v *view) alive(name string, ip net.IP, port uint16, meta []byte) {
 	s, err := DecodeSummary(meta)
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	_, known := v.members[name]
 	e := v.entry(name)
-	e.Addr = net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
+	addr := net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
+	membership := !known || e.State != StateAlive || e.Addr != addr ||
+		(e.SummaryErr == nil) != (err == nil) || !sameBesidesCapacity(e.Summary, s)
+	e.Addr = addr
 	e.Summary, e.SummaryErr = s, err
 	v.setState(e, StateAlive)
-	v.notifyLocked()
+	v.notifyLocked(membership)
+}
+
+// sameBesidesCapacity reports whether two summaries of a member differ at
+// most in its capacity (free counts, ledger revision): what most of its
+// re-advertisements change, and what no membership subscriber reads.
+func sameBesidesCapacity(a, b Summary) bool {
+	return a.AgentVersion == b.AgentVersion && a.PeerAddr == b.PeerAddr && a.Drained == b.Drained &&
+		a.Leaving == b.Leaving && a.Boot == b.Boot && a.Names == b.Names
 }
 
 // gone records a member memberlist reports as dead or left. memberlist does
@@ -97,7 +109,7 @@ func (v *view) gone(name string, meta []byte) {
 		state = StateLeft
 	}
 	v.setState(e, state)
-	v.notifyLocked()
+	v.notifyLocked(true)
 }
 
 // suspect records that this agent's probe of name failed.
@@ -106,7 +118,7 @@ func (v *view) suspect(name string) {
 	defer v.mu.Unlock()
 	if e, ok := v.members[name]; ok && e.State == StateAlive {
 		v.setState(e, StateSuspect)
-		v.notifyLocked()
+		v.notifyLocked(true)
 	}
 }
 
@@ -117,7 +129,7 @@ func (v *view) acked(name string) {
 	defer v.mu.Unlock()
 	if e, ok := v.members[name]; ok && e.State == StateSuspect {
 		v.setState(e, StateAlive)
-		v.notifyLocked()
+		v.notifyLocked(true)
 	}
 }
 
@@ -143,14 +155,16 @@ func (v *view) setState(e *viewEntry, state string) {
 // list returns the members sorted by name, forgetting departed ones older
 // than the remember period.
 //
-// The slice is the caller's; the Models slices of the summaries are shared
-// between callers and must not be modified.
+// The slice is shared between callers until the next change, and must not
+// be modified (ranging over it copies each member, which is fine); the
+// summaries are never modified after they were decoded. Coordinators read
+// the view on every claim, so it is not copied for each reader.
 func (v *view) list() []Member {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := v.now()
 	if v.snap != nil && now.Before(v.snapUntil) {
-		return slices.Clone(v.snap)
+		return v.snap
 	}
 	out := make([]Member, 0, len(v.members))
 	until := now.Add(v.remember)
@@ -169,23 +183,32 @@ func (v *view) list() []Member {
 				until = forget
 			}
 		}
-		m := e.Member
-		m.Summary.Models = slices.Clone(m.Summary.Models)
-		out = append(out, m)
+		out = append(out, e.Member)
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
-	v.snap, v.snapUntil = out, until.Add(time.Nanosecond)
-	return slices.Clone(out)
+	v.snap, v.snapUntil = slices.Clip(out), until.Add(time.Nanosecond)
+	return v.snap
+}
+
+// subscriber is one subscription: its channel, and whether it wants every
+// change or membership changes only (see subscribe).
+type subscriber struct {
+	ch         chan struct{}
+	membership bool
 }
 
 // subscribe returns a channel that receives a value after any change, with
-// changes in a row merged into one, and a function that ends the subscription.
-func (v *view) subscribe() (<-chan struct{}, func()) {
+// changes in a row merged into one, and a function that ends the
+// subscription. With membership, only changes of membership count: a member
+// joining, going or changing state, address or anything in its summary but
+// its capacity. A capacity change of some member is what every claim
+// anywhere causes, and most readers of the view do not care.
+func (v *view) subscribe(membership bool) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	v.mu.Lock()
 	id := v.nextSub
 	v.nextSub++
-	v.subs[id] = ch
+	v.subs[id] = subscriber{ch: ch, membership: membership}
 	v.mu.Unlock()
 	return ch, func() {
 		v.mu.Lock()
@@ -197,11 +220,16 @@ func (v *view) subscribe() (<-chan struct{}, func()) {
 	}
 }
 
-func (v *view) notifyLocked() {
+// notifyLocked drops the snapshot and tells the subscribers; membership
+// says whether the change is one of membership (see subscribe).
+func (v *view) notifyLocked(membership bool) {
 	v.snap = nil
-	for _, ch := range v.subs {
+	for _, sub := range v.subs {
+		if sub.membership && !membership {
+			continue
+		}
 		select {
-		case ch <- struct{}{}:
+		case sub.ch <- struct{}{}:
 		default: // a change is already pending; the reader re-reads everything
 		}
 	}

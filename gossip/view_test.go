@@ -74,7 +74,7 @@ func TestViewStates(t *testing.T) {
 
 func TestViewSubscribeCoalesces(t *testing.T) {
 	v := newView("a", time.Minute)
-	ch, cancel := v.subscribe()
+	ch, cancel := v.subscribe(false)
 	for i := range 10 {
 		v.alive("b", net.IPv4(127, 0, 0, 1), uint16(i), nil)
 	}
@@ -115,5 +115,62 @@ func TestMemberlistLogger(t *testing.T) {
 	}
 	if len(suspected) != 1 || suspected[0] != "gpu-07" {
 		t.Errorf("suspected %v, want [gpu-07]", suspected)
+	}
+}
+
+// A membership subscriber hears of members joining, changing state or
+// anything but capacity in their summaries, and not of capacity changes,
+// which every claim in the cluster makes; an every-change subscriber hears
+// of those too.
+func TestViewSubscribeMembershipSkipsCapacity(t *testing.T) {
+	v := newView("a", time.Minute)
+	all, cancelAll := v.subscribe(false)
+	defer cancelAll()
+	members, cancelMembers := v.subscribe(true)
+	defer cancelMembers()
+	ip := net.IPv4(127, 0, 0, 1)
+	meta := func(free uint16, drained bool) []byte {
+		b, err := Summary{PeerAddr: "127.0.0.1:1", Drained: drained, Models: []ModelCapacity{{Model: "NVIDIA H100", Total: 8, Free: free, Healthy: 8}}}.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	pending := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	steps := []struct {
+		what       string
+		do         func()
+		membership bool
+	}{
+		{"b joins", func() { v.alive("b", ip, 1, meta(8, false)) }, true},
+		{"b's free count changes", func() { v.alive("b", ip, 1, meta(7, false)) }, false},
+		{"b is drained", func() { v.alive("b", ip, 1, meta(7, true)) }, true},
+		{"b moves to another port", func() { v.alive("b", ip, 2, meta(7, true)) }, true},
+		{"b is suspected", func() { v.suspect("b") }, true},
+		{"b answers again", func() { v.acked("b") }, true},
+		{"b's summary stops decoding", func() { v.alive("b", ip, 2, []byte{0xff}) }, true},
+		{"b goes", func() { v.gone("b", nil) }, true},
+	}
+	for _, s := range steps {
+		s.do()
+		if !pending(all) {
+			t.Errorf("%s: the every-change subscriber was not told", s.what)
+		}
+		if got := pending(members); got != s.membership {
+			t.Errorf("%s: the membership subscriber told %v, want %v", s.what, got, s.membership)
+		}
+		if got := v.list(); len(got) != 1 || got[0].Name != "b" {
+			t.Errorf("%s: listed %+v, want b alone", s.what, got)
+		}
+	}
+	if m := v.list()[0]; m.State != StateDead {
+		t.Errorf("b is %q at the end, want dead", m.State)
 	}
 }
