@@ -220,7 +220,14 @@ func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, e
 // claim is gone either way). A reservation whose lease has already passed
 // held nothing anymore: it is removed and reported as ErrNotFound too.
 func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
-	return l.release(id, now, false)
+	return l.release(id, now, false, -1)
+}
+
+// ReleaseRemembering is Release, and a committed claim's release is
+// remembered as Remember(c, now, keep) does, in the same transaction: one
+// fsync'ed write for both, and never a release that is not remembered.
+func (l *Ledger) ReleaseRemembering(id string, now time.Time, keep time.Duration) (Claim, error) {
+	return l.release(id, now, false, max(keep, 0))
 }
 
 // AbortReservation removes claim id only while it is a reservation: a
@@ -229,10 +236,12 @@ func (l *Ledger) Release(id string, now time.Time) (Claim, error) {
 // coordinator committed under the same ID. A committed claim is left as it
 // is and reported with ErrCommitted; otherwise as Release.
 func (l *Ledger) AbortReservation(id string, now time.Time) (Claim, error) {
-	return l.release(id, now, true)
+	return l.release(id, now, true, -1)
 }
 
-func (l *Ledger) release(id string, now time.Time, reservationOnly bool) (Claim, error) {
+// release is Release, or AbortReservation with reservationOnly; keep, when
+// not negative, as in ReleaseRemembering.
+func (l *Ledger) release(id string, now time.Time, reservationOnly bool, keep time.Duration) (Claim, error) {
 	now = now.UTC()
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
@@ -248,6 +257,11 @@ func (l *Ledger) release(id string, now time.Time, reservationOnly bool) (Claim,
 		}
 		if !rec.Live(now) {
 			return true, notFound(id)
+		}
+		if keep >= 0 && tx != nil && rec.State == StateCommitted {
+			if err := l.rememberIn(tx, rec.Claim, now, keep); err != nil {
+				return false, fmt.Errorf("remember released claim %s: %w", id, err)
+			}
 		}
 		out = rec.Claim
 		return true, nil

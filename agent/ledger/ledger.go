@@ -99,6 +99,9 @@ type Ledger struct {
 	// published state must change in the same order as the file, and a
 	// check-and-take must see every reservation. It is held across the fsync.
 	writeMu sync.Mutex
+	// released indexes the released bucket (releasedIndex); nil until
+	// first used, and after a write that failed. Guarded by writeMu.
+	released *releasedIndex
 	// mu guards the state pointer only, so that readers (metrics, gossip)
 	// never wait for a writer's fsync, just for the pointer swap.
 	mu    sync.RWMutex
@@ -418,6 +421,7 @@ func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed 
 	case errors.Is(err, errUnchanged):
 		return fnErr
 	case err != nil:
+		l.released = nil // fn may have changed it: rebuilt from the file on next use
 		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
 		l.writeErr.Store(&err)
 		l.wrote(OpWrite, err)

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,28 +35,15 @@ type Released struct {
 
 // Remember records that claim c was released at now, durably, forgetting
 // records older than keep and the oldest beyond maxReleased. keep 0
-// remembers nothing (and forgets everything).
+// remembers nothing (and forgets everything). A release of a committed
+// claim remembers it in its own transaction (ReleaseRemembering); this is
+// for a claim released otherwise.
 func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
-	rec := Released{ID: c.ID, Items: slices.Clone(c.Items), Labels: maps.Clone(c.Labels), ReleasedAt: now.UTC(), NameToken: c.NameToken}
-	v, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("encode released claim %q: %w", c.ID, err)
-	}
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
-	err = l.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketReleased)
-		if err != nil {
-			return err
-		}
-		if keep > 0 {
-			if err := b.Put([]byte(c.ID), v); err != nil {
-				return err
-			}
-		}
-		return forgetReleased(b, now, keep)
-	})
+	err := l.db.Update(func(tx *bolt.Tx) error { return l.rememberIn(tx, c, now, keep) })
 	if err != nil {
+		l.released = nil // rebuilt from the file on next use
 		err = fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
 		l.wrote(OpRemember, err)
 		return err
@@ -67,38 +53,119 @@ func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 	return nil
 }
 
-// forgetReleased drops records older than keep, then the oldest beyond
-// maxReleased. The bucket is small (bounded), so a full scan per release
-// costs little next to the fsync.
-func forgetReleased(b *bolt.Bucket, now time.Time, keep time.Duration) error {
+// releasedIndex is when each remembered released claim was released, as
+// the released bucket holds it, so that forgetting the old ones reads no
+// record: a release used to decode every remembered record (up to
+// maxReleased) to find them. Writers keep it under writeMu, in the
+// transaction that changes the bucket; a transaction that fails drops it,
+// and the next one rebuilds it from the file.
+type releasedIndex struct {
+	at map[string]time.Time
+	// oldest is a lower bound of at's times (zero: unknown): until it
+	// is older than keep, and while at is within maxReleased, there is
+	// nothing to forget.
+	oldest time.Time
+}
+
+// releasedIn returns the index of b, building it when there is none. A
+// record that does not decode is indexed as released at the zero time, so
+// that the next forgetting drops it.
+func (l *Ledger) releasedIn(b *bolt.Bucket) (*releasedIndex, error) {
+	if l.released != nil {
+		return l.released, nil
+	}
+	idx := &releasedIndex{at: map[string]time.Time{}}
+	err := b.ForEach(func(k, v []byte) error {
+		var r Released
+		if json.Unmarshal(v, &r) != nil {
+			r.ReleasedAt = time.Time{}
+		}
+		idx.at[string(k)] = r.ReleasedAt
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.released = idx
+	return idx, nil
+}
+
+// rememberIn writes c as released at now into tx and forgets what is due
+// (see Remember). Call with writeMu held; a caller whose transaction then
+// fails drops l.released.
+func (l *Ledger) rememberIn(tx *bolt.Tx, c Claim, now time.Time, keep time.Duration) (err error) {
+	defer func() {
+		if err != nil {
+			l.released = nil // the transaction will not commit what the index took
+		}
+	}()
+	b, err := tx.CreateBucketIfNotExists(bucketReleased)
+	if err != nil {
+		return err
+	}
+	idx, err := l.releasedIn(b)
+	if err != nil {
+		return err
+	}
+	if keep > 0 {
+		rec := Released{ID: c.ID, Items: slices.Clone(c.Items), Labels: maps.Clone(c.Labels), ReleasedAt: now.UTC(), NameToken: c.NameToken}
+		v, err := json.Marshal(rec)
+		if err != nil {
+			return fmt.Errorf("encode released claim %q: %w", c.ID, err)
+		}
+		if err := b.Put([]byte(c.ID), v); err != nil {
+			return err
+		}
+		idx.at[c.ID] = rec.ReleasedAt
+		if idx.oldest.After(rec.ReleasedAt) {
+			idx.oldest = rec.ReleasedAt
+		}
+	}
+	return idx.forget(b, now, keep)
+}
+
+// forget drops records older than keep, then the oldest beyond
+// maxReleased.
+func (idx *releasedIndex) forget(b *bolt.Bucket, now time.Time, keep time.Duration) error {
+	if len(idx.at) <= maxReleased && !idx.oldest.IsZero() && now.Sub(idx.oldest) < keep {
+		return nil
+	}
 	type aged struct {
 		id string
 		at time.Time
 	}
-	var all []aged
-	var drop [][]byte
-	err := b.ForEach(func(k, v []byte) error {
-		var r Released
-		if json.Unmarshal(v, &r) != nil || now.Sub(r.ReleasedAt) >= keep {
-			drop = append(drop, bytes.Clone(k))
-			return nil
+	var (
+		all  []aged
+		drop []string
+	)
+	for id, at := range idx.at {
+		if now.Sub(at) >= keep {
+			drop = append(drop, id)
+			continue
 		}
-		all = append(all, aged{string(k), r.ReleasedAt})
-		return nil
-	})
-	if err != nil {
-		return err
+		all = append(all, aged{id, at})
 	}
 	if len(all) > maxReleased {
 		slices.SortFunc(all, func(x, y aged) int { return x.at.Compare(y.at) })
 		for _, a := range all[:len(all)-maxReleased] {
-			drop = append(drop, []byte(a.id))
+			drop = append(drop, a.id)
 		}
+		all = all[len(all)-maxReleased:]
 	}
-	for _, k := range drop {
-		if err := b.Delete(k); err != nil {
+	for _, id := range drop {
+		if err := b.Delete([]byte(id)); err != nil {
 			return err
 		}
+		delete(idx.at, id)
+	}
+	idx.oldest = time.Time{}
+	for _, a := range all {
+		if idx.oldest.IsZero() || a.at.Before(idx.oldest) {
+			idx.oldest = a.at
+		}
+	}
+	if idx.oldest.IsZero() {
+		idx.oldest = now.UTC() // nothing left: nothing is older than now
 	}
 	return nil
 }

@@ -102,3 +102,97 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("adopting nothing: %v", err)
 	}
 }
+
+// A release of a committed claim and its memory are one write: one fsync'ed
+// transaction, both there after a restart, and an aborted reservation
+// remembers nothing.
+func TestReleaseRemembersInOneWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l := openAt(t, path)
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
+	mustCommit(t, l, "vm-1", t0)
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0.Add(time.Minute))
+	before := l.Syncs()
+	if _, err := l.ReleaseRemembering("vm-1", t0.Add(time.Minute), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.ReleaseRemembering("vm-2", t0.Add(time.Minute), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Syncs() - before; n != 1 {
+		t.Errorf("a release and its memory took %d fsync'ed writes, want 1 (and none for a reservation)", n)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openAt(t, path)
+	if _, err := l.Get("vm-1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("vm-1 after reopen: %v, want released", err)
+	}
+	if _, ok, err := l.Recall("vm-1", t0.Add(2*time.Minute), time.Hour); !ok || err != nil {
+		t.Errorf("vm-1 not remembered after reopen: %v, %v", ok, err)
+	}
+	if _, ok, _ := l.Recall("vm-2", t0.Add(2*time.Minute), time.Hour); ok {
+		t.Error("an aborted reservation was remembered")
+	}
+}
+
+// Forgetting keeps its bounds across restarts (the index of release times
+// is rebuilt from the file), through releases and Remember alike, and a
+// record that no longer decodes is forgotten rather than kept forever.
+func TestForgettingAcrossRestarts(t *testing.T) {
+	defer func(n int) { maxReleased = n }(maxReleased)
+	maxReleased = 3
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l := openAt(t, path)
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	release := func(id string, at time.Time) {
+		t.Helper()
+		mustReserve(t, l, id, req(Item{Model: h100, Count: 1}), at)
+		mustCommit(t, l, id, at)
+		if _, err := l.ReleaseRemembering(id, at, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(at time.Time) []string {
+		all, err := l.RecallAll(at, 1000*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range all {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	for i := range 3 {
+		release(fmt.Sprintf("vm-%d", i), t0.Add(time.Duration(i)*time.Minute))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openAt(t, path)
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	release("vm-3", t0.Add(3*time.Minute))
+	if got := fmt.Sprint(ids(t0.Add(3 * time.Minute))); got != "[vm-1 vm-2 vm-3]" {
+		t.Errorf("after a fourth release past a restart: %s, want the newest three", got)
+	}
+	// An hour after vm-1's release, it is forgotten by the next one.
+	release("vm-4", t0.Add(time.Hour+90*time.Second))
+	if got := fmt.Sprint(ids(t0.Add(time.Hour + 90*time.Second))); got != "[vm-2 vm-3 vm-4]" {
+		t.Errorf("after vm-1 aged out: %s", got)
+	}
+	if err := l.Remember(Claim{ID: "vm-5", Items: []Item{{Model: h100, Count: 1}}}, t0.Add(3*time.Hour), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(ids(t0.Add(3 * time.Hour))); got != "[vm-5]" {
+		t.Errorf("three hours on: %s, want vm-5 alone", got)
+	}
+}

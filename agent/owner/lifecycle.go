@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
 // A released claim is remembered (remember_released), so that a restart of
@@ -25,17 +24,6 @@ func (o *Owner) releasable(ctx context.Context, id string) error {
 		return nil
 	}
 	return o.host.RefuseInUse(id, c.GPUs)
-}
-
-// remember records a released committed claim in the ledger, for
-// remember_released.
-func (o *Owner) remember(c ledger.Claim) {
-	if c.State != ledger.StateCommitted {
-		return
-	}
-	if err := o.ledger.Remember(c, o.clk.Now(), time.Duration(o.cfg.RememberReleased)); err != nil {
-		o.log.Warn("released claim not remembered; a later claim of its ID may go to another server", "claim", c.ID, "err", err)
-	}
 }
 
 // rememberedOps are the released claims this owner remembers, as directory

@@ -303,7 +303,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 		if reservationOnly {
 			return o.ledger.AbortReservation(id, o.clk.Now())
 		}
-		return o.ledger.Release(id, o.clk.Now())
+		return o.ledger.ReleaseRemembering(id, o.clk.Now(), time.Duration(o.cfg.RememberReleased))
 	})
 	if err != nil {
 		unlockID()
@@ -317,7 +317,6 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	} else {
 		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
-		o.remember(c)
 		o.releasedName(ctx, c)
 	}
 	unlockID()
