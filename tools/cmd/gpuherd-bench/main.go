@@ -52,6 +52,7 @@ type options struct {
 	out      string
 	keep     bool
 	child    bool
+	tputProf string // CPU profile of the agents' throughput test
 	cost     costConfig
 }
 
@@ -81,6 +82,7 @@ func main() {
 	flag.StringVar(&cost, "cost", "10,100,1000", "sizes (servers) at which the messages and fsyncs per claim, get and release are counted")
 	flag.IntVar(&o.cost.ops, "cost-ops", 50, "claims (each followed by a get and a release) per cost size")
 	flag.DurationVar(&o.cost.quiet, "cost-quiet", 200*time.Millisecond, "an operation's window closes once nothing it caused moved for this long")
+	flag.StringVar(&o.tputProf, "tput-cpuprofile", "", "write a CPU profile of the agents' throughput test alone to this file (its last size's)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	o.seed = uint64(seed)
@@ -190,6 +192,7 @@ type sizeResult struct {
 	viaDirectory int64     // claim-ID lookups the IDs' homes answered, over the Agent.Claim phases
 	viaEvery     int64     // claim-ID lookups that asked every server
 	tput         float64
+	tputCPU      time.Duration // this process's CPU during the throughput test
 	tputLat      durations
 	tputErr      int
 	rssTotal     int64
@@ -209,7 +212,8 @@ type sizeResult struct {
 	etcdReplay   *replayResult
 	etcdErr      error
 	etcdTputErrs int
-	meshSkipped  bool // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
+	etcdTputCPU  time.Duration // the bench's and etcd's CPU during etcd's throughput test
+	meshSkipped  bool          // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
 }
 
 func run(o options) error {
@@ -391,7 +395,11 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	if !mesh {
 		tpAlloc = va
 	}
+	stopProf := startProfile(o.tputProf)
+	cpu0 = cpuTime()
 	r.tputLat, r.tput, r.tputErr, tpErr = closedLoop(ctx, tpAlloc, models, o.workers, o.tput, o.seed, fmt.Sprintf("tp-%d", n))
+	r.tputCPU = cpuTime() - cpu0
+	stopProf()
 	if tpErr != nil {
 		progress("  %d errors, first: %v", r.tputErr, tpErr)
 	}
@@ -488,7 +496,9 @@ func runEtcd(o options, c *cluster, r *sizeResult, capa capacity, models []strin
 	}
 	progress("etcd throughput: %d clients for %v", o.workers, o.tput)
 	var tpErr error
+	cpu0, ecpu0 := cpuTime(), procCPU(e.cmd.Process.Pid)
 	r.etcdTputLat, r.etcdTput, r.etcdTputErrs, tpErr = closedLoop(ctx, ea, models, o.workers, o.tput, o.seed, "etp")
+	r.etcdTputCPU = cpuTime() - cpu0 + procCPU(e.cmd.Process.Pid) - ecpu0
 	if tpErr != nil {
 		progress("  %d errors, first: %v", r.etcdTputErrs, tpErr)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,4 +112,35 @@ func (t *table) String() string {
 		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
 	}
 	return b.String()
+}
+
+// perClaim is cpu divided by n claims, in milliseconds.
+func perClaim(cpu time.Duration, n int) string {
+	if n == 0 {
+		return ""
+	}
+	return ms(cpu / time.Duration(n))
+}
+
+// startProfile starts a CPU profile into path ("" for none) and returns
+// what stops it. A profile that cannot start is reported and skipped.
+func startProfile(path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		progress("CPU profile %s: %v", path, err)
+		if f != nil {
+			_ = f.Close()
+		}
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
 }
