@@ -35,6 +35,9 @@ type clusterState struct {
 
 	mu      sync.Mutex
 	clients map[string]*api.PeerClient // by name@addr
+	// targets is each member's target as last built (targetOf), reused
+	// while its summary is the same one: a claim reads every member's.
+	targets map[string]cachedTarget
 	// avoid is the backoff of members whose peer API did not answer
 	// (avoid.go).
 	avoid *avoidance
@@ -259,8 +262,43 @@ func (c *clusterState) suspects() []claim.Target {
 	return out
 }
 
+// cachedTarget is a member's target, and the summary it was built from:
+// the same decoded summary (gossip never modifies one, it replaces it)
+// gives the same target.
+type cachedTarget struct {
+	models  []gossip.ModelCapacity
+	addr    string
+	drained bool
+	target  claim.Target
+}
+
 // targetOf is member m as a server to ask, with its gossiped capacity.
+// Every placement reads every member's; a member's target is built again
+// only when its summary changed.
 func (c *clusterState) targetOf(m gossip.Member) claim.Target {
+	ms := m.Summary.Models
+	c.mu.Lock()
+	ct, ok := c.targets[m.Name]
+	c.mu.Unlock()
+	if ok && len(ms) > 0 && len(ct.models) == len(ms) && &ct.models[0] == &ms[0] &&
+		ct.addr == m.Summary.PeerAddr && ct.drained == m.Summary.Drained {
+		return ct.target
+	}
+	t := c.buildTarget(m)
+	if _, broken := t.Owner().(brokenOwner); broken {
+		return t // built again next time, as its client may build then
+	}
+	c.mu.Lock()
+	if c.targets == nil {
+		c.targets = map[string]cachedTarget{}
+	}
+	c.targets[m.Name] = cachedTarget{models: ms, addr: m.Summary.PeerAddr, drained: m.Summary.Drained, target: t}
+	c.mu.Unlock()
+	return t
+}
+
+// buildTarget is targetOf without the cache.
+func (c *clusterState) buildTarget(m gossip.Member) claim.Target {
 	free := map[string]int{}
 	caps := map[string]ledger.ModelTotals{}
 	for _, mc := range m.Summary.Models {
