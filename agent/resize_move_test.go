@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -137,4 +138,29 @@ func (n *testNames) Stamp(ctx context.Context, key names.Key, token uint64) (nam
 		return names.Record{}, err
 	}
 	return n.reg.Stamp(ctx, key, token)
+}
+
+// A release whose owner let the name go reads the registry once (to find
+// the owner), not again to look for a copy the name moved to: once the
+// owner's release of the name succeeded, nothing can hold it elsewhere.
+// The released name is free, and the answer carries no owner-only field.
+func TestReleaseLetGoReadsTheRegistryOnce(t *testing.T) {
+	_, n, ag := namedAgents(t, nil, "l40s-4", "a100-pcie-4")
+	a, b := ag[0], ag[1]
+	ctx := context.Background()
+	if c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}}); err != nil || c.Node != "a" {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	nameClaim(t, n, "vm-1", "a")
+	before := n.lookups.Load()
+	rel, err := b.Release(ctx, "vm-1")
+	if err != nil || rel.Node != "a" || rel.NameReleased {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	if got := n.lookups.Load() - before; got != 1 {
+		t.Errorf("the release read the registry %d times, want 1", got)
+	}
+	if r, err := n.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); !errors.Is(err, names.ErrNotFound) {
+		t.Errorf("the name after the release: %+v, %v; want it free", r, err)
+	}
 }

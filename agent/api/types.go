@@ -192,6 +192,11 @@ type Claim struct {
 	// the server of the copy the registry names, if any.
 	Duplicate bool   `json:"duplicate,omitempty"`
 	KeptOn    string `json:"kept_on,omitempty"`
+	// NameReleased, in an owner's answer to a release, says that the name
+	// registry let the claim's ID go from that server: no other server can
+	// hold it since, so the coordinator need not read the registry again.
+	// An owner that does not say so leaves the coordinator to check.
+	NameReleased bool `json:"name_released,omitempty"`
 }
 
 // DomainUse is the libvirt domain running on a claim.

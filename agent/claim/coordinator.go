@@ -181,7 +181,8 @@ func (co *Coordinator) Get(ctx context.Context, id string) (api.Claim, error) {
 }
 
 // Release frees a claim's GPUs, wherever it is held.
-func (co *Coordinator) Release(ctx context.Context, id string) (api.Claim, error) {
+func (co *Coordinator) Release(ctx context.Context, id string) (released api.Claim, err error) {
+	defer func() { released.NameReleased = false }() // between owner and coordinator only
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -194,6 +195,10 @@ func (co *Coordinator) Release(ctx context.Context, id string) (api.Claim, error
 		c, t, rec, handled, err := co.findNamed(ctx, targets, id, abort)
 		if handled && rec.State == names.StateLost {
 			return co.releaseLost(ctx, id, rec)
+		}
+		if handled && err == nil && c.NameReleased {
+			c.NameReleased = false // the owner let the name go: no copy can hold it elsewhere
+			return c, nil
 		}
 		if handled && err == nil {
 			return co.releaseMovedAway(ctx, targets, id, t.name, rec, c, abort)

@@ -299,6 +299,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// a name about to vanish.
 	unlockID := o.commitLocks.Lock(id)
 	why := "release " + id
+	letGo := false
 	c, scan, unlock, err := o.host.ReleaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
 			return o.ledger.AbortReservation(id, o.clk.Now())
@@ -317,7 +318,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	} else {
 		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
-		o.releasedName(ctx, c)
+		letGo = o.releasedName(ctx, c)
 	}
 	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
@@ -325,7 +326,9 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	o.host.ToIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
-	return o.ClaimView(c), nil
+	view := o.ClaimView(c)
+	view.NameReleased = letGo
+	return view, nil
 }
 
 // Lookup returns one claim of this server.

@@ -204,10 +204,11 @@ func (o *Owner) releaseName(ctx context.Context, c ledger.Claim) {
 // unless the ledger holds the ID again: it goes with the claim, instead of
 // staying here without one. The caller holds the ID's commit lock since
 // before the ledger released the claim: a hold of the ID here meanwhile
-// would be answered with the very name this lets go.
-func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) {
+// would be answered with the very name this lets go. It reports whether
+// the registry let the name go from here: then no copy elsewhere holds it.
+func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo bool) {
 	if o.names() == nil || c.NameToken == 0 {
-		return
+		return false
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	defer cancel()
@@ -218,16 +219,17 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) {
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
 		o.noteNameRelease(c, err)
-		return
+		return err == nil
 	}
 	if _, gerr := o.ledger.Get(c.ID); gerr == nil {
-		return // claimed here again: the name is that claim's
+		return false // claimed here again: the name is that claim's
 	}
 	_, err = o.names().Release(rctx, names.Claim(c.ID), r.Record.Token, o.cfg.NodeName)
 	if err == nil {
 		o.log.Info("claim name let go under the newer token it was moved back here with", "claim", c.ID, "token", r.Record.Token, "committed_token", c.NameToken)
 	}
 	o.noteNameRelease(ledger.Claim{ID: c.ID, NameToken: r.Record.Token}, err)
+	return err == nil
 }
 
 // noteNameRelease logs what became of a name release.
