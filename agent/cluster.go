@@ -262,50 +262,45 @@ func (c *clusterState) suspects() []claim.Target {
 	return out
 }
 
-// cachedTarget is a member's target, and the summary it was built from:
-// the same decoded summary (gossip never modifies one, it replaces it)
-// gives the same target.
+// cachedTarget is a member's target, and what it was built from: the same
+// decoded summary (gossip never modifies one, it replaces it) and the same
+// client give the same target.
 type cachedTarget struct {
-	models  []gossip.ModelCapacity
-	addr    string
-	drained bool
-	target  claim.Target
+	models []gossip.ModelCapacity
+	owner  api.Owner
+	target claim.Target
 }
 
 // targetOf is member m as a server to ask, with its gossiped capacity.
 // Every placement reads every member's; a member's target is built again
-// only when its summary changed.
+// only when its summary or its client changed.
 func (c *clusterState) targetOf(m gossip.Member) claim.Target {
 	ms := m.Summary.Models
+	owner := c.client(m.Name, m.Summary.PeerAddr)
 	c.mu.Lock()
 	ct, ok := c.targets[m.Name]
 	c.mu.Unlock()
 	if ok && len(ms) > 0 && len(ct.models) == len(ms) && &ct.models[0] == &ms[0] &&
-		ct.addr == m.Summary.PeerAddr && ct.drained == m.Summary.Drained {
+		ct.owner == owner && ct.target.Drained() == m.Summary.Drained {
 		return ct.target
 	}
-	t := c.buildTarget(m)
-	if _, broken := t.Owner().(brokenOwner); broken {
+	free := map[string]int{}
+	caps := map[string]ledger.ModelTotals{}
+	for _, mc := range ms {
+		free[mc.Model] = int(mc.Free)
+		caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
+	}
+	t := claim.NewTarget(m.Name, false, owner, free, m.Summary.Drained, caps)
+	if _, broken := owner.(brokenOwner); broken {
 		return t // built again next time, as its client may build then
 	}
 	c.mu.Lock()
 	if c.targets == nil {
 		c.targets = map[string]cachedTarget{}
 	}
-	c.targets[m.Name] = cachedTarget{models: ms, addr: m.Summary.PeerAddr, drained: m.Summary.Drained, target: t}
+	c.targets[m.Name] = cachedTarget{models: ms, owner: owner, target: t}
 	c.mu.Unlock()
 	return t
-}
-
-// buildTarget is targetOf without the cache.
-func (c *clusterState) buildTarget(m gossip.Member) claim.Target {
-	free := map[string]int{}
-	caps := map[string]ledger.ModelTotals{}
-	for _, mc := range m.Summary.Models {
-		free[mc.Model] = int(mc.Free)
-		caps[mc.Model] = ledger.ModelTotals{Total: int(mc.Total), Free: int(mc.Free), Healthy: int(mc.Healthy), Unusable: int(mc.Unusable)}
-	}
-	return claim.NewTarget(m.Name, false, c.client(m.Name, m.Summary.PeerAddr), free, m.Summary.Drained, caps)
 }
 
 // unasked names the other members gossip knows now, other than those that

@@ -99,6 +99,10 @@ type Ledger struct {
 	// published state must change in the same order as the file, and a
 	// check-and-take must see every reservation. It is held across the fsync.
 	writeMu sync.Mutex
+	// queue is the writers waiting for the next file transaction (group
+	// commit, writeFile); queueMu guards it alone.
+	queueMu sync.Mutex
+	queue   []*fileWrite
 	// released indexes the released bucket (releasedIndex); nil until
 	// first used, and after a write that failed. Guarded by writeMu.
 	released *releasedIndex
@@ -356,16 +360,25 @@ var errNeedsFile = errors.New("ledger: the change needs a file transaction")
 // therefore depend only on st and its arguments, and set its results anew
 // on every run.
 func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
+	// A first run on a copy of the published state, without the write
+	// lock, tells whether fn needs the file: such a writer queues for the
+	// next transaction at once (group commit, writeFile) instead of
+	// waiting for the write lock, which a transaction holds across its
+	// fsync. What it decides counts only when run again below.
+	if _, err := fn(nil, l.current().clone()); errors.Is(err, errNeedsFile) {
+		return l.writeFile(fn)
+	}
 	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	// Only writers replace l.state, and writeMu is held: no lock needed to
 	// read it here.
 	cur := l.state
 	st := cur.clone()
 	changed, err := fn(nil, st)
 	if errors.Is(err, errNeedsFile) {
-		return l.writeFile(cur, fn)
+		l.writeMu.Unlock()
+		return l.writeFile(fn)
 	}
+	defer l.writeMu.Unlock()
 	if !changed {
 		return err
 	}
@@ -374,18 +387,67 @@ func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)
 	return err
 }
 
-// writeFile runs fn in one read-write transaction over state freshly read
-// from the file, plus cur's reservations and inventory, which are not in
-// it. If fn changed anything, the revision is bumped and stored in the same
-// transaction, the transaction commits (fsync) and its state is published;
-// fn's error, if any, is returned after the commit. If nothing changed, the
-// transaction is rolled back and fn's error returned. If the commit fails,
-// nothing is published: the ledger, its reservations included, stays as it
-// was, and the error says the write was not acknowledged.
-func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
+// testAfterCommit, when set (tests only), runs after a batch's
+// transaction is synced and before any of its writers is answered or its
+// state published: where a crash would tear the batch from its answers.
+var testAfterCommit func(writes int)
+
+// fileWrite is one writer's fn waiting for a transaction (writeFile), and
+// what became of it once done is closed.
+type fileWrite struct {
+	fn   func(tx *bolt.Tx, st *state) (changed bool, err error)
+	err  error
+	done chan struct{}
+}
+
+// writeFile runs fn in a read-write transaction over state freshly read
+// from the file, plus the published reservations and inventory, which are
+// not in it. If fn changed anything, the revision is bumped and stored in
+// the same transaction, the transaction commits (fsync) and its state is
+// published; fn's error, if any, is returned after the commit. If nothing
+// changed, fn's changes to the transaction are rolled back and its error
+// returned. If the commit fails, nothing is published: the ledger, its
+// reservations included, stays as it was, and the error says the write was
+// not acknowledged.
+//
+// Group commit: writers that arrive while a transaction is being written
+// and synced queue up, and the next one to get the write lock runs every
+// queued fn, in arrival order, in one transaction and one fsync. Each fn
+// sees what the ones before it left; nobody is answered before the
+// transaction holding their change is synced, and a failed commit fails
+// them all. An fn that changes nothing (a refusal) is taken out and the
+// others are run again without it, so that it leaves nothing behind.
+func (l *Ledger) writeFile(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
+	w := &fileWrite{fn: fn, done: make(chan struct{})}
+	l.queueMu.Lock()
+	l.queue = append(l.queue, w)
+	l.queueMu.Unlock()
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	select {
+	case <-w.done: // an earlier writer's transaction took it
+		return w.err
+	default:
+	}
+	l.queueMu.Lock()
+	batch := l.queue
+	l.queue = nil
+	l.queueMu.Unlock()
+	for len(batch) > 0 {
+		batch = l.commitBatch(batch)
+	}
+	return w.err
+}
+
+// commitBatch runs batch in one transaction (see writeFile) and answers
+// its writers. When one of them changed nothing, it is answered and the
+// rest are returned, to be run again in a transaction of their own.
+func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
+	cur := l.state
 	var (
-		next  *state
-		fnErr error
+		next     *state
+		errs     = make([]error, len(batch))
+		refusing = -1
 	)
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		st, err := load(tx, l.path)
@@ -405,33 +467,51 @@ func (l *Ledger) writeFile(cur *state, fn func(tx *bolt.Tx, st *state) (changed 
 		// The inventory is not in the file either. Its map is never
 		// modified in place, only replaced, so sharing it is safe.
 		st.inventory = cur.inventory
-		changed, err := fn(tx, st)
-		if !changed {
-			fnErr = err
-			return errUnchanged
+		for i, w := range batch {
+			changed, err := w.fn(tx, st)
+			errs[i] = err
+			if !changed {
+				refusing = i
+				return errUnchanged
+			}
 		}
 		st.rev = max(st.rev, cur.rev) + 1
 		if err := tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev)); err != nil {
 			return fmt.Errorf("write revision: %w", err)
 		}
-		next, fnErr = st, err
+		next = st
 		return nil
 	})
 	switch {
 	case errors.Is(err, errUnchanged):
-		return fnErr
+		l.released = nil // a rolled back fn may have changed it
+		w := batch[refusing]
+		w.err = errs[refusing]
+		close(w.done)
+		return append(batch[:refusing:refusing], batch[refusing+1:]...)
 	case err != nil:
 		l.released = nil // fn may have changed it: rebuilt from the file on next use
 		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
 		l.writeErr.Store(&err)
-		l.wrote(OpWrite, err)
-		return err
+		for _, w := range batch {
+			w.err = err
+			l.wrote(OpWrite, err)
+			close(w.done)
+		}
+		return nil
 	}
 	l.syncs.Add(1)
+	if testAfterCommit != nil {
+		testAfterCommit(len(batch))
+	}
 	l.writeErr.Store(nil)
-	l.wrote(OpWrite, nil)
 	l.publish(next)
-	return fnErr
+	for i, w := range batch {
+		w.err = errs[i]
+		l.wrote(OpWrite, nil)
+		close(w.done)
+	}
+	return nil
 }
 
 // Syncs counts the file's write transactions committed since Open, each
@@ -445,4 +525,11 @@ func (l *Ledger) publish(next *state) {
 	l.mu.Lock()
 	l.state = next
 	l.mu.Unlock()
+}
+
+// current is the published state.
+func (l *Ledger) current() *state {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.state
 }

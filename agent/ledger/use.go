@@ -107,6 +107,7 @@ func (l *Ledger) EndUse(id, domain string, release bool, now time.Time) (c Claim
 	}
 	now = now.UTC()
 	err = l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+		released = false // fn may run more than once (Ledger.write)
 		rec, ok := st.claims[id]
 		if !ok || !rec.Live(now) {
 			return false, notFound(id)
