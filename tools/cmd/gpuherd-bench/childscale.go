@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/gossip"
 )
@@ -121,11 +123,16 @@ type childScale struct {
 }
 
 // runChildScale starts n gossip.Cluster members (real memberlist, real UDP
-// and TCP on 127.0.0.1, LAN timings) in this process, in waves, then one
-// full agent (dgx-h100) in a process of its own joined to them, and
-// measures that agent idle: RSS, CPU, and where its memory goes.
-func runChildScale(c *cluster, n int, env []string, idle time.Duration, out string) childScale {
-	res := childScale{n: n, env: env}
+// and TCP on 127.0.0.1) in this process, in waves, then one full agent
+// (dgx-h100) in a process of its own joined to them, and measures that
+// agent idle: RSS, CPU, and where its memory goes. The members' own
+// probe, gossip and push/pull timers are stretched ×10 (two cores cannot
+// run 1,000 memberlists at LAN timings, see convergeMock); they answer
+// the agent's probes and push/pulls at once all the same, and the agent
+// keeps the LAN timings. What the agent holds per member does not depend
+// on the others' timers; what it receives per second is lower.
+func runChildScale(c *cluster, n int, envs [][]string, idle time.Duration, out string) []childScale {
+	var rs []childScale
 	cs := make([]*gossip.Cluster, 0, n)
 	defer func() {
 		for _, m := range cs {
@@ -140,14 +147,14 @@ func runChildScale(c *cluster, n int, env []string, idle time.Duration, out stri
 			// The agent may call a member's peer API: a closed port on
 			// loopback answers at once, and nothing leaves the machine.
 			s.PeerAddr = "127.0.0.1:9"
-			cfg := gossip.Config{NodeName: fmt.Sprintf("light%04d", i), BindAddr: "127.0.0.1", AdvertiseAddr: "127.0.0.1", Insecure: true, Log: mockLog}
+			cfg := gossip.Config{NodeName: fmt.Sprintf("light%04d", i), BindAddr: "127.0.0.1", AdvertiseAddr: "127.0.0.1", Insecure: true, Log: mockLog,
+				Tune: stretchTimers(10)}
 			if i > 0 {
 				cfg.Join = []string{cs[(i*7919)%max(lo, 1)].LocalAddr()}
 			}
 			m, err := gossip.New(cfg, func() gossip.Summary { return s })
 			if err != nil {
-				res.err = err
-				return res
+				return []childScale{{n: n, err: err}}
 			}
 			cs = append(cs, m)
 			if i > 0 {
@@ -173,9 +180,20 @@ func runChildScale(c *cluster, n int, env []string, idle time.Duration, out stri
 		}
 		progress("  %d gossip members on loopback, after %v", hi, time.Since(start).Round(time.Millisecond))
 	}
-	res.formed = time.Since(start)
+	formed := time.Since(start)
+	for k, env := range envs {
+		progress("  the agent in its own process, environment %q", strings.Join(env, " "))
+		r := childIn(c, cs, fmt.Sprintf("gpu%d", 9000+k), env, idle, out)
+		r.n, r.formed = n, formed
+		rs = append(rs, r)
+	}
+	return rs
+}
 
-	name := "gpu9000"
+// childIn starts one agent in its own process joined to cs and measures it.
+func childIn(c *cluster, cs []*gossip.Cluster, name string, env []string, idle time.Duration, out string) childScale {
+	n := len(cs)
+	res := childScale{env: env}
 	files, err := c.issue(name)
 	if err != nil {
 		res.err = err
@@ -194,7 +212,7 @@ func runChildScale(c *cluster, n int, env []string, idle time.Duration, out stri
 		res.err = err
 		return res
 	}
-	statsPath := filepath.Join(c.dir, "child-stats.json")
+	statsPath := filepath.Join(c.dir, name+"-stats.json")
 	cmd := exec.Command(exe)
 	cmd.Env = append(append(os.Environ(), childEnv+"="+string(spec), childStatsEnv+"="+statsPath), env...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
@@ -244,7 +262,7 @@ func runChildScale(c *cluster, n int, env []string, idle time.Duration, out stri
 	}
 	if out != "" {
 		if b, err := os.ReadFile(statsPath + ".heap"); err == nil {
-			res.heapOut = filepath.Join(out, fmt.Sprintf("agent-heap-%d.pprof", n))
+			res.heapOut = filepath.Join(out, fmt.Sprintf("agent-heap-%d-%s.pprof", n, name))
 			_ = os.WriteFile(res.heapOut, b, 0o644)
 		}
 	}
@@ -277,4 +295,16 @@ func reportChildScale(w io.Writer, rs []childScale) {
 			mib(int64(s.HeapObjects)), mib(int64(s.HeapFree)), mib(int64(s.Stacks)), mib(int64(s.Metadata+s.Other)), fmt.Sprint(s.Goroutines), cpu)
 	}
 	p("%s\n", t.String())
+}
+
+// stretchTimers multiplies memberlist's probe, gossip and push/pull
+// intervals (and the probe timeout) by k.
+func stretchTimers(k int) func(*memberlist.Config) {
+	return func(mc *memberlist.Config) {
+		d := time.Duration(k)
+		mc.ProbeInterval *= d
+		mc.ProbeTimeout *= d
+		mc.GossipInterval *= d
+		mc.PushPullInterval *= d
+	}
 }

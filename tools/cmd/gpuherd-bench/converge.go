@@ -140,16 +140,19 @@ type mockResult struct {
 	changes  []spread
 	metaSize int
 
-	waves   int           // join waves
-	joinCPU time.Duration // process CPU while the cluster formed
-	idle    traffic       // sent by all members over the idle window
-	idleWin time.Duration
-	idleCPU time.Duration // process CPU over the idle window
-	change  traffic       // sent by all members from the first change until its last rebroadcast
-	changeN int           // changes in that window (each a new summary of one member)
-	changeW time.Duration
-	heap    uint64 // live heap after a GC, the whole process, with the cluster formed
-	rss     int64  // process RSS then
+	waves int // join waves
+	// formedUpTo is how many had joined when the bench gave up forming
+	// the cluster (join is then -1 and nothing else was measured).
+	formedUpTo int
+	joinCPU    time.Duration // process CPU while the cluster formed
+	idle       traffic       // sent by all members over the idle window
+	idleWin    time.Duration
+	idleCPU    time.Duration // process CPU over the idle window
+	change     traffic       // sent by all members from the first change until its last rebroadcast
+	changeN    int           // changes in that window (each a new summary of one member)
+	changeW    time.Duration
+	heap       uint64 // live heap after a GC, the whole process, with the cluster formed
+	rss        int64  // process RSS then
 }
 
 // joinWave is how many members join at a time: each wave joins, through
@@ -224,7 +227,16 @@ func convergeMock(n, trials int, limit, idle time.Duration) (mockResult, error) 
 		return alive
 	}
 	start, cpu0 := time.Now(), cpuTime()
+	queued, stalled := 0, 0
 	for lo := 0; lo < n; lo += joinWave {
+		if stalled >= 2 {
+			// Two waves in a row waited out their limit while the queues
+			// grew: the members no longer keep up with each other here.
+			res.join, res.formedUpTo = -1, lo
+			res.joinCPU = cpuTime() - cpu0
+			progress("  giving up at %d members: two waves in a row did not drain (receive queues %d packets)", lo, backlog())
+			return res, nil
+		}
 		hi := min(lo+joinWave, n)
 		res.waves++
 		for i := lo; i < hi; i++ {
@@ -278,6 +290,13 @@ func convergeMock(n, trials int, limit, idle time.Duration) (mockResult, error) 
 				calm = 0
 			}
 			time.Sleep(250 * time.Millisecond)
+		}
+		grew := backlog() > queued && backlog() > hi
+		queued = backlog()
+		if time.Since(w0) >= 3*limit && grew {
+			stalled++
+		} else {
+			stalled = 0
 		}
 		if n > 2*joinWave {
 			progress("  %d members in, after %v (this wave %v), receive queues %d packets, CPU %v",

@@ -287,19 +287,29 @@ func run(o options) error {
 			continue
 		}
 		mocks = append(mocks, m)
+		if sp := mergeSpreads(m.changes); m.join >= 0 {
+			progress("  formed in %v; a change seen by 50%% / 99%% / 100%% after %v / %v / %v; idle %.0f B/s per member; %.0f bytes per member per change; live heap %.0f KiB per member",
+				m.join.Round(time.Millisecond), sp.p50, sp.p99, sp.all, perMember(m.idle, m.n, m.idleWin), m.changeBytes(), float64(m.heap)/1024/float64(m.n))
+		}
 		runtime.GC()
 	}
 	var childs []childScale
+	var envs [][]string
+	for _, e := range o.childEnv {
+		envs = append(envs, strings.Fields(e))
+	}
 	for _, n := range o.childAt {
-		for _, env := range o.childEnv {
-			progress("one agent in its own process joined to %d gossip members on loopback (%s)", n, env)
-			r := runChildScale(c, n, strings.Fields(env), max(o.idle, 5*time.Second), o.out)
+		progress("one agent in its own process joined to %d gossip members on loopback", n)
+		for _, r := range runChildScale(c, n, envs, max(o.idle, 5*time.Second), o.out) {
 			if r.err != nil {
 				progress("  %v", r.err)
+			} else {
+				progress("  RSS %s MiB (anonymous %s, file %s), heap objects %s MiB, %d goroutines",
+					mib(r.stats.RSS), mib(r.stats.RSSAnon), mib(r.stats.RSSFile), mib(int64(r.stats.HeapObjects)), r.stats.Goroutines)
 			}
 			childs = append(childs, r)
-			runtime.GC()
 		}
+		runtime.GC()
 	}
 	metaSize := 0
 	if b, err := benchSummary(8).Encode(); err == nil {

@@ -150,7 +150,11 @@ func reportMock(w io.Writer, mocks []mockResult) {
 	for _, m := range mocks {
 		s := mergeSpreads(m.changes)
 		join := m.join.Round(time.Millisecond).String()
-		if m.join < 0 {
+		switch {
+		case m.formedUpTo > 0:
+			t.add(fmt.Sprint(m.n), fmt.Sprintf("not formed: gave up at %d members (two waves did not drain)", m.formedUpTo), m.joinCPU.Round(time.Second).String(), "", "", "", "", "", "", "", "", "", "")
+			continue
+		case m.join < 0:
 			join = fmt.Sprintf("not formed (fewest alive seen: %d)", m.minAlive)
 		}
 		cpu := "-"
