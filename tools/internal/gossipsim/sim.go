@@ -10,6 +10,9 @@
 //     pending messages from its broadcast queue, fewest transmissions first
 //     (the newest first among equals), as many as fit in one
 //     UDPBufferSize packet, and counts one transmission for each.
+//   - Every ProbeInterval a member pings one random member, which acks;
+//     both packets carry pending messages in the room they have left
+//     (memberlist's sendMsg piggybacks broadcasts on every message).
 //   - A message is dropped from a member's queue after RetransmitMult ×
 //     ⌈log10(N+1)⌉ transmissions.
 //   - A member that receives a newer summary of a member (a new incarnation
@@ -39,6 +42,10 @@ type Params struct {
 	N              int
 	GossipInterval time.Duration
 	GossipNodes    int
+	// ProbeInterval is memberlist's failure-detector round: a ping to one
+	// random member, answered by an ack; both carry pending messages in
+	// the room their packet has left (piggybacking). 0: no probes.
+	ProbeInterval  time.Duration
 	RetransmitMult int
 	PacketBytes    int           // UDPBufferSize: a gossip packet's payload at most
 	MsgBytes       int           // one alive message: the summary plus name, address, incarnation
@@ -63,6 +70,7 @@ func DefaultParams(n int) Params {
 		N:              n,
 		GossipInterval: 200 * time.Millisecond,
 		GossipNodes:    3,
+		ProbeInterval:  time.Second,
 		RetransmitMult: 4,
 		PacketBytes:    1400,
 		MsgBytes:       94 + 75,
@@ -130,6 +138,8 @@ const (
 	evTick    = iota // a member's gossip round
 	evDeliver        // a packet arrives
 	evChange         // a member publishes a new summary
+	evProbe          // a member pings another
+	evAck            // a ping arrives: deliver what it carried, answer
 )
 
 type event struct {
@@ -217,6 +227,9 @@ func Run(p Params, changes int, spacing time.Duration) Result {
 		ms[i].known = map[int32]int32{}
 		ms[i].inHand = map[int32]*queued{}
 		push(event{at: time.Duration(r.Int64N(int64(p.GossipInterval))), kind: evTick, node: int32(i)})
+		if p.ProbeInterval > 0 {
+			push(event{at: time.Duration(r.Int64N(int64(p.ProbeInterval))), kind: evProbe, node: int32(i)})
+		}
 	}
 	var tr []*tracked
 	byMsg := map[msg]*tracked{}
@@ -266,6 +279,8 @@ func Run(p Params, changes int, spacing time.Duration) Result {
 	}
 	per := (p.PacketBytes - 2) / (p.MsgBytes + 2) // compound: 1+1 header, 2 bytes per message length
 	per = max(per, 1)
+	// What fits beside a ping or an ack (about 100 bytes with its header).
+	pingRoom := max((p.PacketBytes-100)/(p.MsgBytes+2), 1)
 	publish := func(node int32, t time.Duration, track bool) {
 		incs[node]++
 		m := msg{owner: node, inc: incs[node]}
@@ -279,6 +294,23 @@ func Run(p Params, changes int, spacing time.Duration) Result {
 		}
 		ms[node].known[node] = m.inc
 		enqueue(node, m)
+	}
+	// count adds a packet's messages to the traffic; a piggybacked batch
+	// adds no packet of its own (the ping or ack is counted as a probe).
+	count := func(at time.Duration, batch []msg, piggy bool) {
+		if at < p.CountFrom || len(batch) == 0 {
+			return
+		}
+		b := len(batch) * p.MsgBytes
+		if !piggy {
+			res.Packets++
+			if len(batch) > 1 {
+				b += 2 + 2*len(batch)
+			}
+		} else {
+			b += 2 * len(batch)
+		}
+		res.Bytes += int64(b)
 	}
 	rebroadcastAt := func(node int32, t time.Duration) {
 		for _, d := range p.Rebroadcast {
@@ -300,6 +332,21 @@ func Run(p Params, changes int, spacing time.Duration) Result {
 			for _, m := range e.msgs {
 				receive(e.node, m, e.at)
 			}
+		case evProbe:
+			push(event{at: e.at + p.ProbeInterval, kind: evProbe, node: e.node})
+			to := pickTargets(r, n, int(e.node), 1)[0]
+			batch := take(&ms[e.node], pingRoom, limit)
+			count(e.at, batch, true)
+			push(event{at: e.at + p.Latency, kind: evAck, node: int32(to), msgs: batch, src: int(e.node)})
+		case evAck:
+			for _, m := range e.msgs {
+				receive(e.node, m, e.at)
+			}
+			batch := take(&ms[e.node], pingRoom, limit)
+			count(e.at, batch, true)
+			if len(batch) > 0 {
+				push(event{at: e.at + p.Latency, kind: evDeliver, node: int32(e.src), msgs: batch})
+			}
 		case evTick:
 			push(event{at: e.at + p.GossipInterval, kind: evTick, node: e.node})
 			mb := &ms[e.node]
@@ -314,14 +361,7 @@ func Run(p Params, changes int, spacing time.Duration) Result {
 				if len(batch) == 0 {
 					break
 				}
-				if e.at >= p.CountFrom {
-					res.Packets++
-					b := len(batch) * p.MsgBytes
-					if len(batch) > 1 {
-						b += 2 + 2*len(batch)
-					}
-					res.Bytes += int64(b)
-				}
+				count(e.at, batch, false)
 				if p.Loss > 0 && r.Float64() < p.Loss {
 					continue
 				}
