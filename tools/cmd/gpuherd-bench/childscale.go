@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/gossip"
@@ -88,7 +89,20 @@ func readChildStats() childStats {
 		Goroutines:  v["/sched/goroutines:goroutines"],
 		GCGoal:      v["/gc/heap/goal:bytes"],
 	}
-	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+	m := procMemory(0)
+	out.RSS, out.RSSAnon, out.RSSFile = m.RSS, m.RSSAnon, m.RSSFile
+	return out
+}
+
+// procMemory is a process's RSS, anonymous and file-backed, from /proc
+// (pid 0: this one).
+func procMemory(pid int) childStats {
+	var out childStats
+	path := "/proc/self/status"
+	if pid > 0 {
+		path = fmt.Sprintf("/proc/%d/status", pid)
+	}
+	if b, err := os.ReadFile(path); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
 			if len(f) < 2 {
@@ -119,8 +133,13 @@ type childScale struct {
 	win     time.Duration
 	stats   childStats
 	heapOut string // the child's heap profile, copied here
+	bin     string // the binary it ran
 	err     error
 }
+
+// childBin, when set (-child-bin), is the gpuherd binary the agent of
+// runChildScale runs, instead of this program re-executed.
+var childBin string
 
 // runChildScale starts n gossip.Cluster members (real memberlist, real UDP
 // and TCP on 127.0.0.1) in this process, in waves, then one full agent
@@ -206,15 +225,30 @@ func childIn(c *cluster, cs []*gossip.Cluster, name string, env []string, idle t
 		return res
 	}
 	cfg := c.config(name, "dgx-h100", files, gport, pport, cs[0].LocalAddr())
-	spec, _ := json.Marshal(cfg)
-	exe, err := os.Executable()
-	if err != nil {
-		res.err = err
-		return res
-	}
 	statsPath := filepath.Join(c.dir, name+"-stats.json")
-	cmd := exec.Command(exe)
-	cmd.Env = append(append(os.Environ(), childEnv+"="+string(spec), childStatsEnv+"="+statsPath), env...)
+	var cmd *exec.Cmd
+	if childBin != "" {
+		// The real binary, configured as an operator would: a YAML file.
+		y, err := yaml.Marshal(cfg)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(c.dir, name+".yaml"), y, 0o600)
+		}
+		if err != nil {
+			res.err = err
+			return res
+		}
+		cmd = exec.Command(childBin, "agent", "--config", filepath.Join(c.dir, name+".yaml"))
+		cmd.Env = append(os.Environ(), env...)
+	} else {
+		spec, _ := json.Marshal(cfg)
+		exe, err := os.Executable()
+		if err != nil {
+			res.err = err
+			return res
+		}
+		cmd = exec.Command(exe)
+		cmd.Env = append(append(os.Environ(), childEnv+"="+string(spec), childStatsEnv+"="+statsPath), env...)
+	}
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	t0 := time.Now()
@@ -252,6 +286,12 @@ func childIn(c *cluster, cs []*gossip.Cluster, name string, env []string, idle t
 	c0, w := procCPU(pid), time.Now()
 	time.Sleep(idle)
 	res.cpu, res.win = procCPU(pid)-c0, time.Since(w)
+	res.bin = cmd.Path
+	if childBin != "" {
+		// No runtime breakdown from the real binary: the kernel's alone.
+		res.stats = procMemory(pid)
+		return res
+	}
 	_ = os.Remove(statsPath)
 	_ = cmd.Process.Signal(syscall.SIGUSR1)
 	for t := time.Now(); time.Since(t) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
@@ -281,6 +321,9 @@ func reportChildScale(w io.Writer, rs []childScale) {
 		env := "defaults"
 		if len(r.env) > 0 {
 			env = strings.Join(r.env, " ")
+		}
+		if childBin != "" {
+			env = filepath.Base(childBin) + " agent, " + env
 		}
 		if r.err != nil {
 			t.add(fmt.Sprint(r.n+1), env, "error: "+r.err.Error(), "", "", "", "", "", "", "", "", "")

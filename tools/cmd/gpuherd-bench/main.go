@@ -91,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.model.churn, "model-churn", 10*time.Minute, "mean time between two capacity changes of one server, in the model's loaded runs")
 	flag.IntVar(&o.model.changes, "model-changes", 5, "changes timed per size in the model")
 	flag.StringVar(&childAt, "child-members", "", "sizes of gossip-only clusters (real memberlist on loopback, in this process) that one agent in its own process joins, for its RSS; e.g. 1000")
+	flag.StringVar(&childBin, "child-bin", "", "run that agent from this gpuherd binary (gpuherd agent --config) instead of re-executing the bench")
 	flag.StringVar(&childEnv, "child-env", "", "environment of that agent, space-separated KEY=VALUE (e.g. GOMEMLIMIT=32MiB); \"|\" separates variants, each measured")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
