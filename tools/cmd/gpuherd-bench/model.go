@@ -98,7 +98,11 @@ func reportModel(w io.Writer, c modelConfig, rs []modelResult, mocks []mockResul
 		if model < 0 || meas <= 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%+.0f%%", 100*(float64(model)-float64(meas))/float64(meas))
+		e := math.Round(100 * (float64(model) - float64(meas)) / float64(meas))
+		if e == 0 {
+			return "0%" // not "-0%"
+		}
+		return fmt.Sprintf("%+.0f%%", e)
 	}
 	for _, r := range rs {
 		m, ok := byN[r.n]
