@@ -209,6 +209,12 @@ func (c *Cluster) Members() []Member {
 	return c.view.list()
 }
 
+// Member returns the member called name as Members lists it, and whether
+// it is listed, without copying the whole view.
+func (c *Cluster) Member(name string) (Member, bool) {
+	return c.view.member(name)
+}
+
 // Subscribe returns a channel that receives a value when the view may have
 // changed (several changes in a row arrive as one), and a function that ends
 // the subscription and closes the channel. Re-read Members after each value.

@@ -197,6 +197,24 @@ type subscriber struct {
 	membership bool
 }
 
+// member returns one member by name, as list would show it, without
+// building the whole list: a watcher of one server reads it cheaply.
+func (v *view) member(name string) (Member, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e, ok := v.members[name]
+	if !ok {
+		return Member{}, false
+	}
+	departed := e.State == StateDead || e.State == StateLeft
+	if departed && !e.Self && v.now().After(e.changed.Add(v.remember)) {
+		return Member{}, false // list forgets it on its next call
+	}
+	m := e.Member
+	m.Summary.Models = slices.Clone(m.Summary.Models)
+	return m, true
+}
+
 // subscribe returns a channel that receives a value after any change, with
 // changes in a row merged into one, and a function that ends the
 // subscription. With membership, only changes of membership count: a member

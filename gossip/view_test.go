@@ -174,3 +174,42 @@ func TestViewSubscribeMembershipSkipsCapacity(t *testing.T) {
 		t.Errorf("b is %q at the end, want dead", m.State)
 	}
 }
+
+// member answers as list does, one member at a time, and forgets a
+// departed member after the remember period as list does.
+func TestViewMemberMatchesList(t *testing.T) {
+	now := time.Unix(1000, 0)
+	v := newView("a", time.Minute)
+	v.now = func() time.Time { return now }
+	lo := net.IPv4(127, 0, 0, 1)
+	v.alive("a", lo, 1, mustEncode(t, Summary{Revision: 1}))
+	v.alive("b", lo, 2, mustEncode(t, Summary{Revision: 2, Models: []ModelCapacity{{Model: "NVIDIA L40S", Total: 2, Free: 1}}}))
+	v.alive("c", lo, 3, mustEncode(t, Summary{}))
+	v.suspect("b")
+	v.gone("c", nil)
+	for _, want := range v.list() {
+		got, ok := v.member(want.Name)
+		if !ok {
+			t.Fatalf("member(%q): not found, list has it", want.Name)
+		}
+		if got.Name != want.Name || got.State != want.State || got.Addr != want.Addr || got.Self != want.Self ||
+			got.Summary.Revision != want.Summary.Revision || len(got.Summary.Models) != len(want.Summary.Models) {
+			t.Errorf("member(%q) = %+v, list has %+v", want.Name, got, want)
+		}
+	}
+	if _, ok := v.member("zz"); ok {
+		t.Error("an unknown member was found")
+	}
+	m, _ := v.member("b")
+	m.Summary.Models[0].Free = 9
+	if again, _ := v.member("b"); again.Summary.Models[0].Free != 1 {
+		t.Error("a caller's change to a member's models reached the view")
+	}
+	now = now.Add(2 * time.Minute)
+	if _, ok := v.member("c"); ok {
+		t.Error("a member dead for longer than the remember period is still found")
+	}
+	if _, ok := v.member("b"); !ok {
+		t.Error("a suspect member was forgotten")
+	}
+}

@@ -28,6 +28,9 @@ func runChild(spec string) int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
 	}
+	if path := os.Getenv(childStatsEnv); path != "" {
+		serveChildStats(path)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -130,28 +132,69 @@ func cmpStr(a, b string) int {
 	return 0
 }
 
-// mockResult is one cluster on memberlist's in-memory transport.
+// mockResult is one cluster on the in-memory transport.
 type mockResult struct {
 	n        int
 	join     time.Duration // until every member lists every other alive; -1: not within the limit
 	minAlive int           // fewest alive members any member listed when the join wait ended
 	changes  []spread
 	metaSize int
+
+	waves int // join waves
+	// formedUpTo is how many had joined when the bench gave up forming
+	// the cluster (join is then -1 and nothing else was measured).
+	formedUpTo int
+	joinCPU    time.Duration // process CPU while the cluster formed
+	idle       traffic       // sent by all members over the idle window
+	idleWin    time.Duration
+	idleCPU    time.Duration // process CPU over the idle window
+	change     traffic       // sent by all members from the first change until its last rebroadcast
+	changeN    int           // changes in that window (each a new summary of one member)
+	changeW    time.Duration
+	heap       uint64 // live heap after a GC, the whole process, with the cluster formed
+	rss        int64  // process RSS then
 }
 
+// joinWave is how many members join at a time: each wave joins, through
+// members already in, and the bench waits until its members are seen
+// everywhere before the next one starts (see convergeMock).
+const joinWave = 50
+
 // convergeMock runs n gossip.Cluster members (the gossip package as the
-// agents use it: its codec, its view, its publisher) in memory, with LAN timings, and measures how long a summary change of
-// one member takes to reach the others (seen through Subscribe + Members).
+// agents use it: its codec, its view, its publisher) in memory, with LAN
+// timings, and measures how long a summary change of one member takes to
+// reach the others (seen through Subscribe + Members), what the members
+// send each other idle and per change, and their memory.
 // The transport is gossiptest.Network (see there why not memberlist's
-// MockTransport).
-func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
+// MockTransport), metered.
+//
+// Members join in waves of joinWave, each member through a random member
+// already in, and each wave waits until its members are listed alive by a
+// sample of the others and the receive queues have drained. All n joining
+// at once (the bench did so before) does not form above a few hundred
+// members on two cores: every join is an epidemic broadcast that every
+// member re-gossips, and each member that learns a burst of joins runs a
+// catch-up push/pull of the whole state; the work for 1,000 members
+// outruns two cores, the receive queues grow (to gigabytes), acks come
+// later than the 500 ms probe timeout, and members suspect each other,
+// which adds refutations to the queues. A platform of 1,000 servers does
+// the same work on 1,000 machines. Timings stay memberlist's LAN ones.
+func convergeMock(n, trials int, limit, idle time.Duration) (mockResult, error) {
 	res := mockResult{n: n}
 	netw := &gossiptest.Network{}
-	trs := make([]*gossiptest.Transport, n)
+	meter := &netMeter{}
+	trs := make([]*meteredTransport, n)
 	names := make([]string, n)
 	for i := range n {
 		names[i] = fmt.Sprintf("m%04d", i)
-		trs[i] = netw.NewTransport()
+		trs[i] = &meteredTransport{Transport: netw.NewTransport(), m: meter}
+	}
+	backlog := func() int {
+		q := 0
+		for _, t := range trs {
+			q += len(t.PacketCh())
+		}
+		return q
 	}
 	frees := make([]atomic.Int32, n)
 	summary := func(i int) func() gossip.Summary {
@@ -173,46 +216,107 @@ func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 		}
 		wg.Wait()
 	}()
-	var seed string
-	for i := range n {
-		frees[i].Store(8)
-		tr := trs[i]
-		cfg := gossip.Config{NodeName: names[i], Insecure: true, Log: mockLog, Tune: func(mc *memberlist.Config) { mc.Transport = tr }}
-		if i > 0 {
-			cfg.Join = []string{seed}
+	rnd := rand.New(rand.NewPCG(uint64(n), 24))
+	aliveIn := func(c *gossip.Cluster) int {
+		alive := 0
+		for _, m := range c.Members() {
+			if m.State == gossip.StateAlive {
+				alive++
+			}
 		}
-		c, err := gossip.New(cfg, summary(i))
-		if err != nil {
-			return res, err
+		return alive
+	}
+	start, cpu0 := time.Now(), cpuTime()
+	queued, stalled := 0, 0
+	for lo := 0; lo < n; lo += joinWave {
+		if stalled >= 2 {
+			// Two waves in a row waited out their limit while the queues
+			// grew: the members no longer keep up with each other here.
+			res.join, res.formedUpTo = -1, lo
+			res.joinCPU = cpuTime() - cpu0
+			progress("  giving up at %d members: two waves in a row did not drain (receive queues %d packets)", lo, backlog())
+			return res, nil
 		}
-		cs[i] = c
-		if i == 0 {
-			seed = c.LocalAddr()
+		hi := min(lo+joinWave, n)
+		res.waves++
+		for i := lo; i < hi; i++ {
+			frees[i].Store(8)
+			tr := trs[i]
+			cfg := gossip.Config{NodeName: names[i], Insecure: true, Log: mockLog, Tune: func(mc *memberlist.Config) { mc.Transport = tr }}
+			switch {
+			case lo > 0:
+				cfg.Join = []string{cs[rnd.IntN(lo)].LocalAddr()}
+			case i > 0:
+				cfg.Join = []string{cs[0].LocalAddr()}
+			}
+			c, err := gossip.New(cfg, summary(i))
+			if err != nil {
+				return res, err
+			}
+			cs[i] = c
+		}
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for _, c := range cs[max(lo, 1):hi] {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				ctx, cancel := context.WithTimeout(context.Background(), limit)
+				defer cancel()
+				_ = c.Join(ctx)
+			}()
+		}
+		wg.Wait()
+		// The wave is in when its members and a sample of the others list
+		// everyone so far alive, and the receive queues have drained.
+		sample := slices.Clone(cs[lo:hi])
+		for range min(20, lo) {
+			sample = append(sample, cs[rnd.IntN(lo)])
+		}
+		w0 := time.Now()
+		for calm := 0; calm < 4 && time.Since(w0) < 3*limit; {
+			ok := backlog() < hi
+			for _, c := range sample {
+				if !ok {
+					break
+				}
+				ok = aliveIn(c) >= hi
+			}
+			if ok {
+				calm++
+			} else {
+				calm = 0
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		grew := backlog() > queued && backlog() > hi
+		queued = backlog()
+		if time.Since(w0) >= 3*limit && grew {
+			stalled++
+		} else {
+			stalled = 0
+		}
+		if n > 2*joinWave {
+			progress("  %d members in, after %v (this wave %v), receive queues %d packets, CPU %v",
+				hi, time.Since(start).Round(time.Millisecond), time.Since(w0).Round(time.Millisecond), backlog(), (cpuTime() - cpu0).Round(time.Second))
 		}
 	}
-	start := time.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	for _, c := range cs[1:] {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			ctx, cancel := context.WithTimeout(context.Background(), limit)
-			defer cancel()
-			_ = c.Join(ctx)
-		}()
-	}
-	wg.Wait()
-	for {
+	for last := time.Now(); ; {
 		ok := true
 		res.minAlive = n
+		suspect, dead := 0, 0
 		for _, c := range cs {
 			alive := 0
 			for _, m := range c.Members() {
-				if m.State == gossip.StateAlive {
+				switch m.State {
+				case gossip.StateAlive:
 					alive++
+				case gossip.StateSuspect:
+					suspect++
+				default:
+					dead++
 				}
 			}
 			res.minAlive = min(res.minAlive, alive)
@@ -220,11 +324,16 @@ func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 				ok = false
 			}
 		}
+		if !ok && time.Since(last) > 5*time.Second {
+			last = time.Now()
+			progress("  not formed yet: fewest alive seen %d; %d suspect and %d dead entries in all views; receive queues %d packets; CPU %v",
+				res.minAlive, suspect, dead, backlog(), (cpuTime() - cpu0).Round(time.Second))
+		}
 		if ok {
 			res.join = time.Since(start)
 			break
 		}
-		if time.Since(start) > 3*limit {
+		if time.Since(start) > 3*limit*time.Duration(res.waves) {
 			// Measure anyway: a member that does not know the owner yet
 			// counts as never having seen the change.
 			res.join = -1
@@ -232,8 +341,28 @@ func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 		}
 		time.Sleep(time.Second)
 	}
-	time.Sleep(time.Second) // let the join's broadcasts drain
+	res.joinCPU = cpuTime() - cpu0
+	// Let the joins' broadcasts and catch-up exchanges drain.
+	for t := time.Now(); time.Since(t) < limit && backlog() > n/10; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Every member runs one catch-up push/pull at most 5 s after the last
+	// membership change (gossip/catchup.go): wait it out, so that the idle
+	// window holds only the steady traffic.
+	time.Sleep(8 * time.Second)
 
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	res.heap, res.rss = ms.HeapInuse, rssBytes(0)
+	if idle > 0 {
+		t0, c0 := meter.read(), cpuTime()
+		time.Sleep(idle)
+		res.idle, res.idleCPU = meter.read().since(t0), cpuTime()-c0
+		res.idleWin = res.idle.at.Sub(t0.at)
+	}
+
+	ch0 := meter.read()
 	for trial := range trials {
 		k := (trial*37 + 5) % n
 		owner := names[k]
@@ -265,9 +394,11 @@ func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 						return
 					case <-ch:
 					}
-					ms := c.Members()
-					j, ok := slices.BinarySearchFunc(ms, owner, func(m gossip.Member, s string) int { return cmpStr(m.Name, s) })
-					if ok && len(ms[j].Summary.Models) > 0 && int(ms[j].Summary.Models[0].Free) == want {
+					// One member, not the whole view: a thousand watchers
+					// copying a thousand members at every change would be
+					// the bench's own load.
+					m, ok := c.Member(owner)
+					if ok && len(m.Summary.Models) > 0 && int(m.Summary.Models[0].Free) == want {
 						t0Lock.RLock()
 						d := time.Since(t0)
 						t0Lock.RUnlock()
@@ -305,7 +436,34 @@ func convergeMock(n, trials int, limit time.Duration) (mockResult, error) {
 		mu.Unlock()
 		time.Sleep(300 * time.Millisecond)
 	}
+	if trials > 0 {
+		// The last change's rebroadcasts (gossip.DefaultRebroadcast) belong
+		// to it: the window closes after the last one has spread.
+		time.Sleep(gossip.DefaultRebroadcast[len(gossip.DefaultRebroadcast)-1] + 2*time.Second)
+		res.change, res.changeN = meter.read().since(ch0), trials
+		res.changeW = res.change.at.Sub(ch0.at)
+	}
 	return res, nil
+}
+
+// perMember is bytes per second per member over the window.
+func perMember(t traffic, n int, win time.Duration) float64 {
+	if win <= 0 || n == 0 {
+		return 0
+	}
+	return float64(t.bytes()) / float64(n) / win.Seconds()
+}
+
+// changeBytes is what one change cost each member on average, above the
+// idle traffic: the window's bytes less the idle rate over the window, per
+// change and member.
+func (m mockResult) changeBytes() float64 {
+	if m.changeN == 0 || m.n == 0 {
+		return 0
+	}
+	idleRate := perMember(m.idle, m.n, m.idleWin)
+	extra := float64(m.change.bytes())/float64(m.n) - idleRate*m.changeW.Seconds()
+	return extra / float64(m.changeN)
 }
 
 var mockLog = func() *slog.Logger {

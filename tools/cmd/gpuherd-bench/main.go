@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -46,6 +47,7 @@ type options struct {
 	tput     time.Duration
 	idle     time.Duration
 	mock     []int
+	mockIdle time.Duration
 	trials   int
 	seed     uint64
 	etcdBin  string
@@ -54,6 +56,9 @@ type options struct {
 	child    bool
 	tputProf string // CPU profile of the agents' throughput test
 	cost     costConfig
+	model    modelConfig
+	childAt  []int    // -child-members
+	childEnv []string // -child-env
 }
 
 func main() {
@@ -61,7 +66,7 @@ func main() {
 		os.Exit(runChild(spec))
 	}
 	var o options
-	var sizes, loads, mock, cost string
+	var sizes, loads, mock, cost, model, childAt, childEnv string
 	flag.StringVar(&sizes, "sizes", "10,50,100", "cluster sizes of real in-process agents")
 	flag.IntVar(&o.focus, "focus", 50, "size at which the load sweep, the rankers and etcd run")
 	flag.StringVar(&loads, "loads", "0.5,0.7,0.9,0.95", "target loads (share of all GPUs held) of the trace replays")
@@ -72,6 +77,7 @@ func main() {
 	flag.DurationVar(&o.tput, "tput", 5*time.Second, "length of the throughput test")
 	flag.DurationVar(&o.idle, "idle", 8*time.Second, "idle window for CPU and memory")
 	flag.StringVar(&mock, "mock", "100,250", "sizes of the in-memory gossip clusters")
+	flag.DurationVar(&o.mockIdle, "mock-idle", 10*time.Second, "idle window of the in-memory gossip clusters (bytes/s, CPU)")
 	flag.IntVar(&o.trials, "trials", 3, "capacity changes timed per size (each also timed back)")
 	var seed uint
 	flag.UintVar(&seed, "seed", 1, "seed of the traces and of every random choice of the bench")
@@ -83,6 +89,12 @@ func main() {
 	flag.IntVar(&o.cost.ops, "cost-ops", 50, "claims (each followed by a get and a release) per cost size")
 	flag.DurationVar(&o.cost.quiet, "cost-quiet", 200*time.Millisecond, "an operation's window closes once nothing it caused moved for this long")
 	flag.StringVar(&o.tputProf, "tput-cpuprofile", "", "write a CPU profile of the agents' throughput test alone to this file (its last size's)")
+	flag.StringVar(&model, "model", "50,100,250,1000,10000", "sizes of the gossip model (tools/internal/gossipsim); empty to skip it")
+	flag.DurationVar(&o.model.churn, "model-churn", 10*time.Minute, "mean time between two capacity changes of one server, in the model's loaded runs")
+	flag.IntVar(&o.model.changes, "model-changes", 5, "changes timed per size in the model")
+	flag.StringVar(&childAt, "child-members", "", "sizes of gossip-only clusters (real memberlist on loopback, in this process) that one agent in its own process joins, for its RSS; e.g. 1000")
+	flag.StringVar(&childBin, "child-bin", "", "run that agent from this gpuherd binary (gpuherd agent --config) instead of re-executing the bench")
+	flag.StringVar(&childEnv, "child-env", "", "environment of that agent, space-separated KEY=VALUE (e.g. GOMEMLIMIT=32MiB); \"|\" separates variants, each measured")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	o.seed = uint64(seed)
@@ -110,6 +122,14 @@ func main() {
 	if o.cost.sizes, err = parseInts(cost); err != nil {
 		fatal(err)
 	}
+	if o.model.sizes, err = parseInts(model); err != nil {
+		fatal(err)
+	}
+	o.model.seed = o.seed
+	if o.childAt, err = parseInts(childAt); err != nil {
+		fatal(err)
+	}
+	o.childEnv = strings.Split(childEnv, "|")
 	o.cost.converge, o.cost.seed = 10*time.Minute, o.seed
 	o.cost.log, o.cost.progress = slog.New(slog.DiscardHandler), progress
 	slices.Sort(o.sizes)
@@ -258,32 +278,68 @@ func run(o options) error {
 	c.stop()
 
 	var mocks []mockResult
+	if len(o.mock) > 0 {
+		// Hundreds of memberlists in one process allocate fast: a larger
+		// GC target leaves more of the two cores to their probes (the
+		// memory figures are the live heap after a GC).
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+	}
 	for _, n := range o.mock {
 		progress("gossip on memberlist's in-memory transport: %d members", n)
-		m, err := convergeMock(n, o.trials*2, 20*time.Second)
+		m, err := convergeMock(n, o.trials*2, 20*time.Second, o.mockIdle)
 		if err != nil {
 			progress("  %v", err)
 			continue
 		}
 		mocks = append(mocks, m)
+		if sp := mergeSpreads(m.changes); m.join >= 0 {
+			progress("  formed in %v; a change seen by 50%% / 99%% / 100%% after %v / %v / %v; idle %.0f B/s per member; %.0f bytes per member per change; live heap %.0f KiB per member",
+				m.join.Round(time.Millisecond), sp.p50, sp.p99, sp.all, perMember(m.idle, m.n, m.idleWin), m.changeBytes(), float64(m.heap)/1024/float64(m.n))
+		}
 		runtime.GC()
 	}
-	costs := runCost(o.cost)
-	if len(results) == 0 {
-		for _, m := range mocks {
-			s := mergeSpreads(m.changes)
-			fmt.Printf("mock %d: join %v, 50%% %v 99%% %v 100%% %v missed %d\n", m.n, m.join, s.p50, s.p99, s.all, s.missed)
-		}
-		if len(costs) > 0 {
-			reportCost(os.Stdout, o.cost, costs)
-		}
-		return nil
+	var childs []childScale
+	var envs [][]string
+	for _, e := range o.childEnv {
+		envs = append(envs, strings.Fields(e))
 	}
-	report(os.Stdout, o, fl, results, mocks, time.Since(began))
+	for _, n := range o.childAt {
+		progress("one agent in its own process joined to %d gossip members on loopback", n)
+		for _, r := range runChildScale(c, n, envs, max(o.idle, 5*time.Second), o.out) {
+			if r.err != nil {
+				progress("  %v", r.err)
+			} else {
+				progress("  RSS %s MiB (anonymous %s, file %s), heap objects %s MiB, %d goroutines",
+					mib(r.stats.RSS), mib(r.stats.RSSAnon), mib(r.stats.RSSFile), mib(int64(r.stats.HeapObjects)), r.stats.Goroutines)
+			}
+			childs = append(childs, r)
+		}
+		runtime.GC()
+	}
+	metaSize := 0
+	if b, err := benchSummary(8).Encode(); err == nil {
+		metaSize = len(b)
+	}
+	models := runModel(o.model, metaSize)
+	costs := runCost(o.cost)
+	if len(results) > 0 {
+		report(os.Stdout, o, fl, results, mocks, time.Since(began))
+	}
+	reportMock(os.Stdout, mocks)
+	reportChildScale(os.Stdout, childs)
+	if len(models) > 0 {
+		reportModel(os.Stdout, o.model, models, mocks)
+	}
 	if len(costs) > 0 {
 		reportCost(os.Stdout, o.cost, costs)
+		reportScaleCost(os.Stdout, costs, models, mocks)
 	}
-	if err := plots(o, fl, results, mocks); err != nil {
+	if len(results) > 0 {
+		if err := plots(o, fl, results, mocks); err != nil {
+			return err
+		}
+	}
+	if err := plotScale(o, mocks, models); err != nil {
 		return err
 	}
 	progress("done in %v", time.Since(began).Round(time.Second))
