@@ -333,11 +333,11 @@ func (c *cluster) capacity() capacity {
 func (c *cluster) truthFree() capacity {
 	out := capacity{}
 	for _, nd := range c.nodes {
-		ms, _ := nd.a.Members(context.Background())
-		for _, m := range ms {
-			if m.Self {
-				out[nd.name] = modelsOf(m, func(x api.ModelAvailability) int { return x.Free })
-			}
+		// The owner's own ledger read (what GET capacity answers), not
+		// the members list: it is read after every grant of a replay.
+		capa, err := nd.a.Capacity(context.Background())
+		if err == nil {
+			out[nd.name] = capa.Free
 		}
 	}
 	return out

@@ -226,6 +226,65 @@ type replayResult struct {
 	firstErr         error
 	truthChecked     bool
 	offeredPerSecond float64
+	diag             placementDiag
+}
+
+// placementDiag classifies, with the owners' ledgers read right after
+// each refusal, the refusals of claims that the oracle (omniscient best
+// fit on the same trace) granted; and, with the ledgers read right after
+// each grant, the grants that did not go to the best-fitting server.
+type placementDiag struct {
+	oracleGranted int // refused here, granted by the oracle
+	whileFit      int // …while some server had room (stale view, race)
+	fragmented    int // …no server had room, but together they had enough
+	late          int // …a server would have had room with the releases due by then
+	full          int // …not even that: earlier claims placed or kept differently
+	oracleRefused int // granted here, refused by the oracle
+	grants        int // measured grants checked
+	worseFit      int // …on a server leaving more free than the best fit would have
+}
+
+func (d placementDiag) String() string {
+	return fmt.Sprintf("refused but granted by the oracle: %d (while fit %d, fragmented %d, late releases %d, full %d); granted but refused by the oracle: %d; grants not on the best fit: %d of %d",
+		d.oracleGranted, d.whileFit, d.fragmented, d.late, d.full, d.oracleRefused, d.worseFit, d.grants)
+}
+
+// classifyRefusal says why a claim of count × model found no server, by
+// free (the ledgers, read after the refusal) and late (the GPUs of claims
+// whose holding time was over but whose release had not been applied).
+func classifyRefusal(d *placementDiag, free, late capacity, model string, count int) {
+	d.oracleGranted++
+	total := 0
+	for _, ms := range free {
+		total += ms[model]
+	}
+	switch {
+	case fitsSomewhere(free, model, count):
+		d.whileFit++
+	case total >= count:
+		d.fragmented++
+	default:
+		for s, ms := range late {
+			if free[s][model]+ms[model] >= count {
+				d.late++
+				return
+			}
+		}
+		d.full++
+	}
+}
+
+// worseThanBest reports whether a grant of count × model on server left it
+// with more free GPUs of model than the best-fitting server would have been
+// left with, by free read right after the grant.
+func worseThanBest(free capacity, server, model string, count int) bool {
+	left := free[server][model]
+	for s, ms := range free {
+		if s != server && ms[model] >= count && ms[model]-count < left {
+			return true
+		}
+	}
+	return false
 }
 
 // replay issues the trace's claims at their arrival times (open loop: each
@@ -234,6 +293,11 @@ type replayResult struct {
 // nil, reads the owners' ledgers when a claim is refused.
 func replay(ctx context.Context, t trace, al allocator, truth func() capacity, seed uint64) replayResult {
 	res := replayResult{alloc: al.name(), load: t.Load, truthChecked: truth != nil}
+	var oracle []bool
+	if t.Capa != nil {
+		oracle = simulateEach(t, t.Capa, bestFit, seed)
+	}
+	holding := map[string]request{} // granted, release not yet applied
 	// Retries are counted from the first claim after the warm-up, like
 	// everything else: the warm-up issues the claims alive at time 0 in one
 	// burst from an empty platform, a transient no steady state has.
@@ -261,10 +325,38 @@ func replay(ctx context.Context, t trace, al allocator, truth func() capacity, s
 			srv, err := al.claim(ctx, rnd, rq.ID, rq.Model, rq.Count)
 			lat := time.Since(t0)
 			var fitNow bool
-			if errors.Is(err, errRefused) && !rq.Warmup && truth != nil {
-				fitNow = fitsSomewhere(truth(), rq.Model, rq.Count)
+			var free capacity
+			if !rq.Warmup && truth != nil && (err == nil || errors.Is(err, errRefused)) {
+				free = truth()
+			}
+			if errors.Is(err, errRefused) && free != nil {
+				fitNow = fitsSomewhere(free, rq.Model, rq.Count)
 			}
 			mu.Lock()
+			if free != nil && oracle != nil {
+				switch {
+				case err == nil:
+					res.diag.grants++
+					if worseThanBest(free, srv, rq.Model, rq.Count) {
+						res.diag.worseFit++
+					}
+					if !oracle[i] {
+						res.diag.oracleRefused++
+					}
+				case oracle[i]:
+					late := capacity{}
+					now := time.Since(start)
+					for _, h := range holding {
+						if h.At+h.Hold <= now {
+							if late[held[h.ID]] == nil {
+								late[held[h.ID]] = map[string]int{}
+							}
+							late[held[h.ID]][h.Model] += h.Count
+						}
+					}
+					classifyRefusal(&res.diag, free, late, rq.Model, rq.Count)
+				}
+			}
 			if !rq.Warmup {
 				res.offered++
 				switch {
@@ -285,6 +377,7 @@ func replay(ctx context.Context, t trace, al allocator, truth func() capacity, s
 			}
 			if err == nil {
 				held[rq.ID] = srv
+				holding[rq.ID] = rq
 			}
 			mu.Unlock()
 			if err != nil {
@@ -299,6 +392,7 @@ func replay(ctx context.Context, t trace, al allocator, truth func() capacity, s
 			cancel()
 			mu.Lock()
 			delete(held, rq.ID)
+			delete(holding, rq.ID)
 			mu.Unlock()
 		}()
 	}
@@ -310,6 +404,9 @@ func replay(ctx context.Context, t trace, al allocator, truth func() capacity, s
 	wg.Wait()
 	res.retries = al.retries() - r0
 	res.offeredPerSecond = float64(res.offered) / t.Duration.Seconds()
+	if truth != nil && oracle != nil {
+		progress("  accepted %d of %d; %s", res.accepted, res.offered, res.diag)
+	}
 	return res
 }
 

@@ -30,6 +30,7 @@ type trace struct {
 	MeanSize float64
 	Requests []request
 	Duration time.Duration
+	Capa     capacity // the platform it was built for (the oracle's start)
 }
 
 var sizeWeights = map[int]float64{1: 0.4, 2: 0.3, 4: 0.2, 8: 0.1}
@@ -83,7 +84,7 @@ func newTrace(seed uint64, capa capacity, load float64, hold, dur time.Duration,
 	mix, total, mean := mixOf(capa)
 	rate := load * float64(total) / (mean * hold.Seconds())
 	warm := min(2*time.Second, dur/4) // the initial fill is spread over this much
-	t := trace{Load: load, Rate: rate, MeanSize: mean, Duration: warm + dur}
+	t := trace{Load: load, Rate: rate, MeanSize: mean, Duration: warm + dur, Capa: capa}
 	pick := func() (string, int) {
 		x := rnd.Float64()
 		mm := mix[len(mix)-1]
@@ -165,6 +166,22 @@ func randomFit(servers []placement.Server, want []placement.Want, rnd *rand.Rand
 // allocator) with the given ranking: the oracle is bestFit. It returns
 // accepted and offered claims, warm-up excluded.
 func simulate(t trace, capa capacity, rank ranker, seed uint64) (accepted, offered int) {
+	for i, ok := range simulateEach(t, capa, rank, seed) {
+		if t.Requests[i].Warmup {
+			continue
+		}
+		offered++
+		if ok {
+			accepted++
+		}
+	}
+	return accepted, offered
+}
+
+// simulateEach is simulate's decision for each request of the trace, by
+// index: whether the omniscient allocator granted it.
+func simulateEach(t trace, capa capacity, rank ranker, seed uint64) []bool {
+	granted := make([]bool, len(t.Requests))
 	free := map[string]map[string]int{}
 	for s, ms := range capa {
 		free[s] = map[string]int{}
@@ -185,7 +202,7 @@ func simulate(t trace, capa capacity, rank ranker, seed uint64) (accepted, offer
 	}
 	var releases []rel // kept sorted by time
 	rnd := rand.New(rand.NewPCG(seed, 7))
-	for _, r := range t.Requests {
+	for ri, r := range t.Requests {
 		for len(releases) > 0 && releases[0].at <= r.At {
 			x := releases[0]
 			releases = releases[1:]
@@ -196,22 +213,17 @@ func simulate(t trace, capa capacity, rank ranker, seed uint64) (accepted, offer
 			servers[i] = placement.Server{Name: s, Free: free[s]}
 		}
 		got := rank(servers, []placement.Want{{Model: r.Model, Count: r.Count}}, rnd)
-		if !r.Warmup {
-			offered++
-		}
 		if len(got) == 0 {
 			continue
 		}
-		if !r.Warmup {
-			accepted++
-		}
+		granted[ri] = true
 		s := got[0]
 		free[s][r.Model] -= r.Count
 		x := rel{at: r.At + r.Hold, server: s, model: r.Model, count: r.Count}
 		i, _ := slices.BinarySearchFunc(releases, x.at, func(a rel, at time.Duration) int { return cmp.Compare(a.at, at) })
 		releases = slices.Insert(releases, i, x)
 	}
-	return accepted, offered
+	return granted
 }
 
 // fitsSomewhere reports whether some server of free holds count of model.
