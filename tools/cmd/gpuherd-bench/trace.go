@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -234,4 +235,135 @@ func fitsSomewhere(free capacity, model string, count int) bool {
 		}
 	}
 	return false
+}
+
+// staleModel replays the trace as a coordinator placing on a gossip view
+// that lags the truth: each server's figures in the view are those of
+// up to 2×lag ago (uniformly drawn per claim and server). Before choosing,
+// it reads the exact figures of the servers probe picks, ranks those that
+// fit by them best fit, and takes the first; when none does, it asks the
+// view's candidates in order (an owner takes a claim it can hold), and at
+// last re-reads every server and takes the best fit (the agent's re-check
+// before refusing). Releases and claims are instantaneous: what separates
+// it from the oracle is only the choices made on stale figures. probe nil
+// reads nothing before asking.
+func staleModel(t trace, capa capacity, lag time.Duration, warmBlind bool, probe func(view []placement.Server, want []placement.Want, rnd *rand.Rand) []string, seed uint64) (accepted int) {
+	type change struct {
+		at     time.Duration
+		server string
+		model  string
+		delta  int
+	}
+	free := capacity{}
+	var names []string
+	for s, ms := range capa {
+		free[s] = map[string]int{}
+		for m, n := range ms {
+			free[s][m] = n
+		}
+		names = append(names, s)
+	}
+	slices.SortFunc(names, cmpName)
+	var history []change // applied, in time order
+	type rel struct {
+		at     time.Duration
+		server string
+		model  string
+		count  int
+	}
+	var releases []rel
+	rnd := rand.New(rand.NewPCG(seed, 11))
+	apply := func(c change) {
+		free[c.server][c.model] += c.delta
+		history = append(history, c)
+	}
+	// viewOf is server s's free GPUs as of `at`: the truth minus every
+	// change applied after it.
+	viewOf := func(s string, at time.Duration) map[string]int {
+		out := maps.Clone(free[s])
+		for i := len(history) - 1; i >= 0 && history[i].at > at; i-- {
+			if h := history[i]; h.server == s {
+				out[h.model] -= h.delta
+			}
+		}
+		return out
+	}
+	fresh := func(s string) placement.Server { return placement.Server{Name: s, Free: free[s]} }
+	for _, r := range t.Requests {
+		for len(releases) > 0 && releases[0].at <= r.At {
+			x := releases[0]
+			releases = releases[1:]
+			apply(change{at: x.at, server: x.server, model: x.model, delta: x.count})
+		}
+		want := []placement.Want{{Model: r.Model, Count: r.Count}}
+		view := make([]placement.Server, len(names))
+		for i, s := range names {
+			at := r.At - time.Duration(rnd.Float64()*2*float64(lag))
+			if r.Warmup && warmBlind {
+				at = 0 // the fill's burst: every view still shows the empty platform
+			}
+			view[i] = placement.Server{Name: s, Free: viewOf(s, at)}
+		}
+		var order []string
+		if probe != nil && !(r.Warmup && warmBlind) {
+			var read []placement.Server
+			for _, s := range probe(view, want, rnd) {
+				read = append(read, fresh(s))
+			}
+			order = placement.Rank(read, want, "", rnd)
+		}
+		order = append(order, placement.Rank(view, want, "", rnd)...)
+		chosen := ""
+		for i, s := range order {
+			if i >= 8 {
+				break
+			}
+			if fresh(s).Free[r.Model] >= r.Count {
+				chosen = s
+				break
+			}
+		}
+		if chosen == "" {
+			all := make([]placement.Server, len(names))
+			for i, s := range names {
+				all[i] = fresh(s)
+			}
+			if got := placement.Rank(all, want, "", rnd); len(got) > 0 {
+				chosen = got[0]
+			}
+		}
+		if chosen == "" {
+			continue
+		}
+		if !r.Warmup {
+			accepted++
+		}
+		apply(change{at: r.At, server: chosen, model: r.Model, delta: -r.Count})
+		x := rel{at: r.At + r.Hold, server: chosen, model: r.Model, count: r.Count}
+		i, _ := slices.BinarySearchFunc(releases, x.at, func(a rel, at time.Duration) int { return cmp.Compare(a.at, at) })
+		releases = slices.Insert(releases, i, x)
+	}
+	return accepted
+}
+
+// probeBest reads the view's six best candidates (the agent before it
+// read the servers nearest the request).
+func probeBest(view []placement.Server, want []placement.Want, rnd *rand.Rand) []string {
+	r := placement.Rank(view, want, "", rnd)
+	return r[:min(6, len(r))]
+}
+
+// probeNearest reads the twelve servers nearest the request by the view,
+// on either side (the agent's attempt.probe).
+func probeNearest(capa capacity) func(view []placement.Server, want []placement.Want, rnd *rand.Rand) []string {
+	return func(view []placement.Server, want []placement.Want, rnd *rand.Rand) []string {
+		return placement.Nearest(view, want, func(s string) bool {
+			for _, w := range want {
+				if capa[s][w.Model] < w.Count {
+					return false
+				}
+			}
+			return true
+		}, 12, rnd)
+	}
 }
