@@ -129,3 +129,60 @@ func fitCount(servers []Server, w []Want) int {
 	}
 	return n
 }
+
+// Nearest orders the servers worth reading before choosing where to place
+// want, when the view may be stale: those whose free GPUs of the requested
+// models are closest to the request, on either side. A server the view
+// shows just short of the request may have had a release since, and one
+// the view shows with a little room may have exactly the room asked for
+// now: either may be the best fit. capable says whether a server could
+// hold want at all (its healthy totals); the others, and drained ones, are
+// left out. Ties go to the servers that fit by the view, then in random
+// order (rnd; nil means by name, for tests). At most n are returned.
+// The bench's placement model ranks with it; the coordinator does not
+// (a probe of these servers was tried and reverted, BENCHMARKS.md).
+func Nearest(servers []Server, want []Want, capable func(name string) bool, n int, rnd *rand.Rand) []string {
+	var near []Server
+	for _, s := range servers {
+		if !s.Drained && capable(s.Name) {
+			near = append(near, s)
+		}
+	}
+	if rnd != nil {
+		rnd.Shuffle(len(near), func(i, j int) { near[i], near[j] = near[j], near[i] })
+	} else {
+		slices.SortFunc(near, func(a, b Server) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	slices.SortStableFunc(near, func(a, b Server) int {
+		if c := cmp.Compare(a.distance(want), b.distance(want)); c != 0 {
+			return c
+		}
+		if fa, fb := a.fits(want), b.fits(want); fa != fb {
+			if fa {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	out := make([]string, 0, min(n, len(near)))
+	for _, s := range near[:min(n, len(near))] {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// distance is how far s's free GPUs of the requested models are from the
+// request: the GPUs it lacks plus those it would have left over.
+func (s Server) distance(want []Want) int {
+	d := 0
+	for _, w := range want {
+		f := s.Free[w.Model]
+		if f < w.Count {
+			d += w.Count - f
+		} else {
+			d += f - w.Count
+		}
+	}
+	return d
+}

@@ -77,3 +77,32 @@ func TestAlternatives(t *testing.T) {
 		t.Errorf("nothing free anywhere: got %+v", got)
 	}
 }
+
+func TestNearest(t *testing.T) {
+	servers := []Server{
+		{Name: "exact", Free: map[string]int{"H100": 2}},
+		{Name: "short", Free: map[string]int{"H100": 1}}, // may have had a release
+		{Name: "over", Free: map[string]int{"H100": 3}},
+		{Name: "empty", Free: map[string]int{"H100": 0}},
+		{Name: "roomy", Free: map[string]int{"H100": 8}},
+		{Name: "drained", Free: map[string]int{"H100": 2}, Drained: true},
+		{Name: "small", Free: map[string]int{"H100": 1}}, // cannot hold 2 at all
+	}
+	capable := func(name string) bool { return name != "small" }
+	want := []Want{{Model: "H100", Count: 2}}
+	got := Nearest(servers, want, capable, 10, nil)
+	if w := []string{"exact", "over", "short", "empty", "roomy"}; !reflect.DeepEqual(got, w) {
+		t.Errorf("Nearest = %v, want %v (distance from the request, ties to those that fit)", got, w)
+	}
+	if got := Nearest(servers, want, capable, 2, nil); !reflect.DeepEqual(got, []string{"exact", "over"}) {
+		t.Errorf("Nearest, at most 2 = %v", got)
+	}
+	// Several models: the distances add up.
+	two := []Server{
+		{Name: "a", Free: map[string]int{"H100": 1, "L40S": 1}},
+		{Name: "b", Free: map[string]int{"H100": 2, "L40S": 4}},
+	}
+	if got := Nearest(two, []Want{{Model: "H100", Count: 1}, {Model: "L40S", Count: 2}}, func(string) bool { return true }, 5, nil); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("Nearest over two models = %v, want [a b]", got)
+	}
+}
