@@ -197,8 +197,7 @@ func (co *Coordinator) Release(ctx context.Context, id string) (released api.Cla
 			return co.releaseLost(ctx, id, rec)
 		}
 		if handled && err == nil && c.NameReleased {
-			c.NameReleased = false // the owner let the name go: no copy can hold it elsewhere
-			return c, nil
+			return c, nil // the owner let the name go: no copy can hold it elsewhere
 		}
 		if handled && err == nil {
 			return co.releaseMovedAway(ctx, targets, id, t.name, rec, c, abort)
