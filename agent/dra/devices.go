@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -20,14 +21,15 @@ const (
 	attrPCIeRoot = resourceapi.QualifiedName("resource.kubernetes.io/pcieRoot")
 )
 
-// gpuherd's own attributes, in the driver's domain (the DeviceClasses and
-// pinned ResourceClaims select on them).
+// gpuherd's own attributes, in the driver's domain. The DeviceClasses and
+// pinned ResourceClaims select on model, node and claim (package
+// manifest writes them).
 const (
-	attrModel      = "model"
+	attrModel      = manifest.AttrModel
 	attrIOMMUGroup = "iommuGroup"
 	attrUUID       = "uuid"
-	attrNode       = "node"
-	attrClaim      = "claim"
+	attrNode       = manifest.AttrNode
+	attrClaim      = manifest.AttrClaim
 	capMemory      = "memory"
 )
 

@@ -5,7 +5,9 @@
 // handed over as CDI devices with KEP-5304 device metadata, as KubeVirt's
 // virt-launcher reads them), and releases it at unprepare. It talks to the
 // agent only through agent/api, as the libvirt hook does; the ledger stays
-// the one authority over the GPUs, shared with libvirt VMs.
+// the one authority over the GPUs, shared with libvirt VMs. Its
+// manifests (DeviceClasses, pinned ResourceClaims) are package manifest's,
+// which the gpuherd binary links without Kubernetes' client.
 package dra
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
@@ -34,7 +37,7 @@ import (
 
 // DefaultDriverName is the driver name, and the attribute domain, unless
 // configured otherwise.
-const DefaultDriverName = "gpu.gpuherd.io"
+const DefaultDriverName = manifest.DefaultDriverName
 
 // Agent is what the driver asks of the gpuherd agent on its server: the
 // API's client serves it over the local socket.

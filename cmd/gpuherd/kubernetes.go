@@ -13,6 +13,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/dra"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/systemd"
 )
@@ -155,7 +156,7 @@ gpuherd claim holds.`,
 			for _, m := range inventory.DefaultCatalog().Models() {
 				models = append(models, m.Name)
 			}
-			out, err := dra.DeviceClassesYAML(driver, models)
+			out, err := manifest.DeviceClassesYAML(driver, models)
 			if err != nil {
 				return err
 			}
@@ -163,7 +164,7 @@ gpuherd claim holds.`,
 			return err
 		},
 	}
-	classes.Flags().StringVar(&driver, "driver-name", dra.DefaultDriverName, "DRA driver name")
+	classes.Flags().StringVar(&driver, "driver-name", manifest.DefaultDriverName, "DRA driver name")
 	cmd.AddCommand(classes)
 	return cmd
 }
@@ -178,9 +179,9 @@ type kubevirtFlags struct {
 func (k *kubevirtFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&k.namespace, "namespace", "default", "-o kubevirt: the VM's namespace")
 	cmd.Flags().StringVar(&k.name, "claim-name", "", "-o kubevirt: the ResourceClaim's name (default: the claim ID)")
-	cmd.Flags().StringVar(&k.driver, "driver-name", dra.DefaultDriverName, "-o kubevirt: DRA driver name")
+	cmd.Flags().StringVar(&k.driver, "driver-name", manifest.DefaultDriverName, "-o kubevirt: DRA driver name")
 }
 
 func (k kubevirtFlags) render(c api.Claim) ([]byte, error) {
-	return dra.KubeVirtManifests(c, dra.ManifestOptions{Driver: k.driver, Namespace: k.namespace, Name: k.name})
+	return manifest.KubeVirtManifests(c, manifest.Options{Driver: k.driver, Namespace: k.namespace, Name: k.name})
 }

@@ -37,16 +37,17 @@ var layers = [][]string{
 	{"agent/telemetry"},                      // NVML's readings and XID errors
 	{"gossip/gossiptest", "agent/claimtest"}, // the in-memory networks for tests
 	{"gossip", "agent/pki", "metrics", "systemd", "logging"}, // cluster view, certificates, exposition, init
-	{"agent/handoff", "agent/dra"},                           // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
-	{"agent/names"},                                          // cluster: the name registry (raft)
-	{"agent/registry"},                                       // cluster: the name registry run on this agent over gossip
-	{"agent/home"},                                           // the protocol: the home role, the claim directory's records
-	{"agent/owner"},                                          // the protocol: the owner role, this server's claims
-	{"agent/claim"},                                          // the protocol: the coordinator role, placing claims
-	{"agent/groups"},                                         // the node groups, over the coordinator
-	{"agent"},                                                // the protocol and the wiring
-	{"cmd/gpuherd"},                                          // the binary
-	{"agent/host/hosttest"},                                  // a host on a simulated machine, for the roles' tests and the simulation
+	{"agent/dra/manifest"},         // the DRA driver's manifests, no Kubernetes package
+	{"agent/handoff", "agent/dra"}, // a claim as a hypervisor or Kubernetes takes it; the libvirt hook, the DRA driver
+	{"agent/names"},                // cluster: the name registry (raft)
+	{"agent/registry"},             // cluster: the name registry run on this agent over gossip
+	{"agent/home"},                 // the protocol: the home role, the claim directory's records
+	{"agent/owner"},                // the protocol: the owner role, this server's claims
+	{"agent/claim"},                // the protocol: the coordinator role, placing claims
+	{"agent/groups"},               // the node groups, over the coordinator
+	{"agent"},                      // the protocol and the wiring
+	{"cmd/gpuherd"},                // the binary
+	{"agent/host/hosttest"},        // a host on a simulated machine, for the roles' tests and the simulation
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers
 }
 

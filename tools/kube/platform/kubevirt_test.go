@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/dra"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/tools/kube/controlplane"
 	"github.com/gpuherd/gpuherd/tools/kube/fakekubelet"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -165,7 +166,7 @@ func TestKubeVirtVMsOnGpuherd(t *testing.T) {
 	// A VM with two GPUs, from a template, through the scheduler: both on
 	// one node, claimed in gpuherd's ledger at prepare, bound, handed
 	// over with their metadata where virt-launcher looks.
-	tmpl := controlplane.ClaimTemplate(ns, "two-h100", controlplane.Requests("gpu", dra.ModelClass(dra.DefaultDriverName, "NVIDIA H100 80GB"), 2, "")...)
+	tmpl := controlplane.ClaimTemplate(ns, "two-h100", controlplane.Requests("gpu", manifest.ModelClass(dra.DefaultDriverName, "NVIDIA H100 80GB"), 2, "")...)
 	if _, err := r.cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(r.ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func TestKubeVirtVMsOnGpuherd(t *testing.T) {
 		t.Fatalf("gpuherd claim %s holds %v, the allocation is %v", id, heldAddrs, addrs)
 	}
 	for i := range 2 {
-		req := dra.RequestName(i)
+		req := manifest.RequestName(i)
 		got := metadata(t, view, "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus/"+req+"/*-metadata.json")
 		want := ""
 		for _, res := range claim.Status.Allocation.Devices.Results {
@@ -351,19 +352,19 @@ func TestKubeVirtClaimFirst(t *testing.T) {
 		t.Fatalf("a claim no server can hold: %v", err)
 	}
 
-	rc, err := dra.PinnedClaim(c, dra.ManifestOptions{Namespace: ns})
+	rc, err := PinnedClaim(c, manifest.Options{Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := WaitSlice(r.ctx, r.cp, "hv-2", func(d []resourceapi.Device) bool { cl, _ := Has(d, c.GPUs[0].PCIAddress); return cl == "vm-7" }); err != nil {
 		t.Fatalf("vm-7's GPUs never published with their claim: %v", err)
 	}
-	if _, err := r.cp.Client.ResourceV1().ResourceClaims(ns).Create(r.ctx, &rc, metav1.CreateOptions{}); err != nil {
+	if _, err := r.cp.Client.ResourceV1().ResourceClaims(ns).Create(r.ctx, rc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var reqs []string
 	for i := range c.GPUs {
-		reqs = append(reqs, dra.RequestName(i))
+		reqs = append(reqs, manifest.RequestName(i))
 	}
 	s := r.launch(t, "vm-7", controlplane.PodClaim{Name: "gpus", ResourceClaimName: rc.Name, Requests: reqs})
 	node, addrs := Allocated(s.Claims[0])

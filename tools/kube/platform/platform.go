@@ -12,11 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/dra"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
 	"github.com/gpuherd/gpuherd/tools/kube/controlplane"
@@ -25,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/yaml"
 )
 
 // Server is one hypervisor: a Kubernetes node with its gpuherd agent and
@@ -141,18 +144,42 @@ func (s *Server) StartAgent(tb controlplane.TB) {
 func (s *Server) StopAgent() { s.stopRun() }
 
 // ApplyDeviceClasses creates the driver's DeviceClasses for the catalog's
-// models, as `gpuherd kubernetes deviceclasses | kubectl apply -f -` does.
+// models from the YAML `gpuherd kubernetes deviceclasses` prints, read as
+// `kubectl apply -f -` reads it.
 func ApplyDeviceClasses(ctx context.Context, cp *controlplane.ControlPlane) error {
 	var models []string
 	for _, m := range inventory.DefaultCatalog().Models() {
 		models = append(models, m.Name)
 	}
-	for _, dc := range dra.DeviceClasses(dra.DefaultDriverName, models) {
+	out, err := manifest.DeviceClassesYAML(dra.DefaultDriverName, models)
+	if err != nil {
+		return err
+	}
+	for _, doc := range strings.Split(string(out), "---\n") {
+		var dc resourceapi.DeviceClass
+		if err := yaml.UnmarshalStrict([]byte(doc), &dc); err != nil {
+			return fmt.Errorf("DeviceClass: %w\n%s", err, doc)
+		}
 		if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("DeviceClass %s: %w", dc.Name, err)
 		}
 	}
 	return nil
+}
+
+// PinnedClaim is the ResourceClaim that `gpuherd get ID -o kubevirt`
+// prints for c, read as `kubectl apply -f -` reads it.
+func PinnedClaim(c api.Claim, o manifest.Options) (*resourceapi.ResourceClaim, error) {
+	out, err := manifest.KubeVirtManifests(c, o)
+	if err != nil {
+		return nil, err
+	}
+	doc, _, _ := strings.Cut(string(out), "---\n")
+	var rc resourceapi.ResourceClaim
+	if err := yaml.UnmarshalStrict([]byte(doc), &rc); err != nil {
+		return nil, fmt.Errorf("ResourceClaim: %w\n%s", err, doc)
+	}
+	return &rc, nil
 }
 
 // WaitSlice waits until node's ResourceSlice of the driver satisfies ok,

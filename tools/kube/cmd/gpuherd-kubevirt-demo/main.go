@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/dra"
+	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/tools/kube/controlplane"
 	"github.com/gpuherd/gpuherd/tools/kube/fakekubelet"
 	"github.com/gpuherd/gpuherd/tools/kube/platform"
@@ -106,20 +106,20 @@ func demo(tb controlplane.TB, log *slog.Logger) {
 	fmt.Printf("   through hv-2's agent: claim vm-1 on %s: %s\n", c.Node, strings.Join(addrs, ", "))
 
 	step("gpuherd get vm-1 -o kubevirt --namespace vms | kubectl apply -f -")
-	out, err := dra.KubeVirtManifests(c, dra.ManifestOptions{Namespace: "vms"})
+	out, err := manifest.KubeVirtManifests(c, manifest.Options{Namespace: "vms"})
 	must(err)
 	fmt.Print(indent(string(out)))
-	rc, err := dra.PinnedClaim(c, dra.ManifestOptions{Namespace: "vms"})
+	rc, err := platform.PinnedClaim(c, manifest.Options{Namespace: "vms"})
 	must(err)
 	_, err = platform.WaitSlice(ctx, cp, "hv-2", func(d []resourceapi.Device) bool { cl, _ := platform.Has(d, addrs[0]); return cl == "vm-1" })
 	must(err)
-	_, err = cp.Client.ResourceV1().ResourceClaims("vms").Create(ctx, &rc, metav1.CreateOptions{})
+	_, err = cp.Client.ResourceV1().ResourceClaims("vms").Create(ctx, rc, metav1.CreateOptions{})
 	must(err)
 
 	step("KubeVirt starts the VM: its virt-launcher pod (4 GPUs, one request each) is scheduled")
 	var reqs []string
 	for i := range c.GPUs {
-		reqs = append(reqs, dra.RequestName(i))
+		reqs = append(reqs, manifest.RequestName(i))
 	}
 	pod := controlplane.LauncherPod("vms", "virt-launcher-vm-1", controlplane.PodClaim{Name: "gpus", ResourceClaimName: rc.Name, Requests: reqs})
 	_, err = cp.Client.CoreV1().Pods("vms").Create(ctx, pod, metav1.CreateOptions{})

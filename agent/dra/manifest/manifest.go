@@ -1,16 +1,95 @@
-package dra
+// Package manifest writes the Kubernetes manifests of gpuherd's DRA driver:
+// its DeviceClasses (`gpuherd kubernetes deviceclasses`) and the pinned
+// ResourceClaim of a claim made first for a KubeVirt VM (`gpuherd get ID
+// -o kubevirt`). It imports nothing of Kubernetes: the objects are plain
+// structs with the field names of resource.k8s.io/v1, so that the gpuherd
+// binary does not link client-go and its API types, whose package
+// initialisation alone costs every agent tens of MiB of resident memory
+// (docs/design.md, "The kubelet plugin's own binary"). The driver itself,
+// agent/dra, uses the names and attributes defined here.
+package manifest
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"go.yaml.in/yaml/v3"
-	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// DefaultDriverName is the driver name, and the attribute domain, unless
+// configured otherwise.
+const DefaultDriverName = "gpu.gpuherd.io"
+
+// gpuherd's own device attributes, in the driver's domain, that the
+// DeviceClasses and pinned ResourceClaims select on (agent/dra publishes
+// them).
+const (
+	AttrModel = "model"
+	AttrNode  = "node"
+	AttrClaim = "claim"
+)
+
+// The objects, as far as gpuherd fills them in: resource.k8s.io/v1's
+// DeviceClass and ResourceClaim with their JSON field names.
+type (
+	// TypeMeta is metav1.TypeMeta.
+	TypeMeta struct {
+		APIVersion string `json:"apiVersion,omitempty"`
+		Kind       string `json:"kind,omitempty"`
+	}
+	// ObjectMeta is the part of metav1.ObjectMeta gpuherd sets.
+	ObjectMeta struct {
+		Name        string            `json:"name,omitempty"`
+		Namespace   string            `json:"namespace,omitempty"`
+		Labels      map[string]string `json:"labels,omitempty"`
+		Annotations map[string]string `json:"annotations,omitempty"`
+	}
+	// DeviceClass is resourceapi.DeviceClass.
+	DeviceClass struct {
+		TypeMeta   `json:",inline"`
+		ObjectMeta `json:"metadata,omitempty"`
+		Spec       DeviceClassSpec `json:"spec"`
+	}
+	// DeviceClassSpec is resourceapi.DeviceClassSpec.
+	DeviceClassSpec struct {
+		Selectors []DeviceSelector `json:"selectors,omitempty"`
+	}
+	// DeviceSelector is resourceapi.DeviceSelector.
+	DeviceSelector struct {
+		CEL *CELDeviceSelector `json:"cel,omitempty"`
+	}
+	// CELDeviceSelector is resourceapi.CELDeviceSelector.
+	CELDeviceSelector struct {
+		Expression string `json:"expression"`
+	}
+	// ResourceClaim is resourceapi.ResourceClaim, without a status.
+	ResourceClaim struct {
+		TypeMeta   `json:",inline"`
+		ObjectMeta `json:"metadata,omitempty"`
+		Spec       ResourceClaimSpec `json:"spec"`
+	}
+	// ResourceClaimSpec is resourceapi.ResourceClaimSpec.
+	ResourceClaimSpec struct {
+		Devices DeviceClaim `json:"devices"`
+	}
+	// DeviceClaim is resourceapi.DeviceClaim.
+	DeviceClaim struct {
+		Requests []DeviceRequest `json:"requests"`
+	}
+	// DeviceRequest is resourceapi.DeviceRequest.
+	DeviceRequest struct {
+		Name    string              `json:"name"`
+		Exactly *ExactDeviceRequest `json:"exactly,omitempty"`
+	}
+	// ExactDeviceRequest is resourceapi.ExactDeviceRequest.
+	ExactDeviceRequest struct {
+		DeviceClassName string           `json:"deviceClassName"`
+		Selectors       []DeviceSelector `json:"selectors,omitempty"`
+	}
 )
 
 // ClaimedClass names the DeviceClass of GPUs held by gpuherd claims made
@@ -60,19 +139,23 @@ func attrRef(driver, name string) string {
 	return fmt.Sprintf("device.attributes[%s].%s", celString(driver), name)
 }
 
+func selectors(expr string) []DeviceSelector {
+	return []DeviceSelector{{CEL: &CELDeviceSelector{Expression: expr}}}
+}
+
 // DeviceClasses are the classes of this driver: any free GPU (named as
 // the driver), the free GPUs of each model, and the claimed ones.
-func DeviceClasses(driver string, models []string) []resourceapi.DeviceClass {
-	free := fmt.Sprintf("device.driver == %s && %s == \"\"", celString(driver), attrRef(driver, attrClaim))
-	class := func(name, expr, what string) resourceapi.DeviceClass {
-		return resourceapi.DeviceClass{
-			TypeMeta: metav1.TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass"},
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuherd"},
+func DeviceClasses(driver string, models []string) []DeviceClass {
+	free := fmt.Sprintf("device.driver == %s && %s == \"\"", celString(driver), attrRef(driver, AttrClaim))
+	class := func(name, expr, what string) DeviceClass {
+		return DeviceClass{
+			TypeMeta: TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass"},
+			ObjectMeta: ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuherd"},
 				Annotations: map[string]string{"gpuherd.io/description": what}},
-			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}},
+			Spec: DeviceClassSpec{Selectors: selectors(expr)},
 		}
 	}
-	out := []resourceapi.DeviceClass{class(driver, free, "any free GPU, passed through whole")}
+	out := []DeviceClass{class(driver, free, "any free GPU, passed through whole")}
 	seen := map[string]bool{driver: true}
 	for _, m := range models {
 		name := ModelClass(driver, m)
@@ -80,16 +163,16 @@ func DeviceClasses(driver string, models []string) []resourceapi.DeviceClass {
 			continue
 		}
 		seen[name] = true
-		out = append(out, class(name, free+" && "+attrRef(driver, attrModel)+" == "+celString(m), "a free "+m+", passed through whole"))
+		out = append(out, class(name, free+" && "+attrRef(driver, AttrModel)+" == "+celString(m), "a free "+m+", passed through whole"))
 	}
 	out = append(out, class(ClaimedClass(driver),
-		fmt.Sprintf("device.driver == %s && %s != \"\"", celString(driver), attrRef(driver, attrClaim)),
+		fmt.Sprintf("device.driver == %s && %s != \"\"", celString(driver), attrRef(driver, AttrClaim)),
 		"GPUs of a gpuherd claim made first: for the ResourceClaims of `gpuherd get ID -o kubevirt`"))
 	return out
 }
 
-// ManifestOptions shape a claim's Kubernetes manifests.
-type ManifestOptions struct {
+// Options shape a claim's Kubernetes manifests.
+type Options struct {
 	Driver    string // the driver name; DefaultDriverName when empty
 	Namespace string // the VM's namespace
 	// Name is the ResourceClaim's name; the claim ID made a DNS name when
@@ -97,11 +180,16 @@ type ManifestOptions struct {
 	Name string
 }
 
+// dns1123Subdomain is what Kubernetes accepts as an object's name
+// (k8s.io/apimachinery's validation.IsDNS1123Subdomain, whose length
+// limit of 253 ResourceClaimName lowers to 63).
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
 // ResourceClaimName makes a claim ID the name of its ResourceClaim, or
 // says why it cannot be one.
 func ResourceClaimName(id string) (string, error) {
 	n := strings.ToLower(strings.ReplaceAll(id, "_", "-"))
-	if len(n) > 63 || len(validation.IsDNS1123Subdomain(n)) > 0 {
+	if len(n) > 63 || !dns1123Subdomain.MatchString(n) {
 		return "", fmt.Errorf("claim %s does not make a Kubernetes name (lower case, digits, '-' and '.', at most 63, starting and ending alphanumeric): give one with --name", id)
 	}
 	return n, nil
@@ -113,7 +201,7 @@ func ResourceClaimName(id string) (string, error) {
 // scheduler allocates exactly gpuherd's choice and puts the VM's launcher
 // pod on gpuherd's server. Prepare then checks the allocation against the
 // claim (annotation gpuherd.io/claim).
-func PinnedClaim(c api.Claim, o ManifestOptions) (resourceapi.ResourceClaim, error) {
+func PinnedClaim(c api.Claim, o Options) (ResourceClaim, error) {
 	if o.Driver == "" {
 		o.Driver = DefaultDriverName
 	}
@@ -121,33 +209,30 @@ func PinnedClaim(c api.Claim, o ManifestOptions) (resourceapi.ResourceClaim, err
 		o.Namespace = "default"
 	}
 	if c.State != api.StateClaimed {
-		return resourceapi.ResourceClaim{}, fmt.Errorf("claim %s is %s: only a committed claim is handed to Kubernetes", c.ID, c.State)
+		return ResourceClaim{}, fmt.Errorf("claim %s is %s: only a committed claim is handed to Kubernetes", c.ID, c.State)
 	}
 	if _, ok := c.Labels[api.LabelKubernetes]; !ok {
-		return resourceapi.ResourceClaim{}, fmt.Errorf("claim %s is not for Kubernetes: its GPUs are not published to it; claim it with --kubernetes (label %s)", c.ID, api.LabelKubernetes)
+		return ResourceClaim{}, fmt.Errorf("claim %s is not for Kubernetes: its GPUs are not published to it; claim it with --kubernetes (label %s)", c.ID, api.LabelKubernetes)
 	}
 	name := o.Name
 	if name == "" {
 		var err error
 		if name, err = ResourceClaimName(c.ID); err != nil {
-			return resourceapi.ResourceClaim{}, err
+			return ResourceClaim{}, err
 		}
 	}
-	rc := resourceapi.ResourceClaim{
-		TypeMeta: metav1.TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceClaim"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: o.Namespace,
+	rc := ResourceClaim{
+		TypeMeta: TypeMeta{APIVersion: "resource.k8s.io/v1", Kind: "ResourceClaim"},
+		ObjectMeta: ObjectMeta{Name: name, Namespace: o.Namespace,
 			Labels:      map[string]string{"app.kubernetes.io/managed-by": "gpuherd"},
 			Annotations: map[string]string{api.AnnotationClaim: c.ID, "gpuherd.io/node": c.Node}},
 	}
 	for i, g := range c.GPUs {
 		expr := fmt.Sprintf("%s == %s && %s == %s && device.attributes[\"resource.kubernetes.io\"].pciBusID == %s",
-			attrRef(o.Driver, attrNode), celString(c.Node), attrRef(o.Driver, attrClaim), celString(c.ID), celString(g.PCIAddress))
-		rc.Spec.Devices.Requests = append(rc.Spec.Devices.Requests, resourceapi.DeviceRequest{
-			Name: RequestName(i),
-			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: ClaimedClass(o.Driver),
-				Selectors:       []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}},
-			},
+			attrRef(o.Driver, AttrNode), celString(c.Node), attrRef(o.Driver, AttrClaim), celString(c.ID), celString(g.PCIAddress))
+		rc.Spec.Devices.Requests = append(rc.Spec.Devices.Requests, DeviceRequest{
+			Name:    RequestName(i),
+			Exactly: &ExactDeviceRequest{DeviceClassName: ClaimedClass(o.Driver), Selectors: selectors(expr)},
 		})
 	}
 	return rc, nil
@@ -158,7 +243,7 @@ func RequestName(i int) string { return fmt.Sprintf("gpu%d", i) }
 
 // KubeVirtManifests writes a claim's ResourceClaim and, as a comment-led
 // fragment, what goes into the VirtualMachine's spec.template.spec.
-func KubeVirtManifests(c api.Claim, o ManifestOptions) ([]byte, error) {
+func KubeVirtManifests(c api.Claim, o Options) ([]byte, error) {
 	rc, err := PinnedClaim(c, o)
 	if err != nil {
 		return nil, err
@@ -169,7 +254,7 @@ func KubeVirtManifests(c api.Claim, o ManifestOptions) ([]byte, error) {
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# gpuherd claim %s on %s: %s\n", c.ID, c.Node, api.DescribeItems(c.Items))
-	b.Write(cleanYAML(out))
+	b.Write(out)
 	fmt.Fprintf(&b, "---\n# In the VirtualMachine's spec.template.spec (KubeVirt, DRA GPUs):\n")
 	type gpu struct {
 		Name        string `json:"name"`
@@ -213,13 +298,13 @@ func DeviceClassesYAML(driver string, models []string) ([]byte, error) {
 		if i > 0 {
 			b.WriteString("---\n")
 		}
-		b.Write(cleanYAML(out))
+		b.Write(out)
 	}
 	return b.Bytes(), nil
 }
 
-// toYAML writes v as Kubernetes reads it (its JSON field names), without
-// folding long lines: a CEL expression stays on one line.
+// toYAML writes v as Kubernetes reads it (its JSON field names, keys in
+// order), without folding long lines: a CEL expression stays on one line.
 func toYAML(v any) ([]byte, error) {
 	j, err := json.Marshal(v)
 	if err != nil {
@@ -239,17 +324,4 @@ func toYAML(v any) ([]byte, error) {
 		return nil, err
 	}
 	return b.Bytes(), nil
-}
-
-// cleanYAML drops the empty fields Kubernetes types always marshal.
-func cleanYAML(out []byte) []byte {
-	var keep []string
-	for _, line := range strings.SplitAfter(string(out), "\n") {
-		t := strings.TrimSpace(line)
-		if t == "creationTimestamp: null" || t == "status: {}" {
-			continue
-		}
-		keep = append(keep, line)
-	}
-	return []byte(strings.Join(keep, ""))
 }

@@ -1,13 +1,94 @@
-package dra
+package manifest
 
 import (
+	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/inventory"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"pgregory.net/rapid"
 	"sigs.k8s.io/yaml"
 )
+
+// The objects are Kubernetes' own (strict decoding into k8s.io/api's
+// types below); only this package's tests import them, the gpuherd
+// binary does not.
+
+var update = flag.Bool("update", false, "rewrite testdata/*.yaml from this package's output")
+
+// The manifests are byte for byte what gpuherd wrote when it rendered
+// k8s.io/api's own types (the files were written by that version):
+// operators' `kubectl apply` and diffs of them see no change.
+func TestGolden(t *testing.T) {
+	var catalog []string
+	for _, m := range inventory.DefaultCatalog().Models() {
+		catalog = append(catalog, m.Name)
+	}
+	k8s := map[string]string{api.LabelKubernetes: "true"}
+	eight := api.Claim{ID: "BIG", Node: "dgx-1", State: api.StateClaimed, Labels: k8s,
+		Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 8}}}
+	for _, a := range []string{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"} {
+		eight.GPUs = append(eight.GPUs, api.ClaimGPU{PCIAddress: a})
+	}
+	for _, tc := range []struct {
+		file   string
+		render func() ([]byte, error)
+	}{
+		{"deviceclasses-catalog.yaml", func() ([]byte, error) { return DeviceClassesYAML(DefaultDriverName, catalog) }},
+		{"deviceclasses-odd.yaml", func() ([]byte, error) {
+			return DeviceClassesYAML("gpus.example.com", []string{"NVIDIA H100 80GB", `Odd "quoted" \ model`, "NVIDIA H100 80GB", "line\nbreak", "gpus.example.com"})
+		}},
+		{"kubevirt-two.yaml", func() ([]byte, error) {
+			return KubeVirtManifests(api.Claim{ID: "vm_7", Node: "hv-1", State: api.StateClaimed, Labels: k8s,
+				Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 2}},
+				GPUs:  []api.ClaimGPU{{PCIAddress: "0000:18:00.0"}, {PCIAddress: "0000:2a:00.0"}}}, Options{Namespace: "vms"})
+		}},
+		{"kubevirt-one-named.yaml", func() ([]byte, error) {
+			return KubeVirtManifests(api.Claim{ID: "tenant-a.node-0", Node: `hv "quoted"`, State: api.StateClaimed, Labels: k8s,
+				Items: []api.Item{{Model: "NVIDIA L40S", Count: 1}, {Model: "NVIDIA H100 80GB", Count: 0}},
+				GPUs:  []api.ClaimGPU{{PCIAddress: "0000:3b:00.0"}}}, Options{Driver: "gpus.example.com", Name: "given-name"})
+		}},
+		{"kubevirt-eight.yaml", func() ([]byte, error) { return KubeVirtManifests(eight, Options{Namespace: "default"}) }},
+	} {
+		got, err := tc.render()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		path := filepath.Join("testdata", tc.file)
+		if *update {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s differs:\n--- got\n%s\n--- want\n%s", tc.file, got, want)
+		}
+	}
+}
+
+// ResourceClaimName accepts a name exactly when Kubernetes would (and it
+// has at most 63 bytes).
+func TestResourceClaimNameAgreesWithKubernetes(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		id := rapid.StringMatching(`[-a-zA-Z0-9_.]{0,70}|[a-z0-9.-]{1,64}`).Draw(t, "id")
+		n := strings.ToLower(strings.ReplaceAll(id, "_", "-"))
+		want := len(n) <= 63 && len(validation.IsDNS1123Subdomain(n)) == 0
+		got, err := ResourceClaimName(id)
+		if (err == nil) != want || err == nil && got != n {
+			t.Fatalf("ResourceClaimName(%q) = %q, %v; Kubernetes accepts %q: %v", id, got, err, n, want)
+		}
+	})
+}
 
 func TestModelClassNames(t *testing.T) {
 	for model, want := range map[string]string{
@@ -56,7 +137,7 @@ func TestPinnedClaim(t *testing.T) {
 	c := api.Claim{ID: "vm_7", Node: "hv-1", State: api.StateClaimed, Labels: map[string]string{api.LabelKubernetes: "true"},
 		Items: []api.Item{{Model: "NVIDIA H100 80GB", Count: 2}},
 		GPUs:  []api.ClaimGPU{{PCIAddress: "0000:18:00.0"}, {PCIAddress: "0000:2a:00.0"}}}
-	out, err := KubeVirtManifests(c, ManifestOptions{Namespace: "vms"})
+	out, err := KubeVirtManifests(c, Options{Namespace: "vms"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +170,7 @@ func TestPinnedClaim(t *testing.T) {
 		{api.Claim{ID: "vm-9", State: api.StateReserved, Labels: c.Labels}, "only a committed claim"},
 		{api.Claim{ID: "-x", State: api.StateClaimed, Labels: c.Labels}, "give one with --name"},
 	} {
-		if _, err := PinnedClaim(bad.c, ManifestOptions{}); err == nil || !strings.Contains(err.Error(), bad.want) {
+		if _, err := PinnedClaim(bad.c, Options{}); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("PinnedClaim(%s) = %v, want %q", bad.c.ID, err, bad.want)
 		}
 	}
