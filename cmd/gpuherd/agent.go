@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -15,7 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpuherd/gpuherd/agent"
-	"github.com/gpuherd/gpuherd/logging"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 	"github.com/gpuherd/gpuherd/systemd"
 	"github.com/gpuherd/gpuherd/vfio"
 )
@@ -37,13 +36,11 @@ Settings come from the defaults, then --config (YAML), then flags.
 --simulate PROFILE runs on simulated hardware (built-in profiles: dgx-h100,
 l40s-4, a100-pcie-4, rtx6000pro-2, mixed; or a profile file); the simulated
 machine's state lives in --data-dir and outlives the agent, as a real one does.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := agent.DefaultConfig()
-			if configPath != "" {
-				if err := agent.LoadConfigFile(configPath, &cfg); err != nil {
-					return err
-				}
+			cfg, err := cli.LoadConfig(configPath)
+			if err != nil {
+				return err
 			}
 			applyAgentFlags(cmd.Flags(), &f, &cfg)
 			if err := cfg.Validate(); err != nil {
@@ -161,7 +158,7 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 	maskOthers()
 	level := new(slog.LevelVar)
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	log := newLogger(g.stderr, cfg, level)
+	log := cli.NewLogger(g.stderr, cfg, level)
 	notify := systemd.New(log)
 	notify.Status("discovering GPUs and reconciling them with the ledger")
 
@@ -230,12 +227,10 @@ func runAgent(ctx context.Context, g *globals, cfg agent.Config, configPath stri
 // gossip keys (key rotation), allow_devices and allow_unsafe_interrupts.
 // Anything else needs a restart, and says so.
 func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath string, flags func(*agent.Config) error) {
-	cfg := agent.DefaultConfig()
-	if configPath != "" {
-		if err := agent.LoadConfigFile(configPath, &cfg); err != nil {
-			log.Error("reload: config not applied", "err", err)
-			return
-		}
+	cfg, err := cli.LoadConfig(configPath)
+	if err != nil {
+		log.Error("reload: config not applied", "err", err)
+		return
 	}
 	_ = flags(&cfg)
 	if err := cfg.Validate(); err != nil {
@@ -256,41 +251,6 @@ func reload(log *slog.Logger, level *slog.LevelVar, a *agent.Agent, configPath s
 		a.ReloadReadiness(context.Background(), allow, cfg.AllowUnsafeInterrupts)
 	}
 }
-
-// newLogger is the agent's logger. Under systemd, with stderr connected to
-// the journal, records go to the journal natively (priorities, one field per
-// attribute, no second timestamp), or as lines with sd-daemon(3) priority
-// prefixes when the journal's socket cannot be reached; otherwise text or
-// JSON on w. Either way
-// bursts of identical warnings are rate-limited with a count.
-func newLogger(w io.Writer, cfg agent.Config, level slog.Leveler) *slog.Logger {
-	journal := w == io.Writer(os.Stderr) && logging.StderrIsJournal()
-	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if journal && a.Key == slog.TimeKey && len(groups) == 0 {
-			return slog.Attr{} // the journal stamps every line itself
-		}
-		return logging.StableValue(a)
-	}}
-	format := func(w io.Writer) slog.Handler {
-		if cfg.LogFormat == "json" {
-			return slog.NewJSONHandler(w, opts)
-		}
-		return slog.NewTextHandler(w, opts)
-	}
-	h := format(w)
-	if journal {
-		// Natively; lines with a <N> priority prefix when the journal's
-		// socket cannot be reached.
-		h = logging.NewJournal(level, logging.NewPrefixed(w, format))
-	}
-	return slog.New(logging.NewRateLimit(h, logBurst, logWindow))
-}
-
-// Identical warnings beyond logBurst per logWindow are counted, not logged.
-const (
-	logBurst  = 5
-	logWindow = 10 * time.Second
-)
 
 // offsetClock is the wall clock moved by the duration written in path (none
 // when the file is missing or empty): a clock step, for fault runs.

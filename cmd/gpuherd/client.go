@@ -16,9 +16,8 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
-
-const defaultSocket = agent.DefaultSocket
 
 // requestTimeout bounds one command: binding eight cards with their
 // functions takes seconds, a stuck one is cut off by the agent's deadline.
@@ -78,15 +77,6 @@ func gpuFlags(items []api.Item) string {
 	return strings.Join(parts, " ")
 }
 
-func exactArgs(n int, what string) cobra.PositionalArgs {
-	return func(_ *cobra.Command, args []string) error {
-		if len(args) != n {
-			return usagef("expected %s, got %d argument(s)", what, len(args))
-		}
-		return nil
-	}
-}
-
 func withTimeout(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(cmd.Context(), requestTimeout)
 }
@@ -126,7 +116,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
 		Short: "This server's GPUs and their state",
-		Args:  exactArgs(0, "no arguments"),
+		Args:  cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.Status, error) { return c.Status(ctx) },
 				func(w *tabwriter.Writer, st api.Status) {
@@ -216,11 +206,11 @@ alternatives follow), 6 when the ID is held under another request.`,
 			}
 			req.PreferNode = prefer
 			if vcpus < 0 || cmd.Flags().Changed("vcpus") && vcpus == 0 {
-				return usagef("--vcpus %d: give the VM's vCPU count, at least 1", vcpus)
+				return cli.Usagef("--vcpus %d: give the VM's vCPU count, at least 1", vcpus)
 			}
 			req.VCPUs = vcpus
 			if sameNode && anyNode {
-				return usagef("--same-node and --any-node: give one of them")
+				return cli.Usagef("--same-node and --any-node: give one of them")
 			}
 			req.SameNode = sameNode
 			req.AnyNode = anyNode
@@ -250,7 +240,7 @@ var unknownModelName = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$`)
 func parseClaimRequest(gpus, labels []string, pinned bool) (api.ClaimRequest, error) {
 	var req api.ClaimRequest
 	if len(gpus) == 0 && !pinned {
-		return req, usagef("--gpu: give at least one, e.g. --gpu \"H100 80GB:2\"")
+		return req, cli.Usagef("--gpu: give at least one, e.g. --gpu \"H100 80GB:2\"")
 	}
 	for _, s := range gpus {
 		it, err := parseGPUFlag(s)
@@ -262,13 +252,13 @@ func parseClaimRequest(gpus, labels []string, pinned bool) (api.ClaimRequest, er
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
-			return req, usagef("--label %q: use key=value", l)
+			return req, cli.Usagef("--label %q: use key=value", l)
 		}
 		if req.Labels == nil {
 			req.Labels = map[string]string{}
 		}
 		if _, dup := req.Labels[k]; dup {
-			return req, usagef("--label %q: key %q given twice", l, k)
+			return req, cli.Usagef("--label %q: key %q given twice", l, k)
 		}
 		req.Labels[k] = v
 	}
@@ -280,15 +270,15 @@ func parseGPUFlag(s string) (api.Item, error) {
 	if i := strings.LastIndex(model, ":"); i >= 0 && !unknownModelName.MatchString(model) {
 		n, err := strconv.Atoi(strings.TrimSpace(model[i+1:]))
 		if err != nil {
-			return api.Item{}, usagef("--gpu %q: count %q is not a number (use MODEL[:COUNT])", s, model[i+1:])
+			return api.Item{}, cli.Usagef("--gpu %q: count %q is not a number (use MODEL[:COUNT])", s, model[i+1:])
 		}
 		model, count = strings.TrimSpace(model[:i]), n
 	}
 	if model == "" {
-		return api.Item{}, usagef("--gpu %q: model is empty (use MODEL[:COUNT])", s)
+		return api.Item{}, cli.Usagef("--gpu %q: model is empty (use MODEL[:COUNT])", s)
 	}
 	if count < 1 {
-		return api.Item{}, usagef("--gpu %q: count must be at least 1", s)
+		return api.Item{}, cli.Usagef("--gpu %q: count must be at least 1", s)
 	}
 	return api.Item{Model: model, Count: count}, nil
 }
@@ -383,7 +373,7 @@ func newClaimsCmd(g *globals) *cobra.Command {
 answer, its claims are missing: the list is then marked partial (a warning
 on stderr naming each server; "partial": true and "unanswered" in JSON and
 YAML) and the exit code is 5, so that a shorter list never looks complete.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := withTimeout(cmd)
 			defer cancel()
@@ -450,7 +440,7 @@ server's capacity (gossip not joined yet, a summary it cannot read, a server
 it has seen before that its gossip does not list now), the counts may be
 short: the answer is marked partial (a warning on stderr naming each server;
 "partial": true and "unanswered" in JSON and YAML) and the exit code is 5.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return callPartial(g, cmd, func(ctx context.Context, c *api.Client) (api.Availability, error) { return c.Availability(ctx) },
 				func(av api.Availability) error {
@@ -500,9 +490,9 @@ func newDrainCmd(g *globals, drain bool) *cobra.Command {
 		Short: short,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if server {
-				return exactArgs(0, "no PCI address with --server")(cmd, args)
+				return cli.ExactArgs(0, "no PCI address with --server")(cmd, args)
 			}
-			return exactArgs(1, "one PCI address (e.g. 0000:3b:00.0) or --server")(cmd, args)
+			return cli.ExactArgs(1, "one PCI address (e.g. 0000:3b:00.0) or --server")(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := withTimeout(cmd)
@@ -559,7 +549,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the version of this binary",
-		Args:  exactArgs(0, "no arguments"),
+		Args:  cli.ExactArgs(0, "no arguments"),
 		RunE: func(*cobra.Command, []string) error {
 			v := agent.VersionInfo()
 			return g.show(v, func(w *tabwriter.Writer) {

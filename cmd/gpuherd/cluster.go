@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 	"github.com/gpuherd/gpuherd/gossip"
 )
 
@@ -22,7 +23,7 @@ now (not heard of since the agent started, or gone for longer than gossip
 remembers) is listed with state "unknown": the list is then partial (a
 warning on stderr naming it) and the exit code is 5. members remove NODE
 takes a server that is gone for good off the list.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return callPartial(g, cmd, func(ctx context.Context, c *api.Client) ([]api.Member, error) { return c.Members(ctx) },
 				func(ms []api.Member) error {
@@ -80,7 +81,7 @@ func newGossipCmd(g *globals) *cobra.Command {
 the first encrypts, every one decrypts. To rotate: add the new key as the
 second line on every server and reload (SIGHUP); move it to the first line
 everywhere and reload; remove the old line and reload.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(*cobra.Command, []string) error {
 			k, err := gossip.GenerateKey()
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 // completionTimeout bounds one question to the agent while the shell
@@ -19,7 +20,7 @@ const completionTimeout = 2 * time.Second
 // API would route to some other endpoint.
 func idArg(what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
-		if err := exactArgs(1, what)(cmd, args); err != nil {
+		if err := cli.ExactArgs(1, what)(cmd, args); err != nil {
 			return err
 		}
 		return validID(args[0])

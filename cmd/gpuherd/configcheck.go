@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 // defaultConfigPath is the packaged configuration file.
@@ -41,7 +42,7 @@ catalog, the paths, the socket group, the ports, the TLS files (the chain to
 the CA, the certificate naming node_name, a private key only its owner can
 read) and the gossip key file's owner and mode. Every problem is listed;
 the exit code is 1 when there is any.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(*cobra.Command, []string) error {
 			rep := checkConfig(path)
 			if err := g.show(rep, func(w *tabwriter.Writer) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 // Exit codes, as documented in the README and in gpuherd(1). Each class has
@@ -100,7 +101,7 @@ const (
 // errorCode names the class of err in the API's vocabulary.
 func errorCode(err error) string {
 	var (
-		ue *usageError
+		ue *cli.UsageError
 		ve *ledger.ValidationError
 	)
 	switch {
@@ -134,15 +135,6 @@ func exitCode(err error) int {
 	return exitError // a code of a newer agent
 }
 
-// usageError is bad input from the command line: exit 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
-
 // isCobraUsage recognises cobra's own argument errors, which it returns as
 // plain errors.
 func isCobraUsage(err error) bool {
@@ -160,7 +152,7 @@ func isCobraUsage(err error) bool {
 // other endpoint.
 func validID(id string) error {
 	if err := ledger.ValidateID(id); err != nil {
-		return usagef("%v", err)
+		return cli.Usagef("%v", err)
 	}
 	return nil
 }

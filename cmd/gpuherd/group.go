@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 func newGroupCmd(g *globals) *cobra.Command {
@@ -40,7 +41,7 @@ the same request again is a retry and answers the group.`,
 				req.GPUs = cr.GPUs
 			}
 			if nodes < 1 {
-				return usagef("--nodes: a group needs at least one node")
+				return cli.Usagef("--nodes: a group needs at least one node")
 			}
 			return groupCall(g, cmd, func(ctx context.Context, c *api.Client) (api.Group, error) {
 				return c.CreateGroup(ctx, args[0], req)
@@ -59,7 +60,7 @@ the same request again is a retry and answers the group.`,
 		Args:  idArg("one group name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(rgpus) == 0 {
-				return usagef("--gpu: a group with GPUs must keep at least one (and one without GPUs can never get any)")
+				return cli.Usagef("--gpu: a group with GPUs must keep at least one (and one without GPUs can never get any)")
 			}
 			cr, err := parseClaimRequest(rgpus, nil, false)
 			if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
@@ -57,7 +58,7 @@ simulated profile. It reads the agent's configuration (--config, by default
 gpu_devices, models, sysfs_root, simulate and allow_unsafe_interrupts, so it
 shows what the agent would manage after an edit, with the agent's own verdict
 (the same function); flags given on the command line win.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, used, err := inventoryConfig(cmd, configPath)
 			if err != nil {
@@ -78,14 +79,14 @@ shows what the agent would manage after an edit, with the agent's own verdict
 			root, simulate, allow = cfg.SysfsRoot, cfg.Simulate, cfg.AllowDevices
 			al, err := vfio.ParseAllowList(allow)
 			if err != nil {
-				return usagef("--allow-devices: %v", err)
+				return cli.Usagef("--allow-devices: %v", err)
 			}
 			var fs vfio.FS
 			shown := root
 			if simulate != "" {
 				p, err := sim.Load(simulate)
 				if err != nil {
-					return usagef("--simulate: %v", err)
+					return cli.Usagef("--simulate: %v", err)
 				}
 				k, err := fakekernel.New(p.KernelConfig())
 				if err != nil {

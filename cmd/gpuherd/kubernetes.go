@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -15,6 +14,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/dra"
 	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/agent/inventory"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 	"github.com/gpuherd/gpuherd/systemd"
 )
 
@@ -46,13 +46,11 @@ It talks to the local agent through --socket, as every other command does, and
 to the API server with the kubernetes.kubeconfig of --config. Settings come
 from the defaults, then --config (the agent's file, its kubernetes: section
 and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := agent.DefaultConfig()
-			if configPath != "" {
-				if err := agent.LoadConfigFile(configPath, &cfg); err != nil {
-					return err
-				}
+			cfg, err := cli.LoadConfig(configPath)
+			if err != nil {
+				return err
 			}
 			fl := cmd.Flags()
 			set := func(name string, dst *string, v string) {
@@ -67,7 +65,7 @@ and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
 			set("registrar-dir", &cfg.Kubernetes.RegistrarDir, k.RegistrarDir)
 			set("cdi-dir", &cfg.Kubernetes.CDIDir, k.CDIDir)
 			set("node-name", &cfg.NodeName, nodeName)
-			if f := cmd.Flag("socket"); (f != nil && f.Changed) || os.Getenv("GPUHERD_SOCKET") != "" {
+			if cli.SocketGiven(cmd) {
 				cfg.Socket = g.socket
 			}
 			set("agent-socket", &cfg.Socket, socket)
@@ -90,7 +88,7 @@ and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
 }
 
 func runKubeletPlugin(ctx context.Context, g *globals, cfg agent.Config, metricsAddr string) error {
-	log := newLogger(g.stderr, cfg, slog.LevelInfo)
+	log := cli.NewLogger(g.stderr, cfg, slog.LevelInfo)
 	k := cfg.Kubernetes
 	node := k.NodeName
 	if node == "" {
@@ -150,7 +148,7 @@ the catalog and of --config's models (free GPUs of that model), and
 claimed.DRIVER for the ResourceClaims of GPUs claimed first
 (gpuherd get ID -o kubevirt). The generic classes never select a GPU that a
 gpuherd claim holds.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var models []string
 			for _, m := range inventory.DefaultCatalog().Models() {

@@ -15,6 +15,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 // ledgerFlags pick the ledger file: --file, or ledger.db in --data-dir (or
@@ -34,15 +35,13 @@ func (f *ledgerFlags) add(cmd *cobra.Command) {
 func (f *ledgerFlags) path(cmd *cobra.Command) (string, error) {
 	if f.file != "" {
 		if cmd.Flags().Changed("data-dir") || f.config != "" {
-			return "", usagef("--file excludes --data-dir and --config")
+			return "", cli.Usagef("--file excludes --data-dir and --config")
 		}
 		return f.file, nil
 	}
-	cfg := agent.DefaultConfig()
-	if f.config != "" {
-		if err := agent.LoadConfigFile(f.config, &cfg); err != nil {
-			return "", err
-		}
+	cfg, err := cli.LoadConfig(f.config)
+	if err != nil {
+		return "", err
 	}
 	if f.config == "" || cmd.Flags().Changed("data-dir") {
 		cfg.DataDir = f.dataDir
@@ -76,7 +75,7 @@ Every problem is listed: an unreadable record, a GPU in two claims, a claim
 naming a GPU the ledger does not hold, a claim whose items do not match its
 GPUs' models. Exit 0 when the agent would accept the file, 1 when it would
 not. Nothing is ever written.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path, err := f.path(cmd)
 			if err != nil {
@@ -113,17 +112,17 @@ func newLedgerBackupCmd(g *globals) *cobra.Command {
 		Long: `Check the ledger as "ledger check" does, then write a consistent copy to FILE
 (through a temporary file, fsynced, renamed into place; mode 0600) and check
 the copy. A damaged ledger is not copied: keep the file itself instead.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
-				return usagef("--out FILE is required")
+				return cli.Usagef("--out FILE is required")
 			}
 			path, err := f.path(cmd)
 			if err != nil {
 				return err
 			}
 			if abs, _ := filepath.Abs(out); abs == mustAbs(path) {
-				return usagef("--out %s is the ledger itself", out)
+				return cli.Usagef("--out %s is the ledger itself", out)
 			}
 			rep, err := ledger.BackupFile(path, out, f.wait)
 			if err != nil {
@@ -175,7 +174,7 @@ the VMs running on this server (virsh list) and the platform's records. The
 claim's GPUs are free when the agent starts again; a GPU a running VM still
 holds open is kept back until the VM lets go. Back the file up first
 (cp, not "ledger backup", which refuses a damaged ledger).`,
-		Args: exactArgs(1, "one claim ID"),
+		Args: cli.ExactArgs(1, "one claim ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path, err := f.path(cmd)
 			if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/handoff"
 	"github.com/gpuherd/gpuherd/agent/sim"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 	"github.com/gpuherd/gpuherd/vfio"
 	"github.com/gpuherd/gpuherd/vfio/fakekernel"
 )
@@ -43,12 +44,12 @@ func checkOutput(cmd *cobra.Command, out string) error {
 		if cmd.Annotations[annHandoff] != "" {
 			return nil
 		}
-		return usagef("--output %q: only claim and get write it; use %s", out, strings.Join(outputFormats, ", "))
+		return cli.Usagef("--output %q: only claim and get write it; use %s", out, strings.Join(outputFormats, ", "))
 	}
 	if cmd.Annotations[annHandoff] != "" {
-		return usagef("--output %q: use %s, libvirt, libvirt-domain, qemu or kubevirt", out, strings.Join(outputFormats, ", "))
+		return cli.Usagef("--output %q: use %s, libvirt, libvirt-domain, qemu or kubevirt", out, strings.Join(outputFormats, ", "))
 	}
-	return usagef("--output %q: use %s", out, strings.Join(outputFormats, ", "))
+	return cli.Usagef("--output %q: use %s", out, strings.Join(outputFormats, ", "))
 }
 
 // handoffFlags are claim's and get's options for the hand-off formats.
@@ -95,7 +96,7 @@ func callClaim(g *globals, cmd *cobra.Command, ho handoffFlags, req func(context
 		return call(g, cmd, req, func(w *tabwriter.Writer, cl api.Claim) { printClaim(w, cl, g.wide()); g.warn(cl.Warnings) })
 	}
 	if ho.guestBus < 1 || ho.guestBus > 0xff {
-		return usagef("--guest-bus %d: use 1 to 255", ho.guestBus)
+		return cli.Usagef("--guest-bus %d: use 1 to 255", ho.guestBus)
 	}
 	ctx, cancel := withTimeout(cmd)
 	defer cancel()
@@ -155,7 +156,7 @@ The agent's socket and sysfs root come from --config (missing file: the
 defaults); --socket or GPUHERD_SOCKET override the socket.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) < 3 || len(args) > 4 {
-				return usagef("expected NAME OP SUBOP [EXTRA] from libvirt, got %d argument(s)", len(args))
+				return cli.Usagef("expected NAME OP SUBOP [EXTRA] from libvirt, got %d argument(s)", len(args))
 			}
 			return nil
 		},
@@ -186,7 +187,7 @@ func runHook(cmd *cobra.Command, g *globals, configPath string, args []string) e
 		cfg = agent.DefaultConfig()
 	}
 	socket := cfg.Socket
-	if cmd.Flags().Changed("socket") || os.Getenv("GPUHERD_SOCKET") != "" {
+	if cli.SocketGiven(cmd) {
 		socket = g.socket
 	}
 	extra, err := vfio.ParseAllowList(cfg.GPUDevices)

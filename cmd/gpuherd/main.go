@@ -5,21 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(run) }
 
 // run executes one command line and returns its exit code. A failure is
 // one line on stderr for people, or with -o json|yaml the API's error shape
@@ -102,12 +96,8 @@ such as "10de"). With json or yaml a failure is written on stderr as
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
-	socket := os.Getenv("GPUHERD_SOCKET")
-	if socket == "" {
-		socket = defaultSocket
-	}
-	root.PersistentFlags().StringVar(&g.socket, "socket", socket, "the agent's unix socket (env GPUHERD_SOCKET)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &cli.UsageError{Msg: err.Error()} })
+	cli.SocketFlag(root.PersistentFlags(), &g.socket)
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", outTable, "output format: "+strings.Join(outputFormats, ", ")+" (claim and get: also libvirt, libvirt-domain, qemu, kubevirt)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(append(slices.Clone(outputFormats), outLibvirt, outLibvirtDomain, outQEMU, outKubeVirt), cobra.ShellCompDirectiveNoFileComp))
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
@@ -145,7 +135,7 @@ such as "10de"). With json or yaml a failure is written on stderr as
 		newKubeletPluginCmd(g),
 		newKubernetesCmd(g),
 		newConfigCmd(g),
-		newManCmd(),
+		cli.NewManCmd(),
 	)
 	return root
 }

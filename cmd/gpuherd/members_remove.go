@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 func newMembersRemoveCmd(g *globals) *cobra.Command {
@@ -27,7 +28,7 @@ is taken out of it too: add a replacement.
 A server that gossip still sees alive or suspect is refused (exit 6): it
 still runs, with its claims and the VMs on them. Stop it first, or pass
 --force. Run it on any other agent; it is safe to run again.`,
-		Args: exactArgs(1, "one server name"),
+		Args: cli.ExactArgs(1, "one server name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(g, cmd, func(ctx context.Context, c *api.Client) (api.MemberRemoval, error) {
 				return c.RemoveMember(ctx, args[0], force)

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuherd/gpuherd/agent/pki"
+	"github.com/gpuherd/gpuherd/cmd/internal/cli"
 )
 
 // Default validities: a CA outlives many node certificates, and a node
@@ -33,9 +34,9 @@ certificate names its node. A test cluster is two commands away:
   gpuherd tls cert gpu-01 --ca-dir ./pki/ca --out ./pki/gpu-01 --host 10.0.0.7
 
 Existing files are never overwritten.`,
-		Args: exactArgs(0, "a subcommand: ca or cert"),
+		Args: cli.ExactArgs(0, "a subcommand: ca or cert"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usagef("tls: give a subcommand: ca or cert (see gpuherd tls --help)")
+			return cli.Usagef("tls: give a subcommand: ca or cert (see gpuherd tls --help)")
 		},
 	}
 	cmd.AddCommand(newTLSCACmd(g), newTLSCertCmd(g))
@@ -61,10 +62,10 @@ func newTLSCACmd(g *globals) *cobra.Command {
 		Long: `Create a new CA: DIR/ca.crt (0644), which every server needs to trust its
 peers, and DIR/ca.key (0600), which signs node certificates and should stay
 off the servers. DIR is created (0700) if missing.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(*cobra.Command, []string) error {
 			if dir == "" {
-				return usagef("--dir: give the directory for the new CA")
+				return cli.Usagef("--dir: give the directory for the new CA")
 			}
 			validity, err := daysFlag(days)
 			if err != nil {
@@ -131,21 +132,21 @@ runs with node_name NODE. The certificate serves the node's API and
 authenticates it to its peers. Agents check a peer by the node name in its
 certificate, so --host is optional; give the server's IP addresses and DNS
 names to let other clients verify it by the address they dial.`,
-		Args: exactArgs(1, "one node name"),
+		Args: cli.ExactArgs(1, "one node name"),
 		RunE: func(_ *cobra.Command, args []string) error {
 			node := args[0]
 			if err := pki.ValidateNodeName(node); err != nil {
-				return usagef("NODE: %v", err)
+				return cli.Usagef("NODE: %v", err)
 			}
 			if caDir == "" {
-				return usagef("--ca-dir: give the directory made by \"gpuherd tls ca\"")
+				return cli.Usagef("--ca-dir: give the directory made by \"gpuherd tls ca\"")
 			}
 			if out == "" {
-				return usagef("--out: give the directory for %s.crt and %s.key", node, node)
+				return cli.Usagef("--out: give the directory for %s.crt and %s.key", node, node)
 			}
 			for _, h := range hosts {
 				if err := pki.ValidateHost(h); err != nil {
-					return usagef("--host: %v", err)
+					return cli.Usagef("--host: %v", err)
 				}
 			}
 			validity, err := daysFlag(days)
@@ -207,7 +208,7 @@ func certResult(caDir, out, node string) (tlsCertResult, error) {
 // daysFlag turns --days into a validity.
 func daysFlag(days int) (time.Duration, error) {
 	if days < 1 || days > maxDays {
-		return 0, usagef("--days %d: give a number of days from 1 to %d", days, maxDays)
+		return 0, cli.Usagef("--days %d: give a number of days from 1 to %d", days, maxDays)
 	}
 	return time.Duration(days) * 24 * time.Hour, nil
 }

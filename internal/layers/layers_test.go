@@ -46,6 +46,7 @@ var layers = [][]string{
 	{"agent/claim"},                // the protocol: the coordinator role, placing claims
 	{"agent/groups"},               // the node groups, over the coordinator
 	{"agent"},                      // the protocol and the wiring
+	{"cmd/internal/cli"},           // what the binaries share: logger, configuration, usage errors, man pages
 	{"cmd/gpuherd"},                // the binary
 	{"agent/host/hosttest"},        // a host on a simulated machine, for the roles' tests and the simulation
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers

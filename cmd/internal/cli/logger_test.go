@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ func TestJSONLogFieldTypes(t *testing.T) {
 	var buf bytes.Buffer
 	cfg := agent.DefaultConfig()
 	cfg.LogFormat = "json"
-	log := newLogger(&buf, cfg, slog.LevelInfo)
+	log := NewLogger(&buf, cfg, slog.LevelInfo)
 	log.Info("bound", "took", 1500*time.Millisecond, "err", errors.New("boom"))
 	var rec map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -10,20 +10,21 @@ import (
 	"github.com/gpuherd/gpuherd/agent"
 )
 
-// newManCmd writes a man page for every command, from the commands' own
-// help, so the pages cannot drift from the binary. Hidden: the packages run
-// it at build time (packaging.mk); operators read the result with man(1).
-// The pages' date is SOURCE_DATE_EPOCH's when set (reproducible builds).
-func newManCmd() *cobra.Command {
+// NewManCmd writes a man page for every command of its root, from the
+// commands' own help, so the pages cannot drift from the binary. Hidden:
+// the packages run it at build time (packaging.mk); operators read the
+// result with man(1). The pages' date is SOURCE_DATE_EPOCH's when set
+// (reproducible builds).
+func NewManCmd() *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
 		Use:    "man --dir DIR",
 		Short:  "Write the man pages of every command into DIR",
 		Hidden: true,
-		Args:   exactArgs(0, "no arguments"),
+		Args:   ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
-				return usagef("--dir: name the directory to write the pages into")
+				return Usagef("--dir: name the directory to write the pages into")
 			}
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err
@@ -45,6 +46,6 @@ func newManCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "directory to write gpuherd.1, gpuherd-claim.1, ... into")
+	cmd.Flags().StringVar(&dir, "dir", "", "directory to write the pages (gpuherd.1, gpuherd-claim.1, ...) into")
 	return cmd
 }
