@@ -7,6 +7,9 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 COMMIT     ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS    := -X github.com/gpuherd/gpuherd/agent.Version=$(VERSION) -X github.com/gpuherd/gpuherd/agent.Commit=$(COMMIT) -extldflags=-Wl,-z,lazy
 BIN        := bin/gpuherd
+# The DRA kubelet plugin, a binary of its own (`gpuherd kubelet-plugin`
+# runs it from gpuherd's directory): the agent links no Kubernetes code.
+PLUGIN_BIN := $(dir $(BIN))gpuherd-kubelet-plugin
 RUN_DIR    := $(CURDIR)/.run
 PROFILE    ?= dgx-h100
 METRICS_PORT ?= 9465
@@ -17,6 +20,7 @@ all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpuherd
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(PLUGIN_BIN) ./cmd/gpuherd-kubelet-plugin
 
 # The agent on simulated hardware, state in .run/ (it survives restarts, as a
 # real machine does; `make clean` forgets it). Free GPUs go back to nvidia so

@@ -1,137 +1,64 @@
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
-	"log/slog"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gpuherd/gpuherd/agent"
 	"github.com/gpuherd/gpuherd/agent/api"
-	"github.com/gpuherd/gpuherd/agent/dra"
 	"github.com/gpuherd/gpuherd/agent/dra/manifest"
 	"github.com/gpuherd/gpuherd/agent/inventory"
 	"github.com/gpuherd/gpuherd/cmd/internal/cli"
-	"github.com/gpuherd/gpuherd/systemd"
 )
 
-// The Kubernetes side of gpuherd (docs/kubevirt.md): the DRA kubelet
-// plugin, the DeviceClasses it needs, and a claim's manifests for a
-// KubeVirt VM.
+// The Kubernetes side of gpuherd (docs/kubevirt.md): the DeviceClasses of
+// the DRA driver and a claim's manifests for a KubeVirt VM. The driver
+// itself, the kubelet plugin, is the binary gpuherd-kubelet-plugin: this
+// one links no Kubernetes package (deps_test.go), for their package
+// initialisation alone would cost every agent tens of MiB of memory.
 
 // outKubeVirt is get's and claim's output for a KubeVirt VM claimed first.
 const outKubeVirt = "kubevirt"
 
-func newKubeletPluginCmd(g *globals) *cobra.Command {
-	var (
-		configPath string
-		k          agent.KubernetesConfig
-		nodeName   string
-		socket     string
-		metrics    string
-	)
-	cmd := &cobra.Command{
-		Use:   "kubelet-plugin",
-		Short: "Run the Kubernetes DRA driver of this server (a kubelet plugin)",
-		Long: `Run gpuherd's Dynamic Resource Allocation driver on a hypervisor that is a
-Kubernetes node: publish this server's GPUs as a ResourceSlice from the agent's
-ledger, and turn each ResourceClaim the kubelet prepares into a gpuherd claim
-of exactly the allocated GPUs, bound to vfio-pci and handed to the pod as CDI
-devices with their device metadata (what KubeVirt's virt-launcher reads).
+// pluginBinary is the kubelet plugin's binary, installed next to gpuherd.
+const pluginBinary = "gpuherd-kubelet-plugin"
 
-It talks to the local agent through --socket, as every other command does, and
-to the API server with the kubernetes.kubeconfig of --config. Settings come
-from the defaults, then --config (the agent's file, its kubernetes: section
-and node_name, socket, dev_root), then flags. See docs/kubevirt.md.`,
-		Args: cli.ExactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := cli.LoadConfig(configPath)
+// newKubeletPluginCmd is `gpuherd kubelet-plugin`, from the time the
+// plugin was a command of this binary: it runs gpuherd-kubelet-plugin from
+// this binary's directory with the same arguments, in this process
+// (execve), so a unit or script that still runs `gpuherd kubelet-plugin`
+// keeps its main PID and its notifications. Hidden: the plugin's own
+// binary documents its flags (gpuherd-kubelet-plugin(1)).
+func newKubeletPluginCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "kubelet-plugin [flags]",
+		Short:              "Run " + pluginBinary + ", the Kubernetes DRA driver, with these arguments",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			self, err := os.Executable()
 			if err != nil {
-				return err
+				return fmt.Errorf("kubelet-plugin: finding %s next to gpuherd: %w", pluginBinary, err)
 			}
-			fl := cmd.Flags()
-			set := func(name string, dst *string, v string) {
-				if fl.Changed(name) {
-					*dst = v
-				}
-			}
-			set("kubeconfig", &cfg.Kubernetes.Kubeconfig, k.Kubeconfig)
-			set("kubernetes-node-name", &cfg.Kubernetes.NodeName, k.NodeName)
-			set("driver-name", &cfg.Kubernetes.DriverName, k.DriverName)
-			set("plugin-dir", &cfg.Kubernetes.PluginDir, k.PluginDir)
-			set("registrar-dir", &cfg.Kubernetes.RegistrarDir, k.RegistrarDir)
-			set("cdi-dir", &cfg.Kubernetes.CDIDir, k.CDIDir)
-			set("node-name", &cfg.NodeName, nodeName)
-			if cli.SocketGiven(cmd) {
-				cfg.Socket = g.socket
-			}
-			set("agent-socket", &cfg.Socket, socket)
-			return runKubeletPlugin(cmd.Context(), g, cfg, metrics)
+			return execPlugin(filepath.Join(filepath.Dir(self), pluginBinary), args)
 		},
 	}
-	fl := cmd.Flags()
-	d := agent.DefaultConfig()
-	fl.StringVar(&configPath, "config", "", "the agent's YAML configuration file (its kubernetes: section)")
-	fl.StringVar(&k.Kubeconfig, "kubeconfig", d.Kubernetes.Kubeconfig, "kubeconfig of this node's credentials")
-	fl.StringVar(&k.NodeName, "kubernetes-node-name", "", "this server's Kubernetes node (default: node_name)")
-	fl.StringVar(&nodeName, "node-name", d.NodeName, "this server's gpuherd name (node_name)")
-	fl.StringVar(&k.DriverName, "driver-name", d.Kubernetes.DriverName, "DRA driver name and attribute domain")
-	fl.StringVar(&k.PluginDir, "plugin-dir", "", "the plugin's directory (default /var/lib/kubelet/plugins/DRIVER)")
-	fl.StringVar(&k.RegistrarDir, "registrar-dir", d.Kubernetes.RegistrarDir, "the kubelet's plugin registration directory")
-	fl.StringVar(&k.CDIDir, "cdi-dir", d.Kubernetes.CDIDir, "where the container runtime reads CDI specs")
-	fl.StringVar(&socket, "agent-socket", "", "the agent's unix socket (default: the config's socket, or --socket)")
-	fl.StringVar(&metrics, "metrics-addr", "", "HOST:PORT to serve the plugin's /metrics on (\"\" off)")
-	return cmd
 }
 
-func runKubeletPlugin(ctx context.Context, g *globals, cfg agent.Config, metricsAddr string) error {
-	log := cli.NewLogger(g.stderr, cfg, slog.LevelInfo)
-	k := cfg.Kubernetes
-	node := k.NodeName
-	if node == "" {
-		node = cfg.NodeName
+// execPlugin replaces this process with the plugin at path, given args
+// (the command line after `kubelet-plugin`, gpuherd's global flags
+// included, which the plugin takes too), or says why it cannot.
+func execPlugin(path string, args []string) error {
+	err := syscall.Exec(path, append([]string{path}, args...), os.Environ())
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("kubelet-plugin: the DRA driver is the binary %s, which is not installed next to gpuherd (no %s); install it there, or run it directly", pluginBinary, path)
 	}
-	rest, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("config: kubernetes.kubeconfig: %s: %w", k.Kubeconfig, err)
-	}
-	rest.UserAgent = "gpuherd-kubelet-plugin/" + agent.Version
-	kube, err := kubernetes.NewForConfig(rest)
-	if err != nil {
-		return fmt.Errorf("config: kubernetes.kubeconfig: %w", err)
-	}
-	client := api.NewClient(cfg.Socket)
-	defer client.Close()
-	rec := newDRAMetrics()
-	if metricsAddr != "" {
-		if err := rec.serve(ctx, metricsAddr, log); err != nil {
-			return fmt.Errorf("--metrics-addr %s: %w", metricsAddr, err)
-		}
-	}
-	notify := systemd.New(log)
-	d, err := dra.Start(ctx, dra.Config{
-		DriverName: k.DriverName, NodeName: node, KubeClient: kube, Agent: client,
-		PluginDataDir: k.PluginDir, RegistrarDir: k.RegistrarDir, CDIDir: k.CDIDir,
-		DevRoot: cfg.DevRoot, Log: log, Recorder: rec,
-	})
-	if err != nil {
-		return err
-	}
-	defer d.Stop()
-	select {
-	case <-d.Synced():
-		_ = notify.Ready()
-		notify.Status("publishing the GPUs of %s as node %s's ResourceSlice (driver %s)", cfg.NodeName, node, k.DriverName)
-	case <-ctx.Done():
-		return nil
-	}
-	<-ctx.Done()
-	notify.Stopping()
-	log.Info("kubelet plugin stopping; prepared claims stay in the ledger")
-	return nil
+	return fmt.Errorf("kubelet-plugin: running %s: %w", path, err)
 }
 
 func newKubernetesCmd(g *globals) *cobra.Command {

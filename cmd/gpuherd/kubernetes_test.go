@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -65,20 +69,54 @@ func TestKubernetesNodeGroup(t *testing.T) {
 	}
 }
 
-// The plugin refuses to start on a kubeconfig it cannot read, naming the
-// key, and on a driver name Kubernetes would refuse.
-func TestKubeletPluginRefusesBadSettings(t *testing.T) {
+// `gpuherd kubelet-plugin` runs gpuherd-kubelet-plugin from gpuherd's own
+// directory, in the same process, with the command line after gpuherd's
+// name (global flags included) as its arguments; without the plugin's
+// binary it fails, naming it and where it looked.
+func TestKubeletPluginCommandExecsThePlugin(t *testing.T) {
 	dir := t.TempDir()
-	r := gpuherd(t, dir+"/none.sock", "kubelet-plugin", "--kubeconfig", dir+"/missing.conf")
-	if r.code != exitError || !strings.Contains(r.stderr, "config: kubernetes.kubeconfig: "+dir+"/missing.conf") {
-		t.Errorf("missing kubeconfig: %s", r)
-	}
-	kc := dir + "/kubeconfig"
-	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"), 0o600); err != nil {
+	self := filepath.Join(dir, "gpuherd")
+	// The test binary runs as gpuherd (asMainEnv); os.Executable is where
+	// it was started from, so it goes into dir, linked or copied.
+	test, err := os.Executable()
+	if err != nil {
 		t.Fatal(err)
 	}
-	r = gpuherd(t, dir+"/none.sock", "kubelet-plugin", "--kubeconfig", kc, "--driver-name", "GPU_driver")
-	if r.code != exitError || !strings.Contains(r.stderr, `driver name "GPU_driver"`) {
-		t.Errorf("bad driver name: %s", r)
+	if err := os.Link(test, self); err != nil {
+		data, err := os.ReadFile(test)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(self, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"--socket", "/run/x.sock", "kubelet-plugin", "--config", "/etc/gpuherd/gpuherd.yaml", "--metrics-addr", ":9466"}
+	start := func() (pid int, out string, code int) {
+		t.Helper()
+		cmd := exec.Command(self, args...)
+		cmd.Env = append(os.Environ(), asMainEnv+"=1")
+		var b strings.Builder
+		cmd.Stdout, cmd.Stderr = &b, &b
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.Process.Pid, b.String(), cmd.ProcessState.ExitCode()
+	}
+
+	plugin := filepath.Join(dir, "gpuherd-kubelet-plugin")
+	if _, out, code := start(); code != exitError || !strings.Contains(out, "gpuherd-kubelet-plugin") || !strings.Contains(out, "no "+plugin) {
+		t.Errorf("without the plugin's binary: exit %d, %q; want exit %d naming %s", code, out, exitError, plugin)
+	}
+
+	if err := os.WriteFile(plugin, []byte("#!/bin/sh\necho \"$$ $0 $*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pid, out, code := start()
+	want := fmt.Sprintf("%d %s --socket /run/x.sock --config /etc/gpuherd/gpuherd.yaml --metrics-addr :9466\n", pid, plugin)
+	if code != 0 || out != want {
+		t.Errorf("gpuherd %s: exit %d, %q; want the plugin run in its process as %q", strings.Join(args, " "), code, out, want)
 	}
 }

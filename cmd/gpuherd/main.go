@@ -132,7 +132,7 @@ such as "10de"). With json or yaml a failure is written on stderr as
 		newTLSCmd(g),
 		newLedgerCmd(g),
 		newLibvirtHookCmd(g),
-		newKubeletPluginCmd(g),
+		newKubeletPluginCmd(),
 		newKubernetesCmd(g),
 		newConfigCmd(g),
 		cli.NewManCmd(),

@@ -47,8 +47,8 @@ var layers = [][]string{
 	{"agent/groups"},               // the node groups, over the coordinator
 	{"agent"},                      // the protocol and the wiring
 	{"cmd/internal/cli"},           // what the binaries share: logger, configuration, usage errors, man pages
-	{"cmd/gpuherd"},                // the binary
-	{"agent/host/hosttest"},        // a host on a simulated machine, for the roles' tests and the simulation
+	{"cmd/gpuherd", "cmd/gpuherd-kubelet-plugin"}, // the binaries: the agent and its client; the DRA driver
+	{"agent/host/hosttest"},                       // a host on a simulated machine, for the roles' tests and the simulation
 	{"agent/internal/testdisk", "agent/internal/testmain", "agent/internal/dst", "packaging", "internal/layers", "internal/testport", "internal/srcconst"}, // tests and their helpers
 }
 
