@@ -1,6 +1,7 @@
-# Packages: `make packages` builds gpuherd for amd64 and arm64 and wraps each
-# in a deb and an rpm (4 files in dist/); `make check-packages` lists what is
-# inside and fails when an expected path or script is missing.
+# Packages: `make packages` builds gpuherd and gpuherd-kubelet-plugin for
+# amd64 and arm64 and wraps each pair in a deb and an rpm (4 files in dist/);
+# `make check-packages` lists what is inside and fails when an expected path
+# or script is missing.
 # Included from the Makefile; uses its GO, LDFLAGS and VERSION.
 #
 # Needs: gcc for the host and <triplet>-gcc for the other architecture
@@ -23,12 +24,12 @@ CC_arm64      ?= $(if $(filter arm64,$(GOHOSTARCH)),gcc,aarch64-linux-gnu-gcc)
 NFPM          ?= $(GO) tool nfpm
 
 # What every package must hold; check-packages fails without it.
-PKG_PATHS_COMMON := /usr/bin/gpuherd /etc/gpuherd/gpuherd.yaml \
+PKG_PATHS_COMMON := /usr/bin/gpuherd /usr/bin/gpuherd-kubelet-plugin /etc/gpuherd/gpuherd.yaml \
 	/etc/modules-load.d/gpuherd-vfio.conf /var/lib/gpuherd \
 	/usr/share/doc/gpuherd/operations.md /usr/share/doc/gpuherd/README.md \
 	/usr/share/doc/gpuherd/libvirt.md /etc/libvirt/hooks/qemu.d/50-gpuherd \
 	/usr/share/man/man1/gpuherd.1.gz /usr/share/man/man1/gpuherd-agent.1.gz \
-	/usr/share/man/man1/gpuherd-claim.1.gz \
+	/usr/share/man/man1/gpuherd-claim.1.gz /usr/share/man/man1/gpuherd-kubelet-plugin.1.gz \
 	/usr/share/bash-completion/completions/gpuherd \
 	/usr/share/gpuherd/grafana/gpuherd-dashboard.json \
 	/usr/share/gpuherd/prometheus/gpuherd-alerts.yml \
@@ -80,14 +81,17 @@ package-binaries:
 	@for arch in $(PKG_ARCHES); do \
 		cc=$$(case $$arch in amd64) echo '$(CC_amd64)';; arm64) echo '$(CC_arm64)';; *) echo "no C compiler known for $$arch" >&2; exit 1;; esac) || exit 1; \
 		echo "go build linux/$$arch (CC=$$cc)"; \
-		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$cc \
-			$(GO) build -trimpath -buildmode=pie -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/gpuherd-linux-$$arch ./cmd/gpuherd || exit 1; \
+		for cmd in gpuherd gpuherd-kubelet-plugin; do \
+			CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$cc \
+				$(GO) build -trimpath -buildmode=pie -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$$cmd-linux-$$arch ./cmd/$$cmd || exit 1; \
+		done; \
 	done
 
 # Man pages of every command (generated from the commands' own help by the
-# hidden `gpuherd man`) and the bash completion, from a binary this host can
-# run (the text is the same on every architecture). SOURCE_DATE_EPOCH, the
-# commit's time, dates the pages so that two builds give the same bytes.
+# hidden `gpuherd man` and `gpuherd-kubelet-plugin man`) and gpuherd's bash
+# completion, from binaries this host can run (the text is the same on every
+# architecture). SOURCE_DATE_EPOCH, the commit's time, dates the pages so
+# that two builds give the same bytes.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
 export SOURCE_DATE_EPOCH
 
@@ -96,8 +100,10 @@ package-docs: package-binaries
 	test -x $$bin || { echo "package-docs: no $$bin (add $(GOHOSTARCH) to PKG_ARCHES)" >&2; exit 1; }; \
 	rm -rf $(DIST)/man $(DIST)/completion; mkdir -p $(DIST)/man $(DIST)/completion; \
 	env -u GPUHERD_SOCKET $$bin man --dir $(DIST)/man || exit 1; \
+	env -u GPUHERD_SOCKET $(DIST)/gpuherd-kubelet-plugin-linux-$(GOHOSTARCH) man --dir $(DIST)/man || exit 1; \
 	gzip -9n $(DIST)/man/*.1; \
 	test -f $(DIST)/man/gpuherd-claim.1.gz || { echo "package-docs: no man page for claim" >&2; exit 1; }; \
+	test -f $(DIST)/man/gpuherd-kubelet-plugin.1.gz || { echo "package-docs: no man page for gpuherd-kubelet-plugin" >&2; exit 1; }; \
 	$$bin completion bash > $(DIST)/completion/gpuherd.bash
 
 check-packages:

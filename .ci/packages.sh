@@ -49,8 +49,8 @@ grep -q "^ExecStart=$PWD/bin/gpuherd agent" "$unitdir/gpuherd.service" || fail "
 out=$(systemd-analyze verify "$unitdir/gpuherd.service" 2>&1) || fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify warns: $out"
 systemd-analyze security --offline=yes --threshold=40 "$unitdir/gpuherd.service" | tail -1
-sed "s#^ExecStart=/usr/bin/gpuherd #ExecStart=$PWD/bin/gpuherd #" systemd/gpuherd-kubelet-plugin.service >"$unitdir/gpuherd-kubelet-plugin.service"
-grep -q "^ExecStart=$PWD/bin/gpuherd kubelet-plugin" "$unitdir/gpuherd-kubelet-plugin.service" || fail "ExecStart not rewritten"
+sed "s#^ExecStart=/usr/bin/gpuherd-kubelet-plugin #ExecStart=$PWD/bin/gpuherd-kubelet-plugin #" systemd/gpuherd-kubelet-plugin.service >"$unitdir/gpuherd-kubelet-plugin.service"
+grep -q "^ExecStart=$PWD/bin/gpuherd-kubelet-plugin --config" "$unitdir/gpuherd-kubelet-plugin.service" || fail "ExecStart not rewritten"
 out=$(systemd-analyze verify "$unitdir/gpuherd-kubelet-plugin.service" 2>&1) || fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify warns: $out"
 systemd-analyze security --offline=yes --threshold=30 "$unitdir/gpuherd-kubelet-plugin.service" | tail -1
@@ -64,15 +64,17 @@ rm -rf dist # a stale build would be checked along with this one
 "${mk[@]}" packages
 "${mk[@]}" check-packages
 [ "$(find dist -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) | wc -l)" -eq 4 ] || fail "want 4 packages in dist/"
-# The binary must start without libnvidia-ml: NVML is dlopened, never linked.
-for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
+# The binaries must start without libnvidia-ml: NVML is dlopened, never linked.
+for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64 dist/gpuherd-kubelet-plugin-linux-amd64 dist/gpuherd-kubelet-plugin-linux-arm64; do
 	if grep -q 'NEEDED.*libnvidia-ml' <<<"$(readelf -d "$bin")"; then
 		fail "$bin links libnvidia-ml"
 	fi
 done
-grep -q 'AArch64' <<<"$(readelf -h dist/gpuherd-linux-arm64)" || fail "dist/gpuherd-linux-arm64 is not an arm64 binary"
+for bin in dist/gpuherd-linux-arm64 dist/gpuherd-kubelet-plugin-linux-arm64; do
+	grep -q 'AArch64' <<<"$(readelf -h "$bin")" || fail "$bin is not an arm64 binary"
+done
 # Distributions ship stripped binaries: no symbol table, no DWARF.
-for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64; do
+for bin in dist/gpuherd-linux-amd64 dist/gpuherd-linux-arm64 dist/gpuherd-kubelet-plugin-linux-amd64 dist/gpuherd-kubelet-plugin-linux-arm64; do
 	if grep -Eq ' \.(symtab|debug_info|zdebug_info) ' <<<"$(readelf -S "$bin")"; then
 		fail "$bin is not stripped"
 	fi
@@ -101,6 +103,9 @@ deb=$(ls dist/gpuherd_*_amd64.deb)
 dpkg -i "$deb"
 /usr/bin/gpuherd version
 /usr/bin/gpuherd --help >/dev/null
+/usr/bin/gpuherd-kubelet-plugin --version
+# The command of the plugin's former home runs the plugin's binary.
+grep -q -- '--metrics-addr' <<<"$(/usr/bin/gpuherd kubelet-plugin --help)" || fail "gpuherd kubelet-plugin does not run gpuherd-kubelet-plugin"
 # A man page for every command the help lists, rendered by man(1). Read
 # from the package, not the file system: container images often tell dpkg
 # to skip /usr/share/man.
@@ -112,6 +117,8 @@ for cmd in $(/usr/bin/gpuherd --help | awk '/^Available Commands:/ {on=1; next} 
 	[ "$cmd" = help ] && continue
 	[ -f "$mandir/usr/share/man/man1/gpuherd-$cmd.1.gz" ] || fail "no man page for gpuherd $cmd"
 done
+grep -q 'Dynamic Resource Allocation' <<<"$(man -l "$mandir/usr/share/man/man1/gpuherd-kubelet-plugin.1.gz" 2>/dev/null | col -b | tr -s ' \n' '  ')" ||
+	fail "man gpuherd-kubelet-plugin does not render the plugin's help"
 rm -rf "$mandir"
 [ -f /etc/gpuherd/gpuherd.yaml ] || fail "no /etc/gpuherd/gpuherd.yaml"
 [ -f /lib/systemd/system/gpuherd.service ] || fail "no unit file"
@@ -153,6 +160,7 @@ mkdir -p /var/lib/gpuherd && echo ledger >/var/lib/gpuherd/ledger.db
 mkdir -p /etc/gpuherd/tls && echo key >/etc/gpuherd/gossip.key && echo cert >/etc/gpuherd/tls/node.crt
 dpkg -r gpuherd
 [ ! -e /usr/bin/gpuherd ] || fail "/usr/bin/gpuherd left after remove"
+[ ! -e /usr/bin/gpuherd-kubelet-plugin ] || fail "/usr/bin/gpuherd-kubelet-plugin left after remove"
 [ ! -e /lib/systemd/system/gpuherd.service ] || fail "unit left after remove"
 [ ! -e /lib/systemd/system/gpuherd-kubelet-plugin.service ] || fail "plugin unit left after remove"
 [ -f /etc/gpuherd/gpuherd.yaml ] || fail "remove deleted the config (only purge may)"

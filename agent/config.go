@@ -112,7 +112,7 @@ type Config struct {
 	NamesDir             string   `yaml:"names_dir"`              // raft state; "": <data_dir>/names
 	NamesBootstrapExpect int      `yaml:"names_bootstrap_expect"` // voters a registry grows to when names_voters is not set
 
-	// Kubernetes configures `gpuherd kubelet-plugin`, the DRA driver of a
+	// Kubernetes configures gpuherd-kubelet-plugin, the DRA driver of a
 	// hypervisor that is a Kubernetes node (docs/kubevirt.md); the agent
 	// itself does not read it.
 	Kubernetes KubernetesConfig `yaml:"kubernetes"`

@@ -174,3 +174,27 @@ func TestUnitFileMustNotHaves(t *testing.T) {
 		t.Errorf("CapabilityBoundingSet = %v: every capability added needs its reason in docs/operations.md and here", caps)
 	}
 }
+
+// The DRA driver's unit runs the plugin's own binary (the agent's links no
+// Kubernetes code), notifies when its slice is published, and comes after
+// the agent it talks to.
+func TestKubeletPluginUnit(t *testing.T) {
+	u := parseUnit(t, "gpuherd-kubelet-plugin.service")
+	for _, tc := range []struct {
+		section, key, want, why string
+	}{
+		{"Service", "ExecStart", "/usr/bin/gpuherd-kubelet-plugin --config /etc/gpuherd/gpuherd.yaml", "the packaged binary and config"},
+		{"Service", "Type", "notify", "READY=1 once the ResourceSlice is published"},
+		{"Service", "NotifyAccess", "main", "only the plugin speaks for itself"},
+		{"Service", "Restart", "on-failure", "a crashed plugin comes back"},
+		{"Install", "WantedBy", "multi-user.target", "enable starts it at boot"},
+	} {
+		got, ok := u.last(tc.section, tc.key)
+		if !ok || got != tc.want {
+			t.Errorf("[%s] %s = %q, want %q (%s)", tc.section, tc.key, got, tc.want, tc.why)
+		}
+	}
+	if !slices.Contains(u.words("Unit", "After"), "gpuherd.service") || !slices.Contains(u.words("Unit", "Wants"), "gpuherd.service") {
+		t.Error("the plugin must want and come after gpuherd.service: it talks to the agent")
+	}
+}
