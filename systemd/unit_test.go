@@ -78,11 +78,23 @@ func (u unit) words(section, key string) []string {
 	return out
 }
 
+// setting is a key's effective value a unit must have, and why.
+type setting struct{ section, key, want, why string }
+
+// mustHave reports each setting u does not have.
+func (u unit) mustHave(t *testing.T, settings []setting) {
+	t.Helper()
+	for _, tc := range settings {
+		got, ok := u.last(tc.section, tc.key)
+		if !ok || got != tc.want {
+			t.Errorf("[%s] %s = %q, want %q (%s)", tc.section, tc.key, got, tc.want, tc.why)
+		}
+	}
+}
+
 func TestUnitFileMustHaves(t *testing.T) {
 	u := parseUnit(t, "gpuherd.service")
-	for _, tc := range []struct {
-		section, key, want, why string
-	}{
+	u.mustHave(t, []setting{
 		{"Service", "Type", "notify", "READY=1 only after inventory, ledger and gossip"},
 		{"Service", "NotifyAccess", "main", "only the agent speaks for itself"},
 		{"Service", "ExecStart", "/usr/bin/gpuherd agent --config /etc/gpuherd/gpuherd.yaml", "the packaged paths"},
@@ -105,12 +117,7 @@ func TestUnitFileMustHaves(t *testing.T) {
 		{"Service", "SystemCallArchitectures", "native", "hardening"},
 		{"Service", "CapabilityBoundingSet", "CAP_CHOWN CAP_DAC_READ_SEARCH CAP_SYS_PTRACE", "root owns every sysfs file; CAP_CHOWN gives the socket to socket_group; the other two read QEMU's /proc/<pid>/fd"},
 		{"Install", "WantedBy", "multi-user.target", "enable starts it at boot"},
-	} {
-		got, ok := u.last(tc.section, tc.key)
-		if !ok || got != tc.want {
-			t.Errorf("[%s] %s = %q, want %q (%s)", tc.section, tc.key, got, tc.want, tc.why)
-		}
-	}
+	})
 
 	for _, d := range []string{"TimeoutStartSec", "RestartSec", "LimitNOFILE"} {
 		if _, ok := u.last("Service", d); !ok {
@@ -180,20 +187,13 @@ func TestUnitFileMustNotHaves(t *testing.T) {
 // the agent it talks to.
 func TestKubeletPluginUnit(t *testing.T) {
 	u := parseUnit(t, "gpuherd-kubelet-plugin.service")
-	for _, tc := range []struct {
-		section, key, want, why string
-	}{
+	u.mustHave(t, []setting{
 		{"Service", "ExecStart", "/usr/bin/gpuherd-kubelet-plugin --config /etc/gpuherd/gpuherd.yaml", "the packaged binary and config"},
 		{"Service", "Type", "notify", "READY=1 once the ResourceSlice is published"},
 		{"Service", "NotifyAccess", "main", "only the plugin speaks for itself"},
 		{"Service", "Restart", "on-failure", "a crashed plugin comes back"},
 		{"Install", "WantedBy", "multi-user.target", "enable starts it at boot"},
-	} {
-		got, ok := u.last(tc.section, tc.key)
-		if !ok || got != tc.want {
-			t.Errorf("[%s] %s = %q, want %q (%s)", tc.section, tc.key, got, tc.want, tc.why)
-		}
-	}
+	})
 	if !slices.Contains(u.words("Unit", "After"), "gpuherd.service") || !slices.Contains(u.words("Unit", "Wants"), "gpuherd.service") {
 		t.Error("the plugin must want and come after gpuherd.service: it talks to the agent")
 	}
