@@ -35,6 +35,10 @@ type clusterState struct {
 
 	mu      sync.Mutex
 	clients map[string]*api.PeerClient // by name@addr
+	// peerTLS reads this agent's TLS files once for every peer client:
+	// a client per member, thousands of them, each with its own parsed
+	// CA, certificate and key, was most of an agent's heap.
+	peerTLS *pki.PeerConfigs
 	// targets is each member's target as last built (targetOf), reused
 	// while its summary is the same one: a claim reads every member's.
 	targets map[string]cachedTarget
@@ -342,7 +346,14 @@ func (c *clusterState) client(name, addr string) api.Owner {
 		c.clients[key] = pc
 		return pc
 	}
-	cfg, err := pki.ClientConfigFor(c.files, name, pki.WithLogger(c.a.log))
+	if c.peerTLS == nil {
+		p, err := pki.NewPeerConfigs(c.files, pki.WithLogger(c.a.log))
+		if err != nil {
+			return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
+		}
+		c.peerTLS = p
+	}
+	cfg, err := c.peerTLS.For(name)
 	if err != nil {
 		return brokenOwner{err: fmt.Errorf("TLS client for %s: %w", name, err)}
 	}

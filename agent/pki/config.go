@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
+	"sync"
 	"time"
 )
 
@@ -115,15 +118,83 @@ func ClientConfig(f Files, opts ...Option) (*tls.Config, error) {
 // ClientConfigFor is ClientConfig for calling one named node at whatever
 // address gossip gave for it: the peer must present a certificate from the
 // CA that names expectedNode, so a coordinator knows it reached the node it
-// meant and not merely some node of the cluster.
+// meant and not merely some node of the cluster. A caller that calls many
+// nodes uses PeerConfigs, which reads the files once for all of them.
 func ClientConfigFor(f Files, expectedNode string, opts ...Option) (*tls.Config, error) {
 	if err := ValidateNodeName(expectedNode); err != nil {
 		return nil, fmt.Errorf("expected peer: %w", err)
 	}
-	cfg, pool, o, err := clientConfig(f, opts)
+	p, err := NewPeerConfigs(f, opts...)
 	if err != nil {
 		return nil, err
 	}
+	return p.For(expectedNode)
+}
+
+// PeerConfigs hands out ClientConfigFor's configurations, one per peer,
+// from one reading of this node's files: the CA pool and the certificate
+// (reloaded when its files change, as for every configuration) are shared,
+// so a peer's configuration costs a few hundred bytes instead of its own
+// parsed CA, certificate and key. An agent holds one per member of its
+// cluster, thousands of them. The CA file is read again, for the
+// configurations made after it, when it changed.
+type PeerConfigs struct {
+	f Files
+	o options
+
+	mu     sync.Mutex
+	caStat fs.FileInfo // the CA file pool was read from
+	pool   *x509.CertPool
+	src    *keySource
+}
+
+// NewPeerConfigs reads f's CA, certificate and key, with ClientConfigFor's
+// errors.
+func NewPeerConfigs(f Files, opts ...Option) (*PeerConfigs, error) {
+	p := &PeerConfigs{f: f, o: buildOptions(opts)}
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	if err := p.load(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// load reads the CA pool and the certificate source when the CA file is
+// not the one read last. Called with mu held, or before p is shared.
+func (p *PeerConfigs) load() error {
+	st, statErr := os.Stat(p.f.CA)
+	if p.pool != nil && statErr == nil && sameFile(st, p.caStat) {
+		return nil
+	}
+	pool, err := loadCAPool(p.f.CA, p.o.now())
+	if err != nil {
+		return err
+	}
+	src, err := newKeySource(p.f, pool, x509.ExtKeyUsageClientAuth, p.o)
+	if err != nil {
+		return err
+	}
+	p.pool, p.src, p.caStat = pool, src, st
+	return nil
+}
+
+// For is the configuration for calling expectedNode (see ClientConfigFor).
+// A CA file that changed and no longer loads is an error; configurations
+// made before keep the CA they were made with.
+func (p *PeerConfigs) For(expectedNode string) (*tls.Config, error) {
+	if err := ValidateNodeName(expectedNode); err != nil {
+		return nil, fmt.Errorf("expected peer: %w", err)
+	}
+	p.mu.Lock()
+	err := p.load()
+	pool, src := p.pool, p.src
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cfg := clientConfigOf(pool, src, p.o)
 	// Go's own check matches the certificate against the dialled host, and
 	// agents dial an IP from gossip that the certificate need not carry. So
 	// that check is switched off here and VerifyConnection does the whole
@@ -131,8 +202,9 @@ func ClientConfigFor(f Files, expectedNode string, opts ...Option) (*tls.Config,
 	// name in place of the host name. VerifyConnection runs on every
 	// handshake, resumed ones included, and its error aborts the handshake.
 	cfg.InsecureSkipVerify = true
+	now := p.o.now
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		return verifyPeerNode(cs, pool, o.now(), expectedNode)
+		return verifyPeerNode(cs, pool, now(), expectedNode)
 	}
 	return cfg, nil
 }
@@ -167,6 +239,12 @@ func clientConfig(f Files, opts []Option) (*tls.Config, *x509.CertPool, options,
 	if err != nil {
 		return nil, nil, o, err
 	}
+	return clientConfigOf(pool, src, o), pool, o, nil
+}
+
+// clientConfigOf is a client configuration presenting src's certificate,
+// with pool as the only root.
+func clientConfigOf(pool *x509.CertPool, src *keySource, o options) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		RootCAs:    pool,
@@ -174,7 +252,7 @@ func clientConfig(f Files, opts []Option) (*tls.Config, *x509.CertPool, options,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return src.get()
 		},
-	}, pool, o, nil
+	}
 }
 
 // verifyPeerNode checks a server's certificate chain against the CA and its

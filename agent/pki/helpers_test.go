@@ -24,7 +24,7 @@ type cluster struct {
 	caDir, nodeDir string
 }
 
-func newCluster(t *testing.T) cluster {
+func newCluster(t testing.TB) cluster {
 	t.Helper()
 	c := cluster{caDir: filepath.Join(t.TempDir(), "ca"), nodeDir: filepath.Join(t.TempDir(), "nodes")}
 	if err := CreateCA(c.caDir, "test CA", 2*year); err != nil {
@@ -36,7 +36,7 @@ func newCluster(t *testing.T) cluster {
 	return c
 }
 
-func (c cluster) issue(t *testing.T, node string) {
+func (c cluster) issue(t testing.TB, node string) {
 	t.Helper()
 	if err := IssueCert(c.caDir, c.nodeDir, node, []string{"127.0.0.1", "localhost"}, year); err != nil {
 		t.Fatalf("IssueCert %s: %v", node, err)
