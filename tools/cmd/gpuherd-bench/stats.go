@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -139,8 +140,21 @@ func startProfile(path string) func() {
 		}
 		return func() {}
 	}
+	// What the test allocated: the allocation profiles at its start and
+	// end (go tool pprof -sample_index=alloc_space -base FILE.allocs-start
+	// BINARY FILE.allocs); the garbage collector's share of the CPU
+	// profile follows from them.
+	writeAllocs := func(name string) {
+		runtime.GC() // the profile is as of the last collection
+		if a, err := os.Create(name); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(a, 0)
+			_ = a.Close()
+		}
+	}
+	writeAllocs(path + ".allocs-start")
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
+		writeAllocs(path + ".allocs")
 	}
 }
