@@ -46,6 +46,10 @@ type Config struct {
 type Gossip interface {
 	// Members is the gossip view, self included.
 	Members() []gossip.Member
+	// Member is one member of the view: what raft's address lookups and
+	// forwarded requests read, several times a claim, without copying
+	// the view.
+	Member(name string) (gossip.Member, bool)
 	// Subscribe is told of every membership change until cancel.
 	Subscribe() (changes <-chan struct{}, cancel func())
 }

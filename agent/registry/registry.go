@@ -183,10 +183,8 @@ func (rs *Registry) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	if string(id) == rs.cfg.Node && rs.addr != "" {
 		return raft.ServerAddress(rs.addr), nil
 	}
-	for _, m := range rs.members() {
-		if m.Name == string(id) && m.Summary.Names.Addr != "" {
-			return raft.ServerAddress(m.Summary.Names.Addr), nil
-		}
+	if m, ok := rs.gossip.Member(string(id)); ok && m.Summary.Names.Addr != "" {
+		return raft.ServerAddress(m.Summary.Names.Addr), nil
 	}
 	return "", fmt.Errorf("name registry: no raft address known for %s", id)
 }
@@ -214,12 +212,8 @@ func (rs *Registry) isServer(node string) bool {
 	if reg != nil && reg.HasState() {
 		return false
 	}
-	for _, m := range rs.members() {
-		if m.Name == node && (m.Summary.Names.Role == gossip.NamesVoter || m.Summary.Names.Leader) {
-			return true
-		}
-	}
-	return false
+	m, ok := rs.gossip.Member(node)
+	return ok && (m.Summary.Names.Role == gossip.NamesVoter || m.Summary.Names.Leader)
 }
 
 // discover names the registry servers gossip shows, the leader first:
@@ -248,10 +242,8 @@ func (rs *Registry) discover() []string {
 // elsewhere without doubt.
 func (rs *Registry) Forward(ctx context.Context, server string, req names.Request) (names.Response, error) {
 	addr := ""
-	for _, m := range rs.members() {
-		if m.Name == server && !m.Self {
-			addr = m.Summary.PeerAddr
-		}
+	if m, ok := rs.gossip.Member(server); ok && !m.Self {
+		addr = m.Summary.PeerAddr
 	}
 	if addr == "" {
 		return names.Response{}, fmt.Errorf("%s: no peer API address in this agent's gossip view: %w", server, names.ErrNotDelivered)
