@@ -213,8 +213,9 @@ func clamp16(n int) uint16 {
 
 // peers is every other alive server whose summary this agent can read.
 func (c *clusterState) peers() []claim.Target {
-	var out []claim.Target
-	for _, m := range c.g.Members() {
+	ms := c.g.Members()
+	out := make([]claim.Target, 0, len(ms))
+	for _, m := range ms {
 		if askable(m) {
 			out = append(out, c.targetOf(m))
 		}

@@ -153,7 +153,8 @@ func (co *Coordinator) coordinateOn(ctx context.Context, id string, req api.Clai
 // validate is step 1: it resolves the request's models to catalog names and
 // checks it, and returns the attempt that places it on this agent's view.
 func (co *Coordinator) validate(id string, req api.ClaimRequest) (*attempt, error) {
-	lreq, err := co.resolve(req)
+	view := co.servers.Targets()
+	lreq, err := co.resolveIn(req, view)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +168,7 @@ func (co *Coordinator) validate(id string, req api.ClaimRequest) (*attempt, erro
 		want:        lreq.Items,
 		prefer:      req.PreferNode,
 		anyNode:     req.AnyNode,
-		view:        co.servers.Targets(),
+		view:        view,
 	}, nil
 }
 

@@ -15,13 +15,19 @@ import (
 // "NVIDIA " prefix, spaces and dashes do not matter; a unique abbreviation
 // is enough) and merges repeated models.
 func (co *Coordinator) resolve(req api.ClaimRequest) (ledger.Request, error) {
+	return co.resolveIn(req, co.servers.Targets())
+}
+
+// resolveIn is resolve against the servers of view, which a claim's
+// placement reads anyway: one reading of the view per claim, not two.
+func (co *Coordinator) resolveIn(req api.ClaimRequest, view []Target) (ledger.Request, error) {
 	if len(req.GPUs) == 0 {
 		return ledger.Request{}, api.Invalid("gpus", "a claim needs at least one GPU (e.g. --gpu \"H100 80GB:2\")")
 	}
 	if len(req.GPUs) > co.cfg.MaxGPUsPerClaim {
 		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), co.cfg.MaxGPUsPerClaim)
 	}
-	names := co.modelNames()
+	names := co.modelNamesIn(view)
 	out := ledger.Request{Labels: req.Labels, Devices: req.Devices}
 	index := map[string]int{}
 	for i, it := range req.GPUs {
@@ -47,9 +53,12 @@ func (co *Coordinator) resolve(req api.ClaimRequest) (ledger.Request, error) {
 
 // modelNames is every name a claim may ask for: the catalog, and the models
 // missing from it that some server of the platform has.
-func (co *Coordinator) modelNames() []string {
+func (co *Coordinator) modelNames() []string { return co.modelNamesIn(co.servers.Targets()) }
+
+// modelNamesIn is modelNames with the servers of view.
+func (co *Coordinator) modelNamesIn(view []Target) []string {
 	names := co.catalog.Names()
-	for _, t := range co.servers.Targets() {
+	for _, t := range view {
 		for m := range t.caps {
 			if !slices.Contains(names, m) {
 				names = append(names, m)
