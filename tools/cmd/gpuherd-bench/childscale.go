@@ -170,6 +170,11 @@ func runChildScale(c *cluster, n int, envs [][]string, idle time.Duration, out s
 			// The agent may call a member's peer API: a closed port on
 			// loopback answers at once, and nothing leaves the machine.
 			s.PeerAddr = "127.0.0.1:9"
+			// Members of a registry, as in a real cluster, where one
+			// exists: otherwise the agent, finding none, would ask every
+			// member whether it knows one before founding it, again and
+			// again, and measure that.
+			s.Names = gossip.NamesInfo{Role: gossip.NamesClient, Registry: "bench-light"}
 			cfg := gossip.Config{NodeName: fmt.Sprintf("light%04d", i), BindAddr: "127.0.0.1", AdvertiseAddr: "127.0.0.1", Insecure: true, Log: mockLog,
 				Tune: quietTimers}
 			if i > 0 {
