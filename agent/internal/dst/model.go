@@ -26,13 +26,13 @@ type nameReg struct {
 	Caller   string
 	Owner    string
 	Token    uint64
-	Deadline int64
+	Deadline time.Duration
 	Last     uint64 // the highest token seen
 	// RanOn and RanUntil: a release that remembered where the claim ran
 	// (docs/names.md, remembered runs): until RanUntil a hold with recall
 	// on another server is refused.
 	RanOn    string
-	RanUntil int64
+	RanUntil time.Duration
 }
 
 type modelOut struct {
@@ -45,7 +45,7 @@ type modelOut struct {
 // slack bounds how far the registry's time can be ahead of the time a
 // command carries: it applies it within a network delay of sending, and
 // its time is the latest any command carried.
-const slack = 1_000
+const slack = time.Second
 
 // lapsed says whether the pending name has surely lapsed for in, and
 // whether it may have (the registry's clock is between the command's

@@ -36,11 +36,16 @@ type regIn struct {
 	Token   uint64
 	Node    string // the owner, holder, or a move's From
 	To      string // a move's target
-	Now     int64
-	Lease   int64
-	// Recall (hold) and Remember (release, ms): remembered runs.
+	// Now is the registry's time when it applied the call, since the
+	// schedule's start, to the nanosecond as its clock reads it: a
+	// rounded time puts two commands of one millisecond in no order (a
+	// hold refused a little before the remembered run it hit ends reads
+	// as one at its end).
+	Now   time.Duration
+	Lease time.Duration
+	// Recall (hold) and Remember (release): remembered runs.
 	Recall   bool
-	Remember int64
+	Remember time.Duration
 }
 
 // regOp is one operation in the registry's history: called at Call, its
@@ -84,7 +89,7 @@ func (r *registry) call(ctx context.Context, i, gen int, req names.Request, appl
 			return noReply{} // no leader: nothing applied, no answer
 		}
 		r.mu.Lock()
-		r.history[h].In.Now = w.ms()
+		r.history[h].In.Now = time.Since(w.start) // the registry's clock (sim.go)
 		r.ops++
 		r.mu.Unlock()
 		if w.cfg.BrokenGrants && (req.Op == names.OpConfirm || req.Op == names.OpHold) {
@@ -111,7 +116,7 @@ func (r *registry) call(ctx context.Context, i, gen int, req names.Request, appl
 // record notes a call in the history, open until its answer comes.
 func (r *registry) record(req names.Request) int {
 	in := regIn{Op: string(req.Op), Key: req.Key.Name, Caller: req.Caller, Request: req.Request, Token: req.Token,
-		Lease: r.w.cfg.NameLease, Recall: req.Recall, Remember: req.Remember.Milliseconds()}
+		Lease: time.Duration(r.w.cfg.NameLease) * time.Millisecond, Recall: req.Recall, Remember: req.Remember}
 	switch req.Op {
 	case names.OpConfirm, names.OpHold:
 		in.Node = req.Owner
