@@ -134,6 +134,20 @@ func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 // on this server with at commit (the owner's one-step hold). A claim
 // committed already keeps the token it has.
 func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, error) {
+	return l.commit(id, time.Time{}, token, now)
+}
+
+// CommitReservation is CommitUnder of the reservation of id created at
+// createdAt only, checked in the same write: one made since under the same
+// ID (the first lapsed, or lost its name to a newer grant, and another
+// request reserved the ID again) is not the one the caller checked, nor
+// the one whose name it holds, and is left reserved: ErrNotFound.
+func (l *Ledger) CommitReservation(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
+	return l.commit(id, createdAt, token, now)
+}
+
+// commit is CommitUnder, of the claim created at createdAt unless zero.
+func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
 	now = now.UTC()
 	var out Claim
 	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
@@ -141,6 +155,9 @@ func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, err
 		switch {
 		case !ok:
 			return false, notFound(id)
+		case !createdAt.IsZero() && !rec.CreatedAt.Equal(createdAt):
+			return false, fmt.Errorf("claim %q: the reservation made at %s was replaced by one made at %s: %w on this server",
+				id, createdAt.UTC().Format(time.RFC3339Nano), rec.CreatedAt.Format(time.RFC3339Nano), ErrNotFound)
 		case rec.State == StateCommitted:
 			out = rec.Claim
 			return false, nil

@@ -487,3 +487,25 @@ func TestCommitUnder(t *testing.T) {
 		t.Fatalf("after a restart: %+v, %v", c, err)
 	}
 }
+
+// TestCommitReservation: only the reservation made at the time given is
+// committed; one that replaced it under the same ID is left reserved.
+func TestCommitReservation(t *testing.T) {
+	l := newLedger(t)
+	first, err := l.Reserve("vm-1", req(Item{Model: h100, Count: 1}), "coord-1", t0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := t0.Add(2 * time.Second) // the first lapsed
+	again := mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), later)
+	if _, err := l.CommitReservation("vm-1", first.CreatedAt, 7, later); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("commit of the replaced reservation: %v, want ErrNotFound", err)
+	}
+	if c, err := l.Get("vm-1"); err != nil || c.State != StateReserved || c.NameToken != 0 {
+		t.Fatalf("the new reservation after that: %+v, %v; want reserved, no token", c, err)
+	}
+	c, err := l.CommitReservation("vm-1", again.CreatedAt, 7, later)
+	if err != nil || c.State != StateCommitted || c.NameToken != 7 {
+		t.Fatalf("commit of the new reservation: %+v, %v", c, err)
+	}
+}

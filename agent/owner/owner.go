@@ -235,7 +235,12 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 			pending.NameToken = token
 		}
 	}
-	c, err := o.ledger.CommitUnder(id, pending.NameToken, o.clk.Now())
+	// Only the reservation checked above, whose name was just held: the
+	// ID may have been reserved again since (this one lapsed, or lost its
+	// grant, and a reserve without an early hold, which takes no lock of
+	// the ID before its ledger write, replaced it), and that one has no
+	// name yet.
+	c, err := o.ledger.CommitReservation(id, pending.CreatedAt, pending.NameToken, o.clk.Now())
 	if err != nil {
 		// The name goes with the failed commit, unless the ID was
 		// reserved again meanwhile (this reservation lapsed, a retry made

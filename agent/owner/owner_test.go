@@ -321,3 +321,46 @@ func TestHandBackUntilTheOriginTakesIt(t *testing.T) {
 		t.Fatalf("vm-m after it was freed: %v", err)
 	}
 }
+
+// TestCommitOfALapsedReservationCommitsNoOther: a commit that read a
+// reservation which had lapsed must not commit the one another call's
+// reserve made under the same ID meanwhile (that reserve, finding the
+// lapsed one there, takes no lock of the ID before its ledger write). The
+// new reservation has no name yet: committed by the old commit, it was a
+// claim the registry did not hold (DST_SEED=6 with the nearest-servers
+// probe, replayed under -race: committed under token 0 and answered as
+// claimed to both coordinators).
+func TestCommitOfALapsedReservationCommitsNoOther(t *testing.T) {
+	o := newTestOwner(t, "l40s-4", nil)
+	reg := names.NewLocal(o.clk.Now, 30*time.Second)
+	ctx := context.Background()
+	req := ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 1}}}
+	if _, err := o.ledger.Reserve("vm-1", req, "a", o.clk.Now(), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	o.h.Clock.Advance(6 * time.Second) // lapsed
+	var again ledger.Claim
+	o.namesNow = func() Names {
+		// The other call's reserve, run between the commit's reads of the
+		// ledger and its write.
+		if again.ID == "" {
+			c, err := o.ledger.Reserve("vm-1", req, "b", o.clk.Now(), 30*time.Second)
+			if err != nil {
+				t.Error(err)
+			}
+			again = c
+		}
+		return reg
+	}
+	c, err := o.Commit(ctx, "vm-1")
+	if err == nil {
+		t.Fatalf("commit of a lapsed reservation answered %+v", c)
+	}
+	if again.ID == "" {
+		t.Fatal("the commit never asked for the registry: the test no longer runs the reserve in its window")
+	}
+	got, gerr := o.ledger.Get("vm-1")
+	if gerr != nil || got.State != ledger.StateReserved || !got.CreatedAt.Equal(again.CreatedAt) {
+		t.Fatalf("after the commit of the lapsed reservation: %+v, %v; want the new reservation, still reserved", got, gerr)
+	}
+}
