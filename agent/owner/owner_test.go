@@ -155,6 +155,21 @@ func TestEarlyHoldSettles(t *testing.T) {
 	if h := o.holdEarly(ctx, "vm-kept", rr, req); h != nil {
 		t.Fatal("early hold of an ID this server already has")
 	}
+	// A lapsed reservation is no claim: the reservation replacing it
+	// holds early, under the commit lock, so a commit of the lapsed one
+	// waits until the new one is made and committed.
+	if _, err := o.ledger.Reserve("vm-lapsed", req, "b", o.clk.Now(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	o.h.Clock.Advance(2 * time.Second)
+	h := o.holdEarly(ctx, "vm-lapsed", rr, req)
+	if h == nil {
+		t.Fatal("no early hold of an ID whose reservation lapsed")
+	}
+	if o.commitLocks.Users("vm-lapsed") != 1 {
+		t.Fatal("the early hold of vm-lapsed does not hold its commit lock")
+	}
+	o.settleEarly(ctx, h)
 	big := rr
 	big.Items = []api.Item{{Model: l40s, Count: 5}}
 	if h := o.holdEarly(ctx, "vm-big", big, ledger.Request{Items: []ledger.Item{{Model: l40s, Count: 5}}}); h != nil {

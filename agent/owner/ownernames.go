@@ -273,10 +273,13 @@ func (h *earlyHold) wait() (names.Record, error) {
 
 // holdEarly starts the hold of a combined reserve-and-commit
 // (ReserveRequest.Commit) placed without a token, when this server has no
-// claim or reservation under the ID and, by its ledger, room for the
-// request: the reservation will most likely stand, so holding now costs
-// nothing extra. Otherwise, nil: the commit holds after the reservation,
-// and a server without room writes nothing to the registry.
+// live claim or reservation under the ID (a lapsed reservation is replaced
+// by this one) and, by its ledger, room for the request: the reservation
+// will most likely stand, so holding now costs nothing extra. The ID's
+// commit lock is then held over the reservation too, so a commit of the
+// lapsed reservation waiting for it finds the new one made, not in the
+// making. Otherwise, nil: the commit holds after the reservation, and a
+// server without room writes nothing to the registry.
 func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest, req ledger.Request) *earlyHold {
 	if o.names() == nil || !rr.Commit || rr.Token != 0 {
 		return nil
@@ -288,7 +291,7 @@ func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		}
 	}
 	unlock := o.commitLocks.Lock(id)
-	if _, err := o.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
+	if c, err := o.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) && (err != nil || c.Live(o.clk.Now())) {
 		unlock()
 		return nil
 	}
