@@ -215,7 +215,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 	}
 	ranked := at.rank(servers)
 	if at.Contended() || busy(at.view, at.want) {
-		ranked = at.probe(ctx, ranked)
+		ranked = at.probe(ctx, servers, ranked)
 	}
 	if len(ranked) > maxOwnerRetries {
 		ranked = ranked[:maxOwnerRetries]
@@ -377,27 +377,58 @@ func busy(targets []Target, want []placement.Want) bool {
 	return false
 }
 
-// probe re-ranks the best candidates on their capacity read now, probeTop
-// at a time (one parallel round trip each), dropping those that cannot hold
-// the request after all, until one can (at most probeRounds rounds); the
-// candidates not probed follow unchanged. When views lag the claims (many
-// claims per gossip round), this replaces a "no" per stale candidate.
-func (at *attempt) probe(ctx context.Context, ranked []string) []string {
-	for round := 0; round < probeRounds && len(ranked) > 0; round++ {
-		k := min(probeTop, len(ranked))
+// probe re-ranks the candidates on their capacity read now, dropping
+// those that cannot hold the request after all. Its first read (one
+// parallel round trip) covers the probeWide servers whose free GPUs, by
+// the view, are nearest the request on either side (placement.Nearest):
+// best fit wants the server left with the fewest free GPUs, and when views
+// lag the claims that is often one the view shows a little too full (a
+// release not yet gossiped) or with a little more room than it has now.
+// When none of them can hold it, the next best candidates by the view are
+// read, probeTop at a time (at most probeRounds reads in all); the
+// candidates not read follow unchanged. This replaces a "no" per stale
+// candidate, and a worse fit chosen on stale figures, with one cheap read.
+func (at *attempt) probe(ctx context.Context, servers []placement.Server, ranked []string) []string {
+	var batch []string
+	if len(at.rr.Devices) > 0 || at.stay {
+		batch = ranked[:min(probeTop, len(ranked))] // one server is asked at most
+	} else {
+		batch = placement.Nearest(servers, at.want, func(name string) bool {
+			t, ok := targetNamed(at.view, name)
+			return ok && at.canHold(t)
+		}, probeWide, at.rnd())
+		if at.prefer != "" && !slices.Contains(batch, at.prefer) && slices.Contains(ranked, at.prefer) {
+			batch = append(batch, at.prefer)
+		}
+	}
+	read := map[string]bool{}
+	for round := 0; round < probeRounds && len(batch) > 0; round++ {
 		var top []Target
-		for _, name := range ranked[:k] {
+		for _, name := range batch {
+			read[name] = true
 			if t, ok := targetNamed(at.view, name); ok {
 				top = append(top, t)
 			}
 		}
 		fresh := at.rank(at.recheck(ctx, top))
+		rest := slices.DeleteFunc(slices.Clone(ranked), func(n string) bool { return read[n] })
 		if len(fresh) > 0 {
-			return append(fresh, ranked[k:]...)
+			return append(fresh, rest...)
 		}
-		ranked = ranked[k:]
+		batch = rest[:min(probeTop, len(rest))]
 	}
-	return ranked
+	return slices.DeleteFunc(ranked, func(n string) bool { return read[n] })
+}
+
+// canHold reports whether t, by its healthy totals, could hold the whole
+// request at all.
+func (at *attempt) canHold(t Target) bool {
+	for _, w := range at.want {
+		if t.caps[w.Model].Healthy < w.Count {
+			return false
+		}
+	}
+	return true
 }
 
 // recheck (step 8, and probe's read) returns the targets' servers with the free counts read now from
@@ -410,14 +441,8 @@ func (at *attempt) recheck(ctx context.Context, targets []Target) []placement.Se
 	}
 	var wg sync.WaitGroup
 	for i, t := range targets {
-		fits := true
-		for _, w := range at.want {
-			if t.caps[w.Model].Healthy < w.Count {
-				fits = false
-			}
-		}
 		cr, ok := t.owner.(api.CapacityReader)
-		if !fits || !ok {
+		if !at.canHold(t) || !ok {
 			continue
 		}
 		wg.Add(1)

@@ -27,9 +27,11 @@ const (
 	commitAttempts  = 3
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
 	// A coordinator an owner refused within contendedWindow, or that sees
-	// busyShare of a requested model taken, reads the capacity of its best
-	// candidates, probeTop at a time, before asking them.
+	// busyShare of a requested model taken, reads the capacity of the
+	// probeWide servers nearest the request, then of its best candidates
+	// probeTop at a time, before asking them (attempt.probe).
 	contendedWindow = 30 * time.Second
+	probeWide       = 12
 	probeTop        = 6
 	probeRounds     = 3
 	busyShare       = 0.5

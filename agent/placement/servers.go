@@ -139,8 +139,6 @@ func fitCount(servers []Server, w []Want) int {
 // hold want at all (its healthy totals); the others, and drained ones, are
 // left out. Ties go to the servers that fit by the view, then in random
 // order (rnd; nil means by name, for tests). At most n are returned.
-// The bench's placement model ranks with it; the coordinator does not
-// (a probe of these servers was tried and reverted, BENCHMARKS.md).
 func Nearest(servers []Server, want []Want, capable func(name string) bool, n int, rnd *rand.Rand) []string {
 	var near []Server
 	for _, s := range servers {
