@@ -55,11 +55,7 @@ func Rank(servers []Server, want []Want, prefer string, rnd *rand.Rand) []string
 			fit = append(fit, s)
 		}
 	}
-	if rnd != nil {
-		rnd.Shuffle(len(fit), func(i, j int) { fit[i], fit[j] = fit[j], fit[i] })
-	} else {
-		slices.SortFunc(fit, func(a, b Server) int { return cmp.Compare(a.Name, b.Name) })
-	}
+	tieOrder(fit, rnd)
 	slices.SortStableFunc(fit, func(a, b Server) int {
 		if pa, pb := a.Name == prefer, b.Name == prefer; pa != pb {
 			if pa {
@@ -146,11 +142,7 @@ func Nearest(servers []Server, want []Want, capable func(name string) bool, n in
 			near = append(near, s)
 		}
 	}
-	if rnd != nil {
-		rnd.Shuffle(len(near), func(i, j int) { near[i], near[j] = near[j], near[i] })
-	} else {
-		slices.SortFunc(near, func(a, b Server) int { return cmp.Compare(a.Name, b.Name) })
-	}
+	tieOrder(near, rnd)
 	slices.SortStableFunc(near, func(a, b Server) int {
 		if c := cmp.Compare(a.distance(want), b.distance(want)); c != 0 {
 			return c
@@ -183,4 +175,14 @@ func (s Server) distance(want []Want) int {
 		}
 	}
 	return d
+}
+
+// tieOrder puts servers in the order that decides ties of the stable sort
+// that follows: random (rnd), or by name when rnd is nil (tests).
+func tieOrder(servers []Server, rnd *rand.Rand) {
+	if rnd != nil {
+		rnd.Shuffle(len(servers), func(i, j int) { servers[i], servers[j] = servers[j], servers[i] })
+		return
+	}
+	slices.SortFunc(servers, func(a, b Server) int { return cmp.Compare(a.Name, b.Name) })
 }
