@@ -736,3 +736,100 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
 	}
 }
+
+// A release through the claim's own owner reads no name: its ledger holds
+// the claim under its token, and the name's release, conditional on that
+// holder and token, is the check a lookup was. Through another agent the
+// release still looks the name up first.
+func TestClusterNamedReleaseOnItsOwnerLooksNothingUp(t *testing.T) {
+	tc, a, b, c := namedThree(t)
+	ctx := context.Background()
+	for _, via := range []*Agent{b, a} {
+		req := l40sReq(1)
+		req.PreferNode = "b"
+		if _, err := a.Claim(ctx, "vm-x", req); err != nil {
+			t.Fatal(err)
+		}
+		before := tc.names.lookups.Load()
+		got, err := via.Release(ctx, "vm-x")
+		if err != nil {
+			t.Fatalf("release through %s: %v", via.cfg.NodeName, err)
+		}
+		if got.Node != "b" || got.NameReleased || got.NameElsewhere || len(got.Warnings) != 0 {
+			t.Fatalf("release through %s answered %+v; want b's claim, no warning, no owner-only fields", via.cfg.NodeName, got)
+		}
+		lookups := tc.names.lookups.Load() - before
+		if via == b && lookups != 0 {
+			t.Errorf("a release through the owner read the name %d times; want none", lookups)
+		}
+		if via == a && lookups == 0 {
+			t.Errorf("a release through another agent read no name; the test no longer tells the two apart")
+		}
+		if on := copiesOf("vm-x", a, b, c); len(on) != 0 {
+			t.Fatalf("vm-x still on %v after its release through %s", on, via.cfg.NodeName)
+		}
+		if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
+			t.Fatalf("the registry still holds vm-x after its release through %s: %v", via.cfg.NodeName, err)
+		}
+	}
+	if _, err := b.Release(ctx, "vm-x"); !api.IsCode(err, api.CodeNotFound) {
+		t.Fatalf("releasing vm-x again: %v; want not found", err)
+	}
+}
+
+// A release through a server whose ledger still holds a leftover copy (a
+// move cut short, then a second move) frees the leftover and the copy the
+// registry names, wherever the name went: the leftover's own name release
+// is refused, and the registry's copy is found and released as usual.
+func TestClusterNamedReleaseOnALeftoverFreesTheNamedCopy(t *testing.T) {
+	tc := newTestCluster(t)
+	a, b, c, d := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4"), tc.start("d", "l40s-4")
+	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 12 })
+	ctx := context.Background()
+	req := l40sReq(1)
+	req.PreferNode = "c"
+	if _, err := a.Claim(ctx, "vm-x", req); err != nil {
+		t.Fatal(err)
+	}
+	// Moves c → b (c's copy kept: the move was cut short) and b → d.
+	move := func(from, to *Agent) {
+		t.Helper()
+		rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
+		if err != nil || rec.Owner != from.cfg.NodeName {
+			t.Fatalf("vm-x: %+v, %v; want it on %s", rec, err, from.cfg.NodeName)
+		}
+		m, err := tc.names.Move(ctx, names.Claim("vm-x"), rec.Token, from.cfg.NodeName, to.cfg.NodeName, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
+		if _, err := to.Owner.Reserve(ctx, "vm-x", rr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := to.Owner.Commit(ctx, "vm-x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	move(c, b)
+	move(b, d)
+	if _, err := b.Owner.Abort(ctx, "vm-x"); err != nil {
+		t.Fatalf("releasing the copy on b: %v", err)
+	}
+	if on := copiesOf("vm-x", a, b, c, d); !slices.Equal(on, []string{"c", "d"}) {
+		t.Fatalf("vm-x on %v; want the leftover on c and the claim on d", on)
+	}
+
+	got, err := c.Release(ctx, "vm-x")
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if got.Node != "d" || !strings.Contains(strings.Join(got.Warnings, " "), "leftover copy on c") {
+		t.Fatalf("release answered %+v; want d's claim with a warning that the leftover on c was released too", got)
+	}
+	if on := copiesOf("vm-x", a, b, c, d); len(on) != 0 {
+		t.Fatalf("vm-x still on %v after its release", on)
+	}
+	if _, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable); !isNamesNotFound(err) {
+		t.Fatalf("the registry still holds vm-x: %v", err)
+	}
+}

@@ -197,6 +197,12 @@ type Claim struct {
 	// hold it since, so the coordinator need not read the registry again.
 	// An owner that does not say so leaves the coordinator to check.
 	NameReleased bool `json:"name_released,omitempty"`
+	// NameElsewhere, in an owner's answer to a release, says that the
+	// registry refused to let the ID go from that server because it holds
+	// it on another one: the copy released there was not the one the
+	// registry names (a move cut short left it), and the coordinator
+	// releases the registry's copy too.
+	NameElsewhere bool `json:"name_elsewhere,omitempty"`
 }
 
 // DomainUse is the libvirt domain running on a claim.

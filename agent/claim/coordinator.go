@@ -185,7 +185,7 @@ func (co *Coordinator) Get(ctx context.Context, id string) (api.Claim, error) {
 
 // Release frees a claim's GPUs, wherever it is held.
 func (co *Coordinator) Release(ctx context.Context, id string) (released api.Claim, err error) {
-	defer func() { released.NameReleased = false }() // between owner and coordinator only
+	defer func() { released.NameReleased, released.NameElsewhere = false, false }() // between owner and coordinator only
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
@@ -195,20 +195,22 @@ func (co *Coordinator) Release(ctx context.Context, id string) (released api.Cla
 		return neverClaimed(t.name, c, err) // orphans.go
 	}
 	if co.names() != nil {
-		c, t, rec, handled, err := co.findNamed(ctx, targets, id, abort)
-		if handled && rec.State == names.StateLost {
-			return co.releaseLost(ctx, id, rec)
+		here, done, err := co.releaseHere(ctx, targets, id, abort)
+		if done {
+			return here, err
 		}
-		if handled && err == nil && c.NameReleased {
-			return c, nil // the owner let the name go: no copy can hold it elsewhere
-		}
-		if handled && err == nil {
-			return co.releaseMovedAway(ctx, targets, id, t.name, rec, c, abort)
-		}
-		if handled {
+		c, err := co.releaseNamed(ctx, targets, id, abort)
+		if here.ID == "" {
 			return c, err
 		}
-		return co.releaseEveryCopy(ctx, targets, id, abort)
+		// The copy here was a leftover the registry does not name.
+		switch {
+		case api.IsCode(err, api.CodeNotFound):
+			return here, nil
+		case err == nil:
+			c.Warnings = append(c.Warnings, fmt.Sprintf("claim %s had a leftover copy on %s (a move cut short), not the one the name registry names; it was released too", id, here.Node))
+		}
+		return c, err
 	}
 	h, err := co.askHome(ctx, targets, id, abort)
 	if h.done {
@@ -222,6 +224,23 @@ func (co *Coordinator) Release(ctx context.Context, id string) (released api.Cla
 	defer cancel()
 	c, err := abort(rctx, t)
 	return c, unanswered(ctx, id, t.name, err)
+}
+
+// releaseNamed is a release with the name registry: the copy the
+// registry names is released, and every copy when it does not answer.
+func (co *Coordinator) releaseNamed(ctx context.Context, targets []Target, id string, abort func(context.Context, Target) (api.Claim, error)) (api.Claim, error) {
+	c, t, rec, handled, err := co.findNamed(ctx, targets, id, abort)
+	switch {
+	case handled && rec.State == names.StateLost:
+		return co.releaseLost(ctx, id, rec)
+	case handled && err == nil && c.NameReleased:
+		return c, nil // the owner let the name go: no copy can hold it elsewhere
+	case handled && err == nil:
+		return co.releaseMovedAway(ctx, targets, id, t.name, rec, c, abort)
+	case handled:
+		return c, err
+	}
+	return co.releaseEveryCopy(ctx, targets, id, abort)
 }
 
 // releaseEveryCopy is a release while the name registry does not answer.

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/home"
+	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/owner"
 	"github.com/gpuherd/gpuherd/internal/clock"
@@ -331,6 +332,49 @@ func (co *Coordinator) findNamed(ctx context.Context, targets []Target, id strin
 	}
 	t, c, err = lookupHolder(ctx, co, targets, id, rec.Owner, op)
 	return c, t, rec, true, err
+}
+
+// releaseHere releases a claim that this server's own ledger holds
+// committed under a registry token, without reading the registry first:
+// the owner's release of the name is itself conditional on this server
+// holding it under that token, so when the registry lets it go
+// (NameReleased) the copy released here was the one it named, as a
+// linearizable lookup would have said, for one registry write instead of
+// a read and a write. done is false when the shortcut does not apply (no
+// such claim here, or it went meanwhile) and when the registry names
+// another server's copy (NameElsewhere: here is then the leftover released
+// here, and the caller releases the registry's copy as usual). Any other
+// answer without the name let go (the registry did not answer, a move of
+// the name in progress) is checked as after a lookup (releaseMovedAway).
+func (co *Coordinator) releaseHere(ctx context.Context, targets []Target, id string, abort func(context.Context, Target) (api.Claim, error)) (here api.Claim, done bool, err error) {
+	if co.ledger == nil {
+		return api.Claim{}, false, nil
+	}
+	lc, err := co.ledger.Get(id)
+	if err != nil || lc.State != ledger.StateCommitted || lc.NameToken == 0 {
+		return api.Claim{}, false, nil
+	}
+	self, ok := targetNamed(targets, co.cfg.NodeName)
+	if !ok {
+		return api.Claim{}, false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
+	c, err := abort(rctx, self)
+	cancel()
+	switch {
+	case api.IsCode(err, api.CodeNotFound):
+		return api.Claim{}, false, nil // released meanwhile: find it as usual
+	case err != nil:
+		return api.Claim{}, true, unanswered(ctx, id, self.name, err)
+	case c.NameReleased:
+		return c, true, nil
+	case c.NameElsewhere:
+		return c, false, nil
+	}
+	rec := names.Record{State: names.StateHeld, Owner: self.name, Token: lc.NameToken,
+		Request: owner.RequestDigest(api.ReserveRequest{Items: lc.Items, Labels: lc.Labels})}
+	c, err = co.releaseMovedAway(ctx, targets, id, self.name, rec, c, abort)
+	return c, true, err
 }
 
 // releaseMovedAway makes a release free every copy: after the copy on

@@ -304,7 +304,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// a name about to vanish.
 	unlockID := o.commitLocks.Lock(id)
 	why := "release " + id
-	letGo := false
+	letGo, elsewhere := false, false
 	c, scan, unlock, err := o.host.ReleaseLocked(id, why, func() (ledger.Claim, error) {
 		if reservationOnly {
 			return o.ledger.AbortReservation(id, o.clk.Now())
@@ -323,7 +323,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	} else {
 		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
-		letGo = o.releasedName(ctx, c)
+		letGo, elsewhere = o.releasedName(ctx, c)
 	}
 	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
@@ -332,7 +332,7 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	unlock()
 	o.changed()
 	view := o.ClaimView(c)
-	view.NameReleased = letGo
+	view.NameReleased, view.NameElsewhere = letGo, elsewhere
 	return view, nil
 }
 

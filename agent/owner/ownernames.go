@@ -206,9 +206,9 @@ func (o *Owner) releaseName(ctx context.Context, c ledger.Claim) {
 // before the ledger released the claim: a hold of the ID here meanwhile
 // would be answered with the very name this lets go. It reports whether
 // the registry let the name go from here: then no copy elsewhere holds it.
-func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo bool) {
+func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewhere bool) {
 	if o.names() == nil || c.NameToken == 0 {
-		return false
+		return false, false
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	defer cancel()
@@ -219,17 +219,20 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo bool) {
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
 		o.noteNameRelease(c, err)
-		return err == nil
+		// Refused because the registry holds the ID on another server:
+		// the copy released here was not the one it names.
+		elsewhere = errors.Is(err, names.ErrStale) && errors.As(err, &r) && r.Record != nil && r.Record.Owner != o.cfg.NodeName
+		return err == nil, elsewhere
 	}
 	if _, gerr := o.ledger.Get(c.ID); gerr == nil {
-		return false // claimed here again: the name is that claim's
+		return false, false // claimed here again: the name is that claim's
 	}
 	_, err = o.names().Release(rctx, names.Claim(c.ID), r.Record.Token, o.cfg.NodeName)
 	if err == nil {
 		o.log.Info("claim name let go under the newer token it was moved back here with", "claim", c.ID, "token", r.Record.Token, "committed_token", c.NameToken)
 	}
 	o.noteNameRelease(ledger.Claim{ID: c.ID, NameToken: r.Record.Token}, err)
-	return err == nil
+	return err == nil, false
 }
 
 // noteNameRelease logs what became of a name release.
