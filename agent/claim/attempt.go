@@ -214,7 +214,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 		byName[t.name] = t
 	}
 	ranked := at.rank(servers)
-	if at.Contended() || busy(at.view, at.want) {
+	if busy(at.view, at.want) {
 		ranked = at.probe(ctx, servers, ranked)
 	}
 	if len(ranked) > maxOwnerRetries {
@@ -259,7 +259,6 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			if api.IsCode(err, api.CodeNotAvailable) {
 				refused++
 				refusals = append(refusals, api.RefusalsOf(err)...)
-				at.lastRefusal.Store(at.clk.Now().UnixNano())
 				at.refreshView(name)
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
@@ -353,16 +352,13 @@ func (at *attempt) placeVouched(ctx context.Context, vouch func(server string) b
 	return p.place(ctx)
 }
 
-// Contended reports whether an owner refused this coordinator (its view
-// was stale) within contendedWindow: placements are then probed first.
-func (co *Coordinator) Contended() bool {
-	last := co.lastRefusal.Load()
-	return last != 0 && co.clk.Now().UnixNano()-last < int64(contendedWindow)
-}
-
 // busy reports whether, by the view, at least busyShare of the healthy GPUs
 // of a requested model are taken: the servers with room then change hands
-// faster than gossip reports it, so placements are probed first.
+// faster than gossip reports it, and choosing among them on stale figures
+// is what scatters the free GPUs, so placements are probed first. Below
+// that share a stale view costs at most a refused reservation (one
+// request; the next candidate fits), which is cheaper than the probe's
+// reads, and leaves room for what comes next anyway.
 func busy(targets []Target, want []placement.Want) bool {
 	for _, w := range want {
 		free, healthy := 0, 0

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
@@ -26,11 +25,10 @@ import (
 const (
 	commitAttempts  = 3
 	maxOwnerRetries = 8 // candidates asked for one claim before giving up
-	// A coordinator an owner refused within contendedWindow, or that sees
-	// busyShare of a requested model taken, reads the capacity of the
-	// probeWide servers nearest the request, then of its best candidates
-	// probeTop at a time, before asking them (attempt.probe).
-	contendedWindow = 30 * time.Second
+	// A coordinator that sees busyShare of a requested model taken reads
+	// the capacity of the probeWide servers nearest the request, then of
+	// its best candidates probeTop at a time, before asking them
+	// (attempt.probe).
 	probeWide       = 12
 	probeTop        = 6
 	probeRounds     = 3

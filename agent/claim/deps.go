@@ -114,9 +114,6 @@ type Coordinator struct {
 	claimLocks *keyedlock.Set
 	random     func() uint64
 
-	// lastRefusal is when an owner last refused this coordinator (clock
-	// UnixNano; 0 never): see contended.
-	lastRefusal atomic.Int64
 	// readFirstUntil is until when claims through this agent read their
 	// ID in the registry before placing it (clock UnixNano; readNameFirst).
 	readFirstUntil atomic.Int64

@@ -156,3 +156,35 @@ func TestProbeKeepsPinnedClaimsOnTheirServer(t *testing.T) {
 		}
 	}
 }
+
+// A refusal on a platform with room does not make the coordinator read
+// capacity before its next claims: below half load a stale candidate
+// costs one refused reservation, less than the probe's reads.
+func TestRefusalWithRoomProbesNothing(t *testing.T) {
+	var owners []*capOwner
+	var targets []Target
+	for _, s := range []struct {
+		name      string
+		view, now int
+	}{{"stale", 1, 0}, {"b", 6, 6}, {"c", 7, 7}} {
+		o := &capOwner{fakeOwner: fakeOwner{name: s.name}, model: "H100", free: s.now}
+		owners = append(owners, o)
+		targets = append(targets, NewTarget(s.name, false, o, map[string]int{"H100": s.view}, false,
+			map[string]ledger.ModelTotals{"H100": {Total: 8, Healthy: 8, Free: s.view}}))
+	}
+	co := newFakeCoordinator(&owners[0].fakeOwner)
+	want := []placement.Want{{Model: "H100", Count: 1}}
+	for i, id := range []string{"vm-1", "vm-2"} {
+		at := &attempt{Coordinator: co, id: id, rr: api.ReserveRequest{Items: want, Coordinator: co.cfg.NodeName},
+			want: want, view: targets, vouch: func(string) bool { return true }}
+		c, err := at.place(context.Background())
+		if err != nil || c.Node != "b" {
+			t.Fatalf("claim %d: %+v, %v; want it on b after stale's refusal", i+1, c, err)
+		}
+	}
+	for _, o := range owners {
+		if o.reads != 0 {
+			t.Errorf("%s answered %d capacity reads; want none below half load", o.name, o.reads)
+		}
+	}
+}
