@@ -34,7 +34,7 @@ type clusterState struct {
 	unserve func()
 
 	mu      sync.Mutex
-	clients map[string]*api.PeerClient // by name@addr
+	clients map[peerKey]*api.PeerClient
 	// peerTLS reads this agent's TLS files once for every peer client:
 	// a client per member, thousands of them, each with its own parsed
 	// CA, certificate and key, was most of an agent's heap.
@@ -81,7 +81,7 @@ func (a *Agent) startCluster() error {
 		return fmt.Errorf("peer API TLS: %w", err)
 	}
 	ln := a.lns.peer // bound before any driver moved (listeners.go)
-	c := &clusterState{a: a, files: files, ln: ln, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
+	c := &clusterState{a: a, files: files, ln: ln, clients: map[peerKey]*api.PeerClient{}, known: a.openKnownMembers()}
 	c.avoid = newAvoidance(a.clk, c.bootOf, a.log.With("component", "peer-api"))
 
 	gcfg := gossip.Config{
@@ -150,7 +150,7 @@ func (a *Agent) startCluster() error {
 // a mutual-TLS listener.
 func (a *Agent) startClusterOn(files pki.Files) error {
 	cfg := a.cfg
-	c := &clusterState{a: a, files: files, clients: map[string]*api.PeerClient{}, known: a.openKnownMembers()}
+	c := &clusterState{a: a, files: files, clients: map[peerKey]*api.PeerClient{}, known: a.openKnownMembers()}
 	c.avoid = newAvoidance(a.clk, c.bootOf, a.log.With("component", "peer-api"))
 	gcfg := gossip.Config{
 		NodeName:      cfg.NodeName,
@@ -335,8 +335,11 @@ func (c *clusterState) unasked(asked []string) []string {
 
 // client returns the peer client for a server, built once per address; the
 // TLS configuration checks that the far end is that server.
+// peerKey names a peer client: a member at one address.
+type peerKey struct{ name, addr string }
+
 func (c *clusterState) client(name, addr string) api.Owner {
-	key := name + "@" + addr
+	key := peerKey{name, addr}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pc, ok := c.clients[key]; ok {

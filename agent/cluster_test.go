@@ -309,7 +309,7 @@ func cutPeerAPI(t *testing.T, from *Agent, peer string) (reconnect func()) {
 	saved := maps.Clone(c.clients)
 	cut := false
 	for key := range c.clients {
-		if strings.HasPrefix(key, peer+"@") {
+		if key.name == peer {
 			c.clients[key] = api.NewPeerClient("127.0.0.1:1", nil, time.Second)
 			cut = true
 		}

@@ -143,7 +143,7 @@ func newFaultProxy(t testing.TB, tc *testCluster, coord, owner *Agent, delay tim
 	// checking that the far end is the owner (the proxy has its certificate).
 	// Its timeout, reserveTimeout (20 s) in production, is one second here:
 	// coordinator.go's timeouts are constants a test cannot shorten.
-	key := owner.cfg.NodeName + "@" + owner.cluster.peerAddr
+	key := peerKey{owner.cfg.NodeName, owner.cluster.peerAddr}
 	coord.cluster.mu.Lock()
 	if old, ok := coord.cluster.clients[key]; ok {
 		old.Close()

@@ -13,26 +13,35 @@ import (
 // targets is this agent's view of the servers: itself, exactly, from its
 // ledger, and the peers from gossip.
 func (a *Agent) targets() []claim.Target {
-	now := a.clk.Now()
-	caps := a.ledger.Totals(now)
-	free := make(map[string]int, len(caps))
-	for m, c := range caps {
-		free[m] = c.Free
-	}
-	out := []claim.Target{claim.NewTarget(a.cfg.NodeName, true, a, free, a.ServerDrained(), caps)}
+	out := []claim.Target{a.selfTarget()}
 	if a.cluster != nil {
 		out = append(out, a.cluster.peers()...)
 	}
 	return out
 }
 
+// selfTarget is this server as a coordinator ranks it: exactly, from its
+// ledger.
+func (a *Agent) selfTarget() claim.Target {
+	caps := a.ledger.Totals(a.clk.Now())
+	free := make(map[string]int, len(caps))
+	for m, c := range caps {
+		free[m] = c.Free
+	}
+	return claim.NewTarget(a.cfg.NodeName, true, a, free, a.ServerDrained(), caps)
+}
+
 // peers is the view as the owner tells and asks it: the same servers, in
-// the same order, as targets.
+// the same order, as targets, without their capacity (the owner's notices
+// look for a claim ID's home on every batch).
 func (a *Agent) peers() []owner.Peer {
-	ts := a.targets()
-	out := make([]owner.Peer, len(ts))
-	for i, t := range ts {
-		out[i] = owner.Peer{Name: t.Name(), Owner: t.Owner()}
+	out := []owner.Peer{{Name: a.cfg.NodeName, Owner: a}}
+	if c := a.cluster; c != nil {
+		for _, m := range c.g.Members() {
+			if askable(m) {
+				out = append(out, owner.Peer{Name: m.Name, Owner: c.client(m.Name, m.Summary.PeerAddr)})
+			}
+		}
 	}
 	return out
 }
@@ -84,6 +93,7 @@ func (s ownerServer) Changed()            { s.a.changed() }
 type agentView struct{ a *Agent }
 
 func (v agentView) Targets() []claim.Target { return v.a.targets() }
+func (v agentView) Self() claim.Target      { return v.a.selfTarget() }
 func (v agentView) Clustered() bool         { return v.a.cluster != nil }
 func (v agentView) Joined() bool            { return v.a.cluster != nil && v.a.cluster.joined.Load() }
 

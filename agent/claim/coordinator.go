@@ -29,10 +29,10 @@ const (
 	// the capacity of the probeWide servers nearest the request, then of
 	// its best candidates probeTop at a time, before asking them
 	// (attempt.probe).
-	probeWide       = 12
-	probeTop        = 6
-	probeRounds     = 3
-	busyShare       = 0.5
+	probeWide   = 12
+	probeTop    = 6
+	probeRounds = 3
+	busyShare   = 0.5
 )
 
 // Claim places the request on one server of the platform, all of it or
@@ -187,16 +187,16 @@ func (co *Coordinator) Release(ctx context.Context, id string) (released api.Cla
 	if err := ledger.ValidateID(id); err != nil {
 		return api.Claim{}, co.apiError(err)
 	}
-	targets := co.servers.Targets()
 	abort := func(ctx context.Context, t Target) (api.Claim, error) {
 		c, err := t.owner.Abort(ctx, id)
 		return neverClaimed(t.name, c, err) // orphans.go
 	}
 	if co.names() != nil {
-		here, done, err := co.releaseHere(ctx, targets, id, abort)
+		here, done, err := co.releaseHere(ctx, id, abort)
 		if done {
 			return here, err
 		}
+		targets := co.servers.Targets()
 		c, err := co.releaseNamed(ctx, targets, id, abort)
 		if here.ID == "" {
 			return c, err
@@ -210,6 +210,7 @@ func (co *Coordinator) Release(ctx context.Context, id string) (released api.Cla
 		}
 		return c, err
 	}
+	targets := co.servers.Targets()
 	h, err := co.askHome(ctx, targets, id, abort)
 	if h.done {
 		return h.claim, err

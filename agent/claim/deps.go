@@ -45,6 +45,8 @@ type Names interface {
 type View interface {
 	// Targets are the servers a claim may be placed on now, this one first.
 	Targets() []Target
+	// Self is this server's own target, as in Targets, alone.
+	Self() Target
 	// Clustered reports whether this server runs in a cluster.
 	Clustered() bool
 	// Joined reports whether it has joined its cluster.

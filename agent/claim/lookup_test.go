@@ -80,6 +80,7 @@ func (v fakeView) Targets() []Target {
 	}
 	return out
 }
+func (v fakeView) Self() Target       { return v.Targets()[0] }
 func (v fakeView) Clustered() bool    { return true }
 func (v fakeView) Joined() bool       { return true }
 func (v fakeView) Suspects() []Target { return nil }

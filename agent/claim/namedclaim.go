@@ -346,7 +346,7 @@ func (co *Coordinator) findNamed(ctx context.Context, targets []Target, id strin
 // here, and the caller releases the registry's copy as usual). Any other
 // answer without the name let go (the registry did not answer, a move of
 // the name in progress) is checked as after a lookup (releaseMovedAway).
-func (co *Coordinator) releaseHere(ctx context.Context, targets []Target, id string, abort func(context.Context, Target) (api.Claim, error)) (here api.Claim, done bool, err error) {
+func (co *Coordinator) releaseHere(ctx context.Context, id string, abort func(context.Context, Target) (api.Claim, error)) (here api.Claim, done bool, err error) {
 	if co.ledger == nil {
 		return api.Claim{}, false, nil
 	}
@@ -354,10 +354,7 @@ func (co *Coordinator) releaseHere(ctx context.Context, targets []Target, id str
 	if err != nil || lc.State != ledger.StateCommitted || lc.NameToken == 0 {
 		return api.Claim{}, false, nil
 	}
-	self, ok := targetNamed(targets, co.cfg.NodeName)
-	if !ok {
-		return api.Claim{}, false, nil
-	}
+	self := co.servers.Self()
 	rctx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)
 	c, err := abort(rctx, self)
 	cancel()
@@ -373,7 +370,7 @@ func (co *Coordinator) releaseHere(ctx context.Context, targets []Target, id str
 	}
 	rec := names.Record{State: names.StateHeld, Owner: self.name, Token: lc.NameToken,
 		Request: owner.RequestDigest(api.ReserveRequest{Items: lc.Items, Labels: lc.Labels})}
-	c, err = co.releaseMovedAway(ctx, targets, id, self.name, rec, c, abort)
+	c, err = co.releaseMovedAway(ctx, co.servers.Targets(), id, self.name, rec, c, abort)
 	return c, true, err
 }
 

@@ -161,18 +161,23 @@ func (v *view) members() []int {
 func (v *view) Targets() []claim.Target {
 	var out []claim.Target
 	for _, i := range v.members() {
-		nd := v.w.nodes[i]
-		caps := v.w.gossip.capacity(i)
-		if i == v.self {
-			caps = v.ledger.Totals(time.Now())
-		}
-		free := make(map[string]int, len(caps))
-		for m, c := range caps {
-			free[m] = c.Free
-		}
-		out = append(out, claim.NewTarget(nd.name, i == v.self, v.peer(i), free, false, caps))
+		out = append(out, v.target(i))
 	}
 	return out
+}
+
+func (v *view) Self() claim.Target { return v.target(v.self) }
+
+func (v *view) target(i int) claim.Target {
+	caps := v.w.gossip.capacity(i)
+	if i == v.self {
+		caps = v.ledger.Totals(time.Now())
+	}
+	free := make(map[string]int, len(caps))
+	for m, c := range caps {
+		free[m] = c.Free
+	}
+	return claim.NewTarget(v.w.nodes[i].name, i == v.self, v.peer(i), free, false, caps)
 }
 
 func (v *view) peer(i int) api.Owner { return peer{w: v.w, from: v.self, gen: v.gen, to: i} }
