@@ -669,27 +669,9 @@ func TestClusterNamedReleaseFollowsANameMovedAway(t *testing.T) {
 	a, b, c := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 8 })
 	ctx := context.Background()
-	req := l40sReq(1)
-	req.PreferNode = "c"
-	if _, err := a.Claim(ctx, "vm-x", req); err != nil {
-		t.Fatal(err)
-	}
+	claimOneOn(t, a, "vm-x", "c")
 	// A resize's move to b, committed there, its old copy on c kept.
-	rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
-	if err != nil || rec.Owner != "c" {
-		t.Fatalf("vm-x: %+v, %v", rec, err)
-	}
-	m, err := tc.names.Move(ctx, names.Claim("vm-x"), rec.Token, "c", "b", "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
-	if _, err := b.Owner.Reserve(ctx, "vm-x", rr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Owner.Commit(ctx, "vm-x"); err != nil {
-		t.Fatal(err)
-	}
+	moveCutShort(t, tc, "vm-x", c, b)
 	r.holder, r.back = "b", "c"
 
 	got, err := a.Release(ctx, "vm-x")
@@ -734,6 +716,39 @@ func TestClusterNamedNoRoomIsNotAvailableOnlyForAFreeID(t *testing.T) {
 	}
 	if _, err := c.Claim(ctx, "vm-y", l40sReq(1)); !api.IsCode(err, api.CodeNotAvailable) {
 		t.Fatalf("claim of a free ID with no room: %v; want not available", err)
+	}
+}
+
+// claimOneOn claims one L40S as id through via, on node.
+func claimOneOn(t *testing.T, via *Agent, id, node string) {
+	t.Helper()
+	req := l40sReq(1)
+	req.PreferNode = node
+	if _, err := via.Claim(context.Background(), id, req); err != nil {
+		t.Fatalf("claiming %s on %s: %v", id, node, err)
+	}
+}
+
+// moveCutShort moves claim id's name (one L40S, coordinated by a) from
+// one server to another and commits it there, as a resize's move does,
+// and stops before the copy on from is released.
+func moveCutShort(t *testing.T, tc *testCluster, id string, from, to *Agent) {
+	t.Helper()
+	ctx := context.Background()
+	rec, err := tc.names.Lookup(ctx, names.Claim(id), names.Linearizable)
+	if err != nil || rec.Owner != from.cfg.NodeName {
+		t.Fatalf("%s: %+v, %v; want it on %s", id, rec, err, from.cfg.NodeName)
+	}
+	m, err := tc.names.Move(ctx, names.Claim(id), rec.Token, from.cfg.NodeName, to.cfg.NodeName, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
+	if _, err := to.Owner.Reserve(ctx, id, rr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := to.Owner.Commit(ctx, id); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -786,32 +801,10 @@ func TestClusterNamedReleaseOnALeftoverFreesTheNamedCopy(t *testing.T) {
 	a, b, c, d := tc.start("a", "a100-pcie-4"), tc.start("b", "l40s-4"), tc.start("c", "l40s-4"), tc.start("d", "l40s-4")
 	tc.converge("membership", func(x *Agent) bool { return freeOf(x, l40s) == 12 })
 	ctx := context.Background()
-	req := l40sReq(1)
-	req.PreferNode = "c"
-	if _, err := a.Claim(ctx, "vm-x", req); err != nil {
-		t.Fatal(err)
-	}
+	claimOneOn(t, a, "vm-x", "c")
 	// Moves c → b (c's copy kept: the move was cut short) and b → d.
-	move := func(from, to *Agent) {
-		t.Helper()
-		rec, err := tc.names.Lookup(ctx, names.Claim("vm-x"), names.Linearizable)
-		if err != nil || rec.Owner != from.cfg.NodeName {
-			t.Fatalf("vm-x: %+v, %v; want it on %s", rec, err, from.cfg.NodeName)
-		}
-		m, err := tc.names.Move(ctx, names.Claim("vm-x"), rec.Token, from.cfg.NodeName, to.cfg.NodeName, "a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 1}}, Coordinator: "a", Token: m.Move.Token}
-		if _, err := to.Owner.Reserve(ctx, "vm-x", rr); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := to.Owner.Commit(ctx, "vm-x"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	move(c, b)
-	move(b, d)
+	moveCutShort(t, tc, "vm-x", c, b)
+	moveCutShort(t, tc, "vm-x", b, d)
 	if _, err := b.Owner.Abort(ctx, "vm-x"); err != nil {
 		t.Fatalf("releasing the copy on b: %v", err)
 	}

@@ -42,15 +42,16 @@ func (o *capOwner) Commit(_ context.Context, id string) (api.Claim, error) {
 	return api.Claim{ID: id, Node: o.name, State: api.StateClaimed}, nil
 }
 
-// probeCase places count GPUs of model H100 on servers whose view (free
-// as gossip last said) differs from what they hold now (free now), 8
-// healthy GPUs each, and returns where the claim went and the capacity
-// reads each server answered.
-func probeCase(t *testing.T, count int, servers []struct {
+// capServer is a server of model H100 as the view shows it (free as
+// gossip last said) and as it is now.
+type capServer struct {
 	name      string
 	view, now int
-}) (string, map[string]int) {
-	t.Helper()
+}
+
+// capServers builds an owner and a target, 8 healthy GPUs each, for
+// every server.
+func capServers(servers []capServer) ([]*capOwner, []Target) {
 	var owners []*capOwner
 	var targets []Target
 	for _, s := range servers {
@@ -59,6 +60,16 @@ func probeCase(t *testing.T, count int, servers []struct {
 		targets = append(targets, NewTarget(s.name, false, o, map[string]int{"H100": s.view}, false,
 			map[string]ledger.ModelTotals{"H100": {Total: 8, Healthy: 8, Free: s.view}}))
 	}
+	return owners, targets
+}
+
+// probeCase places count GPUs of model H100 on servers whose view (free
+// as gossip last said) differs from what they hold now (free now), 8
+// healthy GPUs each, and returns where the claim went and the capacity
+// reads each server answered.
+func probeCase(t *testing.T, count int, servers []capServer) (string, map[string]int) {
+	t.Helper()
+	owners, targets := capServers(servers)
 	co := newFakeCoordinator(&owners[0].fakeOwner)
 	want := []placement.Want{{Model: "H100", Count: count}}
 	at := &attempt{Coordinator: co, id: "vm-1", rr: api.ReserveRequest{Items: want, Coordinator: co.cfg.NodeName},
@@ -79,10 +90,7 @@ func probeCase(t *testing.T, count int, servers []struct {
 // Best fit is that server, not the one with room by the view that would
 // be left with a hole too small for the next big request.
 func TestProbeFindsTheBestFitTheViewShowsTooFull(t *testing.T) {
-	node, reads := probeCase(t, 2, []struct {
-		name      string
-		view, now int
-	}{
+	node, reads := probeCase(t, 2, []capServer{
 		{"exact", 1, 2}, // a release not yet gossiped
 		{"roomy", 4, 4},
 		{"big", 6, 6},
@@ -96,10 +104,7 @@ func TestProbeFindsTheBestFitTheViewShowsTooFull(t *testing.T) {
 // it ranks behind them have taken claims: the servers read before choosing
 // reach past the view's best, and the fresh figures decide.
 func TestProbeRanksOnFreshFiguresBeyondTheViewsBest(t *testing.T) {
-	servers := []struct {
-		name      string
-		view, now int
-	}{
+	servers := []capServer{
 		{"s1", 2, 6}, {"s2", 2, 6}, {"s3", 2, 6}, {"s4", 2, 6}, {"s5", 2, 6}, {"s6", 2, 6}, // best by the view; freed since
 		{"later", 4, 2}, // claims since: exactly the request now
 		{"full", 0, 0},
@@ -113,10 +118,7 @@ func TestProbeRanksOnFreshFiguresBeyondTheViewsBest(t *testing.T) {
 // An unloaded platform is not probed: a claim its first candidate can
 // hold costs no capacity read.
 func TestNoProbeWhenNotBusy(t *testing.T) {
-	node, reads := probeCase(t, 1, []struct {
-		name      string
-		view, now int
-	}{
+	node, reads := probeCase(t, 1, []capServer{
 		{"a", 8, 8}, {"b", 7, 7}, {"c", 8, 8},
 	})
 	if node != "b" {
@@ -131,17 +133,7 @@ func TestNoProbeWhenNotBusy(t *testing.T) {
 
 // A claim that must stay on its server reads no other server's capacity.
 func TestProbeKeepsPinnedClaimsOnTheirServer(t *testing.T) {
-	var owners []*capOwner
-	var targets []Target
-	for _, s := range []struct {
-		name      string
-		view, now int
-	}{{"a", 1, 1}, {"pinned", 2, 2}, {"c", 1, 2}} {
-		o := &capOwner{fakeOwner: fakeOwner{name: s.name}, model: "H100", free: s.now}
-		owners = append(owners, o)
-		targets = append(targets, NewTarget(s.name, false, o, map[string]int{"H100": s.view}, false,
-			map[string]ledger.ModelTotals{"H100": {Total: 8, Healthy: 8, Free: s.view}}))
-	}
+	owners, targets := capServers([]capServer{{"a", 1, 1}, {"pinned", 2, 2}, {"c", 1, 2}})
 	co := newFakeCoordinator(&owners[0].fakeOwner)
 	want := []placement.Want{{Model: "H100", Count: 2}}
 	at := &attempt{Coordinator: co, id: "vm-1", rr: api.ReserveRequest{Items: want, Coordinator: co.cfg.NodeName},
@@ -161,17 +153,7 @@ func TestProbeKeepsPinnedClaimsOnTheirServer(t *testing.T) {
 // capacity before its next claims: below half load a stale candidate
 // costs one refused reservation, less than the probe's reads.
 func TestRefusalWithRoomProbesNothing(t *testing.T) {
-	var owners []*capOwner
-	var targets []Target
-	for _, s := range []struct {
-		name      string
-		view, now int
-	}{{"stale", 1, 0}, {"b", 6, 6}, {"c", 7, 7}} {
-		o := &capOwner{fakeOwner: fakeOwner{name: s.name}, model: "H100", free: s.now}
-		owners = append(owners, o)
-		targets = append(targets, NewTarget(s.name, false, o, map[string]int{"H100": s.view}, false,
-			map[string]ledger.ModelTotals{"H100": {Total: 8, Healthy: 8, Free: s.view}}))
-	}
+	owners, targets := capServers([]capServer{{"stale", 1, 0}, {"b", 6, 6}, {"c", 7, 7}})
 	co := newFakeCoordinator(&owners[0].fakeOwner)
 	want := []placement.Want{{Model: "H100", Count: 1}}
 	for i, id := range []string{"vm-1", "vm-2"} {
