@@ -88,7 +88,7 @@ func main() {
 	flag.StringVar(&cost, "cost", "10,100,1000", "sizes (servers) at which the messages and fsyncs per claim, get and release are counted")
 	flag.IntVar(&o.cost.ops, "cost-ops", 50, "claims (each followed by a get and a release) per cost size")
 	flag.DurationVar(&o.cost.quiet, "cost-quiet", 200*time.Millisecond, "an operation's window closes once nothing it caused moved for this long")
-	flag.StringVar(&o.tputProf, "tput-cpuprofile", "", "write a CPU profile of the agents' throughput test alone to this file (its last size's), and its allocations to FILE.allocs-start and FILE.allocs")
+	flag.StringVar(&o.tputProf, "tput-cpuprofile", "", "write a CPU profile of the agents' throughput test alone to this file (its last size's), its allocations to FILE.allocs-start and FILE.allocs, and its lock contention to FILE.mutex")
 	flag.StringVar(&model, "model", "50,100,250,1000,10000", "sizes of the gossip model (tools/internal/gossipsim); empty to skip it")
 	flag.DurationVar(&o.model.churn, "model-churn", 10*time.Minute, "mean time between two capacity changes of one server, in the model's loaded runs")
 	flag.IntVar(&o.model.changes, "model-changes", 5, "changes timed per size in the model")

@@ -152,9 +152,19 @@ func startProfile(path string) func() {
 		}
 	}
 	writeAllocs(path + ".allocs-start")
+	// Where the test's goroutines waited for a lock (go tool pprof
+	// BINARY FILE.mutex): one contention event in mutexSample is
+	// recorded, with its delay scaled back up.
+	const mutexSample = 5
+	runtime.SetMutexProfileFraction(mutexSample)
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 		writeAllocs(path + ".allocs")
+		if m, err := os.Create(path + ".mutex"); err == nil {
+			_ = pprof.Lookup("mutex").WriteTo(m, 0)
+			_ = m.Close()
+		}
+		runtime.SetMutexProfileFraction(0)
 	}
 }
