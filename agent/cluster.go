@@ -333,11 +333,11 @@ func (c *clusterState) unasked(asked []string) []string {
 	return out
 }
 
-// client returns the peer client for a server, built once per address; the
-// TLS configuration checks that the far end is that server.
 // peerKey names a peer client: a member at one address.
 type peerKey struct{ name, addr string }
 
+// client returns the peer client for a server, built once per address; the
+// TLS configuration checks that the far end is that server.
 func (c *clusterState) client(name, addr string) api.Owner {
 	key := peerKey{name, addr}
 	c.mu.Lock()

@@ -760,11 +760,7 @@ func TestClusterNamedReleaseOnItsOwnerLooksNothingUp(t *testing.T) {
 	tc, a, b, c := namedThree(t)
 	ctx := context.Background()
 	for _, via := range []*Agent{b, a} {
-		req := l40sReq(1)
-		req.PreferNode = "b"
-		if _, err := a.Claim(ctx, "vm-x", req); err != nil {
-			t.Fatal(err)
-		}
+		claimOneOn(t, a, "vm-x", "b")
 		before := tc.names.lookups.Load()
 		got, err := via.Release(ctx, "vm-x")
 		if err != nil {

@@ -205,7 +205,9 @@ func (o *Owner) releaseName(ctx context.Context, c ledger.Claim) {
 // staying here without one. The caller holds the ID's commit lock since
 // before the ledger released the claim: a hold of the ID here meanwhile
 // would be answered with the very name this lets go. It reports whether
-// the registry let the name go from here: then no copy elsewhere holds it.
+// the registry let the name go from here (then no copy elsewhere holds
+// it), and whether it refused because it holds the ID on another server
+// (then the copy released here was not the one it names).
 func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewhere bool) {
 	if o.names() == nil || c.NameToken == 0 {
 		return false, false
@@ -219,9 +221,8 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewh
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
 		o.noteNameRelease(c, err)
-		// Refused because the registry holds the ID on another server:
-		// the copy released here was not the one it names.
-		elsewhere = errors.Is(err, names.ErrStale) && errors.As(err, &r) && r.Record != nil && r.Record.Owner != o.cfg.NodeName
+		// r is set whenever the refusal is stale (the checks above ran).
+		elsewhere = errors.Is(err, names.ErrStale) && r != nil && r.Record != nil && r.Record.Owner != o.cfg.NodeName
 		return err == nil, elsewhere
 	}
 	if _, gerr := o.ledger.Get(c.ID); gerr == nil {

@@ -144,12 +144,15 @@ func startProfile(path string) func() {
 	// end (go tool pprof -sample_index=alloc_space -base FILE.allocs-start
 	// BINARY FILE.allocs); the garbage collector's share of the CPU
 	// profile follows from them.
+	write := func(name, profile string) {
+		if w, err := os.Create(name); err == nil {
+			_ = pprof.Lookup(profile).WriteTo(w, 0)
+			_ = w.Close()
+		}
+	}
 	writeAllocs := func(name string) {
 		runtime.GC() // the profile is as of the last collection
-		if a, err := os.Create(name); err == nil {
-			_ = pprof.Lookup("allocs").WriteTo(a, 0)
-			_ = a.Close()
-		}
+		write(name, "allocs")
 	}
 	writeAllocs(path + ".allocs-start")
 	// Where the test's goroutines waited for a lock (go tool pprof
@@ -161,10 +164,7 @@ func startProfile(path string) func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 		writeAllocs(path + ".allocs")
-		if m, err := os.Create(path + ".mutex"); err == nil {
-			_ = pprof.Lookup("mutex").WriteTo(m, 0)
-			_ = m.Close()
-		}
+		write(path+".mutex", "mutex")
 		runtime.SetMutexProfileFraction(0)
 	}
 }
