@@ -48,6 +48,8 @@ for t in "${targets[@]}"; do
 			echo "   (the Go 1.26 fuzztime-deadline race, no failing input: ignored)"
 			continue
 		fi
+		# What failed, without the progress lines: the tail alone can hide it.
+		echo "$out" | grep -v '^fuzz: elapsed' | tail -n 40 | sed 's/^/   | /'
 		echo "FAIL: $name; new inputs in $corpus:"
 		comm -13 <(echo "$before") <(echo "$after") | sed 's/^/   /'
 		failed=1

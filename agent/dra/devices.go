@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/dra/manifest"
+	"github.com/gpuherd/gpuherd/vfio"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -49,13 +50,9 @@ func PCIAddress(name string) (string, bool) {
 		return "", false
 	}
 	addr := rest[:4] + ":" + rest[5:7] + ":" + rest[8:10] + "." + rest[11:]
-	for i := 0; i < len(addr); i++ {
-		c := addr[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c == ':' || c == '.') {
-			return "", false
-		}
-	}
-	if addr[11] > '7' {
+	// The address must be one vfio takes, and the name this address's own:
+	// "gpu-0:00-3b-00-0" has its separators in place but no address.
+	if vfio.ValidateAddress(addr) != nil || DeviceName(addr) != name {
 		return "", false
 	}
 	return addr, true

@@ -166,7 +166,8 @@ func TestDeviceNames(t *testing.T) {
 			t.Errorf("PCIAddress(DeviceName(%s) = %s) = %s, %v", addr, name, back, ok)
 		}
 	}
-	for _, bad := range []string{"", "gpu-", "gpu-0000-3b-00-8", "gpu-0000-3B-00-0", "nic-0000-3b-00-0", "gpu-0000-3b-00-0-x", "gpu-00000-3b-00-0", "gpu-0000:3b:00.0"} {
+	for _, bad := range []string{"", "gpu-", "gpu-0000-3b-00-8", "gpu-0000-3B-00-0", "nic-0000-3b-00-0", "gpu-0000-3b-00-0-x", "gpu-00000-3b-00-0", "gpu-0000:3b:00.0",
+		"gpu-0:00-3b-00-0", "gpu-0000-3.-00-0", "gpu-000.-3b-00-0", "gpu-0000-3b-00-:"} {
 		if a, ok := PCIAddress(bad); ok {
 			t.Errorf("PCIAddress(%q) = %s, want refused", bad, a)
 		}
