@@ -27,10 +27,10 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 	if !json.Valid(data) {
 		return fmt.Errorf("facts of GPU %s are not valid JSON; the inventory must store what it can read back", addr)
 	}
-	// bbolt serialises writers anyway; taking writeMu keeps the rule simple
-	// (one writer at a time) and orders facts with Close.
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	// bbolt serialises writers anyway; taking fileMu keeps the rule simple
+	// (one file transaction at a time) and orders facts with Close.
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketFacts)
 		if bytes.Equal(b.Get([]byte(addr)), data) {

@@ -34,7 +34,7 @@ func commitTogether(t *testing.T, l *Ledger, ids []string) []error {
 	}
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
-	l.writeMu.Lock()
+	l.fileMu.Lock()
 	for i, id := range ids {
 		wg.Add(1)
 		go func() {
@@ -43,7 +43,7 @@ func commitTogether(t *testing.T, l *Ledger, ids []string) []error {
 		}()
 		queued(l, i+1) // in this order
 	}
-	l.writeMu.Unlock()
+	l.fileMu.Unlock()
 	wg.Wait()
 	return errs
 }
@@ -143,7 +143,7 @@ func TestGroupCommitTornByACrash(t *testing.T) {
 	mustReserve(t, l, "vm-5", req(Item{Model: h100, Count: 1}), t0)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
-	l.writeMu.Lock()
+	l.fileMu.Lock()
 	for i, id := range []string{"vm-4", "vm-5"} {
 		wg.Add(1)
 		go func() { defer wg.Done(); _, errs[i] = l.Commit(id, t0) }()
@@ -152,7 +152,7 @@ func TestGroupCommitTornByACrash(t *testing.T) {
 	if err := l.db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l.writeMu.Unlock()
+	l.fileMu.Unlock()
 	wg.Wait()
 	for i, err := range errs {
 		if err == nil {

@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,17 +96,27 @@ type Ledger struct {
 	// gpuherd, which wrote reservations to it; never modified.
 	dropped []Claim
 
-	// writeMu serialises writers, those that change only memory and those
-	// that write the file alike: bbolt would serialise the latter, but the
-	// published state must change in the same order as the file, and a
-	// check-and-take must see every reservation. It is held across the fsync.
+	// fileMu serialises the file's write transactions (writeFile, Remember,
+	// PutFacts, Close); it is held across each one's fsync.
+	fileMu sync.Mutex
+	// writeMu serialises changes to the state: a writer that changes only
+	// memory (a reservation taken, extended or aborted) holds it alone, for
+	// no longer than its check-and-take; a file transaction holds it while
+	// its writers run, not while the transaction is written and synced
+	// (see pending). Take fileMu first when both are needed.
 	writeMu sync.Mutex
+	// pending is the state a file transaction leaves, from when its writers
+	// have run until it is synced and published, or dropped if the commit
+	// fails; nil when no transaction is in flight. A writer that changes
+	// only memory meanwhile changes both the published state and pending
+	// (carry), or waits for the transaction. Guarded by writeMu.
+	pending *state
 	// queue is the writers waiting for the next file transaction (group
 	// commit, writeFile); queueMu guards it alone.
 	queueMu sync.Mutex
 	queue   []*fileWrite
 	// released indexes the released bucket (releasedIndex); nil until
-	// first used, and after a write that failed. Guarded by writeMu.
+	// first used, and after a write that failed. Guarded by fileMu.
 	released *releasedIndex
 	// mu guards the state pointer only, so that readers (metrics, gossip)
 	// never wait for a writer's fsync, just for the pointer swap.
@@ -306,8 +318,8 @@ func (l *Ledger) DroppedAtOpen() []Claim {
 // lock for the next agent. The reservations, which live in memory only, are
 // gone: a ledger opened on the file again has none.
 func (l *Ledger) Close() error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	if err := l.db.Close(); err != nil {
 		return fmt.Errorf("close ledger %s: %w", l.path, err)
 	}
@@ -363,34 +375,141 @@ func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)
 	// A first run on a copy of the published state, without the write
 	// lock, tells whether fn needs the file: such a writer queues for the
 	// next transaction at once (group commit, writeFile) instead of
-	// waiting for the write lock, which a transaction holds across its
-	// fsync. What it decides counts only when run again below.
+	// waiting for the write lock. What it decides counts only when run
+	// again below.
 	if _, err := fn(nil, l.current().clone()); errors.Is(err, errNeedsFile) {
 		return l.writeFile(fn)
 	}
-	l.writeMu.Lock()
+	for alone := false; ; alone = true {
+		if alone {
+			// The change could not be carried over the transaction in
+			// flight: wait for it, and keep the next one out meanwhile.
+			if testWaitsForFile != nil {
+				testWaitsForFile()
+			}
+			l.fileMu.Lock()
+		}
+		l.writeMu.Lock()
+		retry, err := l.writeMemory(fn)
+		l.writeMu.Unlock()
+		if alone {
+			l.fileMu.Unlock()
+		}
+		switch {
+		case errors.Is(err, errNeedsFile):
+			return l.writeFile(fn)
+		case !retry:
+			return err
+		}
+	}
+}
+
+// writeMemory runs fn on a copy of the published state, tx nil, and
+// publishes what it leaves if it changed anything. While a file
+// transaction is in flight the change must also hold in the state that
+// transaction leaves (carry): when it does not, nothing is published and
+// retry is set, for the caller to run fn again once the transaction is
+// done. Call with writeMu held.
+func (l *Ledger) writeMemory(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) (retry bool, err error) {
 	// Only writers replace l.state, and writeMu is held: no lock needed to
 	// read it here.
 	cur := l.state
 	st := cur.clone()
 	changed, err := fn(nil, st)
-	if errors.Is(err, errNeedsFile) {
-		l.writeMu.Unlock()
-		return l.writeFile(fn)
+	if errors.Is(err, errNeedsFile) || !changed {
+		return false, err
 	}
-	defer l.writeMu.Unlock()
-	if !changed {
-		return err
+	if l.pending != nil {
+		next, ok := carry(cur, st, l.pending)
+		if !ok {
+			return true, nil
+		}
+		l.pending = next
 	}
 	st.rev = cur.rev + 1
 	l.publish(st)
-	return err
+	return false, err
+}
+
+// carry applies to pending, the state a file transaction in flight leaves,
+// the change a writer made in memory from cur (the published state) to
+// st, and returns the result; false if the change cannot be carried. It
+// can when the transaction left every claim the writer changed as cur has
+// it, and no GPU the writer's claims hold is held in pending by any other
+// claim, live or not; and when the writer changed only reservations
+// (changes made with tx nil can change nothing else but the inventory).
+// The change then holds whether the transaction commits or fails, and the
+// transaction's own writers, which did not touch those claims nor take
+// those GPUs, are answered the same as if it came first. A drain the
+// transaction writes does not matter: a drain leaves the claims already
+// on its GPU, so a reservation made first is as good.
+func carry(cur, st, pending *state) (*state, bool) {
+	if !sameMap(cur.inventory, st.inventory) || len(cur.drains) != len(st.drains) {
+		return nil, false
+	}
+	var ids []string
+	for id, rec := range st.claims {
+		if old, ok := cur.claims[id]; !ok || !reflect.DeepEqual(old, rec) {
+			ids = append(ids, id)
+		}
+	}
+	for id := range cur.claims {
+		if _, ok := st.claims[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		was, inCur := cur.claims[id]
+		p, inPending := pending.claims[id]
+		if inCur != inPending || inCur && !reflect.DeepEqual(was, p) {
+			return nil, false
+		}
+	}
+	held := map[string]bool{}
+	for id, rec := range pending.claims {
+		if !slices.Contains(ids, id) {
+			for _, g := range rec.GPUs {
+				held[g] = true
+			}
+		}
+	}
+	next := pending.clone()
+	for _, id := range ids {
+		rec, ok := st.claims[id]
+		if !ok {
+			delete(next.claims, id)
+			continue
+		}
+		if rec.State != StateReserved {
+			return nil, false
+		}
+		for _, g := range rec.GPUs {
+			if held[g] {
+				return nil, false
+			}
+		}
+		next.claims[id] = rec
+	}
+	return next, true
+}
+
+// sameMap reports whether a and b are the same map (not merely equal): the
+// inventory is replaced, never modified in place.
+func sameMap[K comparable, V any](a, b map[K]V) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 // testAfterCommit, when set (tests only), runs after a batch's
 // transaction is synced and before any of its writers is answered or its
 // state published: where a crash would tear the batch from its answers.
 var testAfterCommit func(writes int)
+
+// testInFlight, when set (tests only), runs while a batch's transaction is
+// in flight: its writers have run, it is not yet written or synced, and
+// the write lock is free. testWaitsForFile runs when a writer is about to
+// wait for the file lock (a file write, or a change that could not be
+// carried over the transaction in flight).
+var testInFlight, testWaitsForFile func()
 
 // fileWrite is one writer's fn waiting for a transaction (writeFile), and
 // what became of it once done is closed.
@@ -422,8 +541,11 @@ func (l *Ledger) writeFile(fn func(tx *bolt.Tx, st *state) (changed bool, err er
 	l.queueMu.Lock()
 	l.queue = append(l.queue, w)
 	l.queueMu.Unlock()
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	if testWaitsForFile != nil {
+		testWaitsForFile()
+	}
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	select {
 	case <-w.done: // an earlier writer's transaction took it
 		return w.err
@@ -443,61 +565,40 @@ func (l *Ledger) writeFile(fn func(tx *bolt.Tx, st *state) (changed bool, err er
 // its writers. When one of them changed nothing, it is answered and the
 // rest are returned, to be run again in a transaction of their own.
 func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
+	l.writeMu.Lock()
 	cur := l.state
-	var (
-		next     *state
-		errs     = make([]error, len(batch))
-		refusing = -1
-	)
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		st, err := load(tx, l.path)
-		if err != nil {
-			return err
-		}
-		// Reservations live in memory only: Open removed any the file held,
-		// and none is written since, so the file's can only be stale.
-		for _, rec := range st.reservations() {
-			delete(st.claims, rec.ID)
-		}
-		for _, rec := range cur.reservations() {
-			if _, ok := st.claims[rec.ID]; !ok {
-				st.claims[rec.ID] = rec
-			}
-		}
-		// The inventory is not in the file either. Its map is never
-		// modified in place, only replaced, so sharing it is safe.
-		st.inventory = cur.inventory
-		for i, w := range batch {
-			changed, err := w.fn(tx, st)
-			errs[i] = err
-			if !changed {
-				refusing = i
-				return errUnchanged
-			}
-		}
-		st.rev = max(st.rev, cur.rev) + 1
-		if err := tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev)); err != nil {
-			return fmt.Errorf("write revision: %w", err)
-		}
-		next = st
-		return nil
-	})
+	errs := make([]error, len(batch))
+	tx, next, refusing, err := l.runBatch(cur, batch, errs)
 	switch {
 	case errors.Is(err, errUnchanged):
+		l.writeMu.Unlock()
+		_ = tx.Rollback()
 		l.released = nil // a rolled back fn may have changed it
 		w := batch[refusing]
 		w.err = errs[refusing]
 		close(w.done)
 		return append(batch[:refusing:refusing], batch[refusing+1:]...)
 	case err != nil:
-		l.released = nil // fn may have changed it: rebuilt from the file on next use
-		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
-		l.writeErr.Store(&err)
-		for _, w := range batch {
-			w.err = err
-			l.wrote(OpWrite, err)
-			close(w.done)
+		l.writeMu.Unlock()
+		if tx != nil {
+			_ = tx.Rollback()
 		}
+		l.failBatch(batch, err)
+		return nil
+	}
+	// Written and synced without the write lock: writers that change
+	// only memory go on meanwhile, carried into pending (writeMemory).
+	l.pending = next
+	l.writeMu.Unlock()
+	if testInFlight != nil {
+		testInFlight()
+	}
+	err = tx.Commit()
+	l.writeMu.Lock()
+	next, l.pending = l.pending, nil
+	if err != nil {
+		l.writeMu.Unlock()
+		l.failBatch(batch, err)
 		return nil
 	}
 	l.syncs.Add(1)
@@ -505,13 +606,71 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 		testAfterCommit(len(batch))
 	}
 	l.writeErr.Store(nil)
+	// The file's revision was set before the writers in memory that came
+	// since; the published one only grows.
+	next.rev = max(next.rev, l.state.rev+1)
 	l.publish(next)
+	l.writeMu.Unlock()
 	for i, w := range batch {
 		w.err = errs[i]
 		l.wrote(OpWrite, nil)
 		close(w.done)
 	}
 	return nil
+}
+
+// runBatch opens a write transaction and runs batch's writers in it over
+// the file's state plus cur's reservations and inventory, in order,
+// setting errs. It returns the transaction, open, and the state it leaves;
+// errUnchanged and refusing when a writer changed nothing (the transaction
+// is then to be rolled back), or another error. Call with writeMu held.
+func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *bolt.Tx, next *state, refusing int, err error) {
+	tx, err = l.db.Begin(true)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	st, err := load(tx, l.path)
+	if err != nil {
+		return tx, nil, -1, err
+	}
+	// Reservations live in memory only: Open removed any the file held,
+	// and none is written since, so the file's can only be stale.
+	for _, rec := range st.reservations() {
+		delete(st.claims, rec.ID)
+	}
+	for _, rec := range cur.reservations() {
+		if _, ok := st.claims[rec.ID]; !ok {
+			st.claims[rec.ID] = rec
+		}
+	}
+	// The inventory is not in the file either. Its map is never
+	// modified in place, only replaced, so sharing it is safe.
+	st.inventory = cur.inventory
+	for i, w := range batch {
+		changed, err := w.fn(tx, st)
+		errs[i] = err
+		if !changed {
+			return tx, nil, i, errUnchanged
+		}
+	}
+	st.rev = max(st.rev, cur.rev) + 1
+	if err := tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev)); err != nil {
+		return tx, nil, -1, fmt.Errorf("write revision: %w", err)
+	}
+	return tx, st, -1, nil
+}
+
+// failBatch answers every writer of a batch whose transaction failed:
+// nothing of it was published, and the write was not acknowledged.
+func (l *Ledger) failBatch(batch []*fileWrite, err error) {
+	l.released = nil // fn may have changed it: rebuilt from the file on next use
+	err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
+	l.writeErr.Store(&err)
+	for _, w := range batch {
+		w.err = err
+		l.wrote(OpWrite, err)
+		close(w.done)
+	}
 }
 
 // Syncs counts the file's write transactions committed since Open, each

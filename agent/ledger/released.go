@@ -39,8 +39,8 @@ type Released struct {
 // claim remembers it in its own transaction (ReleaseRemembering); this is
 // for a claim released otherwise.
 func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	err := l.db.Update(func(tx *bolt.Tx) error { return l.rememberIn(tx, c, now, keep) })
 	if err != nil {
 		l.released = nil // rebuilt from the file on next use
@@ -56,7 +56,7 @@ func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 // releasedIndex is when each remembered released claim was released, as
 // the released bucket holds it, so that forgetting the old ones reads no
 // record: a release used to decode every remembered record (up to
-// maxReleased) to find them. Writers keep it under writeMu, in the
+// maxReleased) to find them. Writers keep it under fileMu, in the
 // transaction that changes the bucket; a transaction that fails drops it,
 // and the next one rebuilds it from the file.
 type releasedIndex struct {
@@ -91,7 +91,7 @@ func (l *Ledger) releasedIn(b *bolt.Bucket) (*releasedIndex, error) {
 }
 
 // rememberIn writes c as released at now into tx and forgets what is due
-// (see Remember). Call with writeMu held; a caller whose transaction then
+// (see Remember). Call with fileMu held; a caller whose transaction then
 // fails drops l.released.
 func (l *Ledger) rememberIn(tx *bolt.Tx, c Claim, now time.Time, keep time.Duration) (err error) {
 	defer func() {
