@@ -222,6 +222,7 @@ type sizeResult struct {
 	replays      []replayResult
 	oracle       map[float64][3]int // load → accepted by omniscient best fit, first fit, random
 	oracleOffer  map[float64]int    // load → claims offered (warm-up excluded)
+	oracleTies   map[float64][3]int // load → omniscient best fit over tieSeeds other tie-breaks: fewest, median, most accepted
 	childRSS     int64
 	childCPU     time.Duration
 	childWin     time.Duration
@@ -348,7 +349,7 @@ func run(o options) error {
 
 func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, error) {
 	ctx := context.Background()
-	r := &sizeResult{n: n, oracle: map[float64][3]int{}, oracleOffer: map[float64]int{}}
+	r := &sizeResult{n: n, oracle: map[float64][3]int{}, oracleOffer: map[float64]int{}, oracleTies: map[float64][3]int{}}
 	progress("starting agents: %d → %d", len(c.nodes), n)
 	t0 := time.Now()
 	if err := c.start(n-len(c.nodes), 8); err != nil {
@@ -471,6 +472,7 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 		cc, _ := simulate(tr, capa, randomFit, o.seed)
 		r.oracle[load] = [3]int{a, b, cc}
 		r.oracleOffer[load] = off
+		r.oracleTies[load] = tieSpread(tr, capa, o.seed)
 		allocs := []allocator{agentA}
 		if !mesh {
 			allocs = []allocator{va}

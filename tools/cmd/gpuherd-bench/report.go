@@ -93,6 +93,10 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 			}
 			off := r.oracleOffer[load]
 			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "oracle: omniscient best fit", fmt.Sprint(off), fmt.Sprint(or[0]), "×1.000", "-", "-", "-", "-", "-")
+			if ties, ok := r.oracleTies[load]; ok {
+				t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), fmt.Sprintf("omniscient best fit, %d other tie-breaks (median)", tieSeeds), fmt.Sprint(off),
+					fmt.Sprintf("%d–%d (%d)", ties[0], ties[2], ties[1]), fmt.Sprintf("%s–%s (%s)", ratio3(ties[0], or[0]), ratio3(ties[2], or[0]), ratio3(ties[1], or[0])), "-", "-", "-", "-", "-")
+			}
 			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "omniscient first fit", fmt.Sprint(off), fmt.Sprint(or[1]), ratio3(or[1], or[0]), "-", "-", "-", "-", "-")
 			t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), "omniscient random", fmt.Sprint(off), fmt.Sprint(or[2]), ratio3(or[2], or[0]), "-", "-", "-", "-", "-")
 			for _, x := range r.replays {

@@ -53,3 +53,20 @@ func TestStaleViewModel(t *testing.T) {
 		}
 	}
 }
+
+// The oracle's figure moves on its tie-breaks alone: tieSpread replays it
+// with other tie orders, and the spread it reports is ordered and bounded
+// by the claims offered. On this trace ties decide a few claims, so a
+// spread of zero would mean the other tie orders were not used.
+func TestOracleTieSpread(t *testing.T) {
+	capa := benchMix()
+	tr := newTrace(3, capa, 0.95, 3*time.Second, 6*time.Second, "x")
+	_, offered := simulate(tr, capa, bestFit, 3)
+	s := tieSpread(tr, capa, 3)
+	if !(s[0] <= s[1] && s[1] <= s[2] && s[2] <= offered) {
+		t.Fatalf("tie spread %v of %d offered: want fewest ≤ median ≤ most ≤ offered", s, offered)
+	}
+	if s[0] == s[2] {
+		t.Errorf("tie spread %v: every tie order accepted the same", s)
+	}
+}

@@ -149,6 +149,23 @@ func bestFit(servers []placement.Server, want []placement.Want, rnd *rand.Rand) 
 	return placement.Rank(servers, want, "", rnd)
 }
 
+// tieSeeds is how many other tie-breaks tieSpread replays the oracle with.
+const tieSeeds = 32
+
+// tieSpread replays the trace as the oracle does, on exact, instantaneous
+// state, with tieSeeds other orders for best fit's ties, and returns the
+// fewest, the median and the most claims accepted: how far the oracle's
+// own figure moves on tie-breaks alone, which no allocator's run can be
+// told apart from.
+func tieSpread(t trace, capa capacity, seed uint64) [3]int {
+	got := make([]int, tieSeeds)
+	for i := range got {
+		got[i], _ = simulate(t, capa, bestFit, seed+1000+uint64(i))
+	}
+	slices.Sort(got)
+	return [3]int{got[0], got[len(got)/2], got[len(got)-1]}
+}
+
 // firstFit takes the fitting servers in name order.
 func firstFit(servers []placement.Server, want []placement.Want, _ *rand.Rand) []string {
 	out := placement.Rank(servers, want, "", nil) // every fitting server
