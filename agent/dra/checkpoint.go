@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpuherd/gpuherd/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/gpuherd/gpuherd/internal/atomicfile"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // prepared is what the driver remembers of one prepared ResourceClaim:
@@ -63,6 +65,14 @@ func openCheckpoint(dir string) (*checkpoint, error) {
 	}
 	if body.Version != checkpointVersion {
 		return nil, fmt.Errorf("%s has version %d; this gpuherd reads version %d", cp.path, body.Version, checkpointVersion)
+	}
+	// Its UIDs name files (the CDI specs) and its entries are released: an
+	// entry the driver would not have written is damage, never acted on.
+	for uid, p := range body.Prepared {
+		if !validUID(types.UID(uid)) || !validObjectName(p.Namespace) || !validObjectName(p.Name) || p.Claim == "" {
+			return nil, fmt.Errorf("%s holds an entry the driver does not write (UID %.80q, ResourceClaim %.80q/%.80q, claim %.80q): the file is damaged; move it aside, and the driver then releases Kubernetes claims by their derived IDs",
+				cp.path, uid, p.Namespace, p.Name, p.Claim)
+		}
 	}
 	if body.Prepared != nil {
 		cp.m = body.Prepared
