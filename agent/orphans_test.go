@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/claimtest"
+	"github.com/gpuherd/gpuherd/agent/home"
 	"github.com/gpuherd/gpuherd/vfio"
 )
 
@@ -83,6 +84,16 @@ func TestOrphanReservationMakesNoFalseConflict(t *testing.T) {
 	if _, err := a.Release(ctx, "vm-x"); err != nil {
 		t.Fatalf("release of vm-x: %v", err)
 	}
+	// The owner tells the ID's home of the release in the background: a
+	// claim that reaches the home first finds the ID held on a, which no
+	// longer has it, and takes the slow way, where no home vouches and a
+	// conflicting reservation stands. That is the window of a release,
+	// not the orphan's; the rule tested here is the one after it.
+	homeAgent := tc.agents[home.Of("vm-x", a.targets(), targetName).Name()]
+	waitFor(t, "the home to learn the release of vm-x", 5*time.Second, func() bool {
+		ans, err := homeAgent.LookupDirectory(ctx, "vm-x")
+		return err == nil && ans.State == api.DirAbsent
+	})
 	next, err := a.Claim(ctx, "vm-x", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 2}}, AnyNode: true})
 	if err != nil {
 		t.Fatalf("next claim of vm-x after its release: %v (the orphan on c made it a conflict)", err)
