@@ -84,6 +84,19 @@ func (v *avoidance) succeeded(name string) {
 	}
 }
 
+// forgetUnless drops the backoff of every member for which listed is
+// false (gone from the view: clusterState.forgetGone).
+func (v *avoidance) forgetUnless(listed func(name string) bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for name := range v.m {
+		if !listed(name) {
+			delete(v.m, name)
+		}
+	}
+	v.n.Store(int32(len(v.m)))
+}
+
 // avoiding returns why calls to name at addr are not made now, or nil.
 // A member that gossip shows at another address or with another boot is
 // tried again at once.

@@ -366,6 +366,44 @@ func (c *clusterState) client(name, addr string) api.Owner {
 	return pc
 }
 
+// forgetGone drops what this agent keeps per member for the members that
+// gossip no longer lists (removed, or forgotten after RememberDeparted):
+// their peer clients, cached targets and backoffs; and a listed member's
+// clients at addresses it no longer has (it moved, or restarted on another
+// port). Without it every server that ever left, and every address a
+// server ever had, stays in memory for the agent's life, each client with
+// its idle connections. A member that comes back gets a client and a
+// target built anew on first use. A member whose summary cannot be read
+// (no address) keeps its clients. Closing a dropped client closes only its
+// idle connections: a request in flight on it finishes.
+func (c *clusterState) forgetGone(members []gossip.Member) {
+	addrs := make(map[string]string, len(members))
+	for _, m := range members {
+		addrs[m.Name] = m.Summary.PeerAddr
+	}
+	var dropped []*api.PeerClient
+	c.mu.Lock()
+	for k, pc := range c.clients {
+		if addr, listed := addrs[k.name]; !listed || addr != "" && addr != k.addr {
+			delete(c.clients, k)
+			dropped = append(dropped, pc)
+		}
+	}
+	for name := range c.targets {
+		if _, listed := addrs[name]; !listed {
+			delete(c.targets, name)
+		}
+	}
+	c.mu.Unlock()
+	for _, pc := range dropped {
+		pc.Close()
+	}
+	c.avoid.forgetUnless(func(name string) bool {
+		_, listed := addrs[name]
+		return listed
+	})
+}
+
 // namesPeer is the peer client that carries registry requests to server
 // at addr (registry.Deps.Peer), or why there is none.
 func (c *clusterState) namesPeer(server, addr string) (registry.Peer, error) {

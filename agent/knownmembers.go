@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpuherd/gpuherd/agent/registry"
 	"github.com/gpuherd/gpuherd/gossip"
@@ -131,23 +132,36 @@ func (k *knownMembers) storeLocked() {
 	k.failed("write", err)
 }
 
-// watchKnownMembers adds every member gossip sees alive to the known list,
-// as soon as it sees it.
-func (a *Agent) watchKnownMembers(ctx context.Context) {
+// forgetGoneEvery is how often watchMembers looks for members gossip has
+// forgotten even when nothing else changed: gossip forgets a departed
+// member when asked for its list after RememberDeparted, which tells no
+// subscriber.
+const forgetGoneEvery = 10 * time.Minute
+
+// watchMembers follows the membership: every member gossip sees alive is
+// added to the known list as soon as it is seen, and what this agent keeps
+// per member is dropped once gossip no longer lists it
+// (clusterState.forgetGone).
+func (a *Agent) watchMembers(ctx context.Context) {
 	c := a.cluster
 	sub, cancel := c.g.SubscribeMembers()
 	defer cancel()
+	tick := a.clk.NewTicker(forgetGoneEvery)
+	defer tick.Stop()
 	for {
+		members := c.g.Members()
 		var seen []string
-		for _, m := range c.g.Members() {
+		for _, m := range members {
 			if !m.Self && m.State == gossip.StateAlive {
 				seen = append(seen, m.Name)
 			}
 		}
 		c.known.add(seen)
+		c.forgetGone(members)
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C():
 		case _, ok := <-sub:
 			if !ok {
 				return

@@ -41,7 +41,7 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 		}()
 		go a.RunNotices(ctx)
 		go a.RunAntiEntropy(ctx)
-		go a.watchKnownMembers(ctx)
+		go a.watchMembers(ctx)
 		c.publish()
 	}
 	a.setPhase(phaseServing)
