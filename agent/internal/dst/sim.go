@@ -105,7 +105,7 @@ func Run(t *testing.T, cfg Config) (out Outcome) {
 
 func run(cfg Config) (out Outcome) {
 	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		start: time.Now(), wake: make(chan struct{}, 1), seen: map[uint64]uint64{}}
+		start: time.Now(), wake: make(chan struct{}, 1), ended: make(chan struct{}), seen: map[uint64]uint64{}}
 	w.faulty.Store(true)
 	w.reg = &registry{w: w}
 	w.reg.base = names.NewLocal(time.Now, time.Duration(cfg.NameLease)*time.Millisecond)
@@ -182,6 +182,7 @@ func run(cfg Config) (out Outcome) {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
+	close(w.ended)
 	for _, nd := range w.nodes {
 		if nd.alive {
 			nd.kill()

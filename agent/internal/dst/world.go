@@ -108,6 +108,9 @@ type world struct {
 	parked []*message
 	closed bool
 	wake   chan struct{}
+	// ended is closed at the teardown, once closed is set: a goroutine
+	// waiting for its turn (resumeInTurn) then goes on at once.
+	ended chan struct{}
 
 	seen  map[uint64]uint64 // fate: messages sent, by content
 	q     deliveries
@@ -198,7 +201,42 @@ func (w *world) call(ctx context.Context, from, gen, to int, desc string, handle
 	case a := <-m.reply:
 		return a, true
 	case <-ctx.Done():
-		return nil, false
+	}
+	w.resumeInTurn(from, gen, "no answer to "+desc)
+	return nil, false
+}
+
+// resumeInTurn holds a goroutine of node from (gen; a client: -1) that
+// woke without the driver, its call's deadline passed or its caller gone,
+// until the driver lets it go on. Deadlines of one length started in one
+// step (a delivery whose handler made two calls, each with its own
+// timeout) pass at one instant, and the goroutines they wake ran side by
+// side in no fixed order: seed 45 ran two schedules from there. Each goes
+// on in turn instead, as an in-process message, in absorb's canonical
+// order, with the others blocked. A process that is dead, or dies
+// meanwhile, and the world's end let it go at once.
+func (w *world) resumeInTurn(from, gen int, desc string) {
+	var died <-chan struct{}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	if from >= 0 && from < len(w.nodes) {
+		nd := w.nodes[from]
+		if !nd.alive || nd.gen != gen {
+			w.mu.Unlock()
+			return
+		}
+		died = nd.ctx.Done()
+	}
+	w.mu.Unlock()
+	turn := make(chan any, 1)
+	w.send(&message{from: from, to: from, gen: gen, desc: desc, reply: turn, isAns: true})
+	select {
+	case <-turn:
+	case <-died:
+	case <-w.ended:
 	}
 }
 
