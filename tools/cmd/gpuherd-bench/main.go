@@ -14,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -213,6 +214,7 @@ type sizeResult struct {
 	viaEvery     int64     // claim-ID lookups that asked every server
 	tput         float64
 	tputCPU      time.Duration // this process's CPU during the throughput test
+	tputSyncs    syncCount     // the agents' disk syncs during the throughput test
 	tputLat      durations
 	tputErr      int
 	rssTotal     int64
@@ -234,6 +236,7 @@ type sizeResult struct {
 	etcdErr      error
 	etcdTputErrs int
 	etcdTputCPU  time.Duration // the bench's and etcd's CPU during etcd's throughput test
+	etcdSyncs    syncCount     // etcd's disk syncs during its throughput test
 	meshSkipped  bool          // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
 }
 
@@ -454,8 +457,10 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	}
 	stopProf := startProfile(o.tputProf)
 	cpu0 = cpuTime()
+	syncs0 := c.syncs()
 	r.tputLat, r.tput, r.tputErr, tpErr = closedLoop(ctx, tpAlloc, models, o.workers, o.tput, o.seed, fmt.Sprintf("tp-%d", n))
 	r.tputCPU = cpuTime() - cpu0
+	r.tputSyncs = c.syncs().minus(syncs0)
 	stopProf()
 	if tpErr != nil {
 		progress("  %d errors, first: %v", r.tputErr, tpErr)
@@ -555,8 +560,14 @@ func runEtcd(o options, c *cluster, r *sizeResult, capa capacity, models []strin
 	progress("etcd throughput: %d clients for %v", o.workers, o.tput)
 	var tpErr error
 	cpu0, ecpu0 := cpuTime(), procCPU(e.cmd.Process.Pid)
+	esyncs0, serr := e.syncs(ctx)
 	r.etcdTputLat, r.etcdTput, r.etcdTputErrs, tpErr = closedLoop(ctx, ea, models, o.workers, o.tput, o.seed, "etp")
 	r.etcdTputCPU = cpuTime() - cpu0 + procCPU(e.cmd.Process.Pid) - ecpu0
+	if esyncs1, err := e.syncs(ctx); err == nil && serr == nil {
+		r.etcdSyncs = esyncs1.minus(esyncs0)
+	} else {
+		progress("  etcd's sync counts unread: %v", cmp.Or(serr, err))
+	}
 	if tpErr != nil {
 		progress("  %d errors, first: %v", r.etcdTputErrs, tpErr)
 	}
