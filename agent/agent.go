@@ -212,7 +212,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (*Ag
 	// from touching anything, the simulated machine included.
 	var err error
 	a.ledger, err = ledger.Open(cfg.LedgerPath(), ledger.WithMaxGPUs(cfg.MaxGPUsPerClaim),
-		ledger.WithWriteResult(func(op string, err error) { a.storageResult(storeLedger, op, err) }))
+		ledger.WithWriteResult(func(op string, err error) { a.storageResult(storeLedger, op, err) }),
+		ledger.WithWriteTime(func(op string, d time.Duration) { a.storage.took(storeLedger, op, d) }))
 	if err != nil {
 		return nil, fmt.Errorf("opening the ledger: %w", err)
 	}

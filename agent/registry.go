@@ -54,8 +54,9 @@ func (a *Agent) openRegistry(c *clusterState) error {
 			}
 			a.storageResult(store, op, err)
 		},
-		Clock: a.clk,
-		Log:   a.log,
+		StorageTime: func(_, op string, d time.Duration) { a.storage.took(storeRegistryLog, op, d) },
+		Clock:       a.clk,
+		Log:         a.log,
 	})
 	if err != nil {
 		return err

@@ -127,6 +127,11 @@ func TestIntegrationRegistryFormsByItself(t *testing.T) {
 	if g.Record.Caller != "gpu-d" || g.Record.Token == 0 {
 		t.Fatalf("grant through the standby: %+v", g.Record)
 	}
+	// The leader times its raft log's appends where an operator looks.
+	appends := map[string]string{"store": storeRegistryLog, "op": "append"}
+	if n, ok := sample(t, byName(agents, leader).metrics.Registry(), "gpuherd_storage_write_duration_seconds", appends); !ok || n == 0 {
+		t.Errorf("the leader's gpuherd_storage_write_duration_seconds{store=registry_log,op=append} counts %v appends (%v), want some", n, ok)
+	}
 	time.Sleep(3 * registry.Tick) // time to found a registry, if it would
 	if st := registryOf(t, d).Status(); st.Role != names.StatusStandby || st.HasState || d.registry.Registries() != 1 {
 		t.Fatalf("gpu-d after joining: %+v, registries seen %d; want a standby of the one registry", st, d.registry.Registries())

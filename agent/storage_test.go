@@ -53,8 +53,32 @@ func value(m *dto.Metric) float64 {
 		return m.Counter.GetValue()
 	case m.Gauge != nil:
 		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
 	}
 	return 0
+}
+
+// TestStorageWriteTimes: the ledger's durable writes are timed, by
+// operation, where an operator looks for a slow disk
+// (gpuherd_storage_write_duration_seconds); a reservation writes nothing.
+func TestStorageWriteTimes(t *testing.T) {
+	dir := t.TempDir()
+	a := startAgent(t, testConfig(t, dir), machine(t, "dgx-h100", dir), nil)
+	defer a.Close()
+	runAgent(t, a)
+	name, labels := "gpuherd_storage_write_duration_seconds", map[string]string{"store": storeLedger, "op": "write"}
+	before, _ := sample(t, a.metrics.Registry(), name, labels)
+	ctx := context.Background()
+	if _, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Release(ctx, "vm-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := sample(t, a.metrics.Registry(), name, labels); !ok || n-before != 2 {
+		t.Errorf("%s{store=ledger,op=write} counted %v writes for a claim and its release (%v), want 2: the commit and the release", name, n-before, ok)
+	}
 }
 
 // checkStorage asserts what every place an operator looks says of the

@@ -128,6 +128,14 @@
 //	    succeeds again, 0 otherwise; one series per store from the start.
 //	    /readyz answers 503 and `gpuherd status` names the store, the cause
 //	    and what to do meanwhile.
+//	gpuherd_storage_write_duration_seconds{store,op}
+//	    histogram: how long a store's acknowledged durable writes took,
+//	    fsyncs included (0.1 ms to 2.4 s). ledger: one per transaction (op
+//	    write: a claim's commit, its release, a drain; remember_released;
+//	    facts); a claim waits for its commit. registry_log, on the
+//	    registry's voters: op append (raft log appends, one fdatasync each;
+//	    a claim waits for its hold's on the leader and on a follower) and
+//	    stable (term and vote). A series appears with its first write.
 //
 // # vfio
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -31,6 +32,7 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 	// (one file transaction at a time) and orders facts with Close.
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
+	start := time.Now()
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketFacts)
 		if bytes.Equal(b.Get([]byte(addr)), data) {
@@ -46,6 +48,7 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 		return err
 	default:
 		l.syncs.Add(1)
+		l.took(OpFacts, start)
 		l.wrote(OpFacts, nil)
 	}
 	return nil

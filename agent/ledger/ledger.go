@@ -48,6 +48,7 @@ type options struct {
 	maxGPUs     int
 	lockTimeout time.Duration
 	writeResult func(op string, err error)
+	writeTime   func(op string, d time.Duration)
 }
 
 // Write operations, as WithWriteResult names them.
@@ -62,6 +63,14 @@ const (
 // fails; fn must be quick and must not call the ledger.
 func WithWriteResult(fn func(op string, err error)) Option {
 	return func(o *options) { o.writeResult = fn }
+}
+
+// WithWriteTime has fn told how long every acknowledged write to the file
+// took, from the start of its transaction's commit (a batch of writers is
+// one) to the end of its fsyncs: what the disk makes a claim wait for. fn
+// must be quick and must not call the ledger.
+func WithWriteTime(fn func(op string, d time.Duration)) Option {
+	return func(o *options) { o.writeTime = fn }
 }
 
 // WithMaxGPUs sets the most GPUs one claim may hold (default DefaultMaxGPUs).
@@ -128,12 +137,23 @@ type Ledger struct {
 	syncs atomic.Uint64
 	// writeResult is told every file write's outcome (WithWriteResult).
 	writeResult func(op string, err error)
+	// writeTime is told every acknowledged file write's duration
+	// (WithWriteTime).
+	writeTime func(op string, d time.Duration)
 }
 
 // wrote tells the write observer, if any, of one write's outcome.
 func (l *Ledger) wrote(op string, err error) {
 	if l.writeResult != nil {
 		l.writeResult(op, err)
+	}
+}
+
+// took tells the write timer, if any, how long an acknowledged write
+// that started at start took.
+func (l *Ledger) took(op string, start time.Time) {
+	if l.writeTime != nil {
+		l.writeTime(op, time.Since(start))
 	}
 }
 
@@ -179,6 +199,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		dropped:     dropped,
 		state:       st,
 		writeResult: o.writeResult,
+		writeTime:   o.writeTime,
 	}, nil
 }
 
@@ -593,6 +614,7 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 	if testInFlight != nil {
 		testInFlight()
 	}
+	start := time.Now()
 	err = tx.Commit()
 	l.writeMu.Lock()
 	next, l.pending = l.pending, nil
@@ -602,6 +624,7 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 		return nil
 	}
 	l.syncs.Add(1)
+	l.took(OpWrite, start)
 	if testAfterCommit != nil {
 		testAfterCommit(len(batch))
 	}

@@ -41,6 +41,7 @@ type Released struct {
 func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
+	start := time.Now()
 	err := l.db.Update(func(tx *bolt.Tx) error { return l.rememberIn(tx, c, now, keep) })
 	if err != nil {
 		l.released = nil // rebuilt from the file on next use
@@ -49,6 +50,7 @@ func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 		return err
 	}
 	l.syncs.Add(1)
+	l.took(OpRemember, start)
 	l.wrote(OpRemember, nil)
 	return nil
 }

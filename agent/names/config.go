@@ -112,6 +112,10 @@ type Config struct {
 	// raft log, the stable store and the snapshots (part StorageLog or
 	// StorageSnapshots; err nil when it succeeded); it must be quick.
 	StorageResult func(part, op string, err error)
+	// StorageTime, when set, is told how long every write to the raft
+	// log and the stable store that succeeded took (part StorageLog; op
+	// "append", "stable"), fsync included; it must be quick.
+	StorageTime func(part, op string, d time.Duration)
 }
 
 // DefaultLease matches the owners' reservation lease.

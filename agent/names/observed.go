@@ -2,6 +2,7 @@ package names
 
 import (
 	"io"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -18,45 +19,74 @@ const (
 	StorageSnapshots = "snapshots" // raft snapshots
 )
 
+// observer is told of the stores' writes: each outcome (Config.StorageResult)
+// and each successful write's duration (Config.StorageTime); either may be
+// nil.
+type observer struct {
+	report func(part, op string, err error)
+	time   func(part, op string, d time.Duration)
+}
+
+// done reports a write of part that started at start.
+func (o observer) done(part, op string, start time.Time, err error) {
+	if err == nil && o.time != nil {
+		o.time(part, op, time.Since(start))
+	}
+	if o.report != nil {
+		o.report(part, op, err)
+	}
+}
+
+// reported is o's report, or one that drops what it is told.
+func (o observer) reported(part, op string, err error) {
+	if o.report != nil {
+		o.report(part, op, err)
+	}
+}
+
 // observedLog is a log store that reports its writes.
 type observedLog struct {
 	raft.LogStore
-	report func(part, op string, err error)
+	o observer
 }
 
 func (o observedLog) StoreLog(l *raft.Log) error {
+	start := time.Now()
 	err := o.LogStore.StoreLog(l)
-	o.report(StorageLog, "append", err)
+	o.o.done(StorageLog, "append", start, err)
 	return err
 }
 
 func (o observedLog) StoreLogs(logs []*raft.Log) error {
+	start := time.Now()
 	err := o.LogStore.StoreLogs(logs)
-	o.report(StorageLog, "append", err)
+	o.o.done(StorageLog, "append", start, err)
 	return err
 }
 
 func (o observedLog) DeleteRange(lo, hi uint64) error {
 	err := o.LogStore.DeleteRange(lo, hi)
-	o.report(StorageLog, "compact", err)
+	o.o.reported(StorageLog, "compact", err)
 	return err
 }
 
 // observedStable is a stable store that reports its writes.
 type observedStable struct {
 	raft.StableStore
-	report func(part, op string, err error)
+	o observer
 }
 
 func (o observedStable) Set(k, v []byte) error {
+	start := time.Now()
 	err := o.StableStore.Set(k, v)
-	o.report(StorageLog, "stable", err)
+	o.o.done(StorageLog, "stable", start, err)
 	return err
 }
 
 func (o observedStable) SetUint64(k []byte, v uint64) error {
+	start := time.Now()
 	err := o.StableStore.SetUint64(k, v)
-	o.report(StorageLog, "stable", err)
+	o.o.done(StorageLog, "stable", start, err)
 	return err
 }
 

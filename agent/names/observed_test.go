@@ -133,3 +133,48 @@ func TestStorageResultReportsSnapshots(t *testing.T) {
 		t.Errorf("snapshots/write after a snapshot written in full: %v (%v), want a success", err, ok)
 	}
 }
+
+// TestStorageTimeTimesTheLogsWrites: StorageTime, alone (no
+// StorageResult), is told how long the voter's log appends and its term
+// and vote writes took.
+func TestStorageTimeTimesTheLogsWrites(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		times = map[string]int{}
+	)
+	_, trans := raft.NewInmemTransport("node-a")
+	reg, err := Open(Config{
+		Node: "node-a", Role: RoleVoter, Servers: []Server{{ID: "node-a", Address: "node-a"}},
+		DataDir: t.TempDir(), Transport: trans, Timing: FastTiming(), Lease: time.Hour,
+		StorageTime: func(part, op string, d time.Duration) {
+			if d <= 0 {
+				t.Errorf("%s/%s took %v", part, op, d)
+			}
+			mu.Lock()
+			times[part+"/"+op]++
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	for deadline := time.Now().Add(10 * time.Second); !reg.IsLeader(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+	}
+	mu.Lock()
+	before := times["log/append"]
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := reg.Hold(ctx, Claim("vm-0"), "node-a", "node-a", "r", false); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if times["log/append"] <= before || times["log/stable"] == 0 {
+		t.Errorf("timed %v (%d appends before the hold); want the hold's append and the election's term and vote", times, before)
+	}
+}

@@ -85,8 +85,9 @@ func Open(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("name registry snapshots in %s: %w", cfg.DataDir, err)
 		}
 		r.store, logs, stable, snaps = st, st, st, fs
-		if rep := cfg.StorageResult; rep != nil {
-			logs, stable, snaps = observedLog{st, rep}, observedStable{st, rep}, observedSnapshots{fs, rep}
+		if cfg.StorageResult != nil || cfg.StorageTime != nil {
+			o := observer{report: cfg.StorageResult, time: cfg.StorageTime}
+			logs, stable, snaps = observedLog{st, o}, observedStable{st, o}, observedSnapshots{fs, o.reported}
 		}
 	}
 	rc := raft.DefaultConfig()

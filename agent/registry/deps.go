@@ -84,8 +84,11 @@ type Deps struct {
 	// StorageResult reports each write of the raft log (names.StorageLog)
 	// and snapshots (names.StorageSnapshots) to the storage health.
 	StorageResult func(part, op string, err error)
-	Clock         clock.Clock
-	Log           *slog.Logger
+	// StorageTime is told how long each successful write of the raft log
+	// and stable store took (names.Config.StorageTime).
+	StorageTime func(part, op string, d time.Duration)
+	Clock       clock.Clock
+	Log         *slog.Logger
 }
 
 // Authority is what the registry's API calls need of the name authority

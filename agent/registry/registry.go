@@ -74,6 +74,7 @@ func Open(d Deps) (*Registry, error) {
 		Timing:        cfg.Timing,
 		Logger:        rs.log,
 		StorageResult: d.StorageResult,
+		StorageTime:   d.StorageTime,
 	}
 	if cfg.RunsRaft {
 		trans, err := rs.transport(d.Listener, d.Log)
