@@ -52,6 +52,7 @@ var metricLabels = map[string][]string{
 	"gpuherd_ledger_file_size_bytes":            {},
 	"gpuherd_storage_errors_total":              {"store", "op"},
 	"gpuherd_storage_failing":                   {"store"},
+	"gpuherd_storage_write_duration_seconds":    {"store", "op"},
 	"gpuherd_gpu_temperature_celsius":           {"pci_address", "model"},
 	"gpuherd_gpu_power_watts":                   {"pci_address", "model"},
 	"gpuherd_gpu_energy_joules_total":           {"pci_address", "model"},
@@ -63,7 +64,7 @@ var metricLabels = map[string][]string{
 	"probe_success":                             {}, // blackbox exporter probing /readyz
 }
 
-var histograms = []string{"gpuherd_claim_duration_seconds", "gpuherd_vfio_operation_duration_seconds"}
+var histograms = []string{"gpuherd_claim_duration_seconds", "gpuherd_vfio_operation_duration_seconds", "gpuherd_storage_write_duration_seconds"}
 
 // targetLabels come from the scrape, "le" from histogram buckets.
 var targetLabels = []string{"job", "instance", "le"}
