@@ -235,6 +235,24 @@ func TestFinalCheckNames(t *testing.T) {
 			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1}, created: true, createAmbiguous: true, createAcked: true}
 			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
 		}, "group-not-all-or-nothing"},
+		{"a group half resized, as a failed resize's coordinator logged", func(fs *finalState, h *history) {
+			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1, h100x2}, created: true}
+			h.resizeLeftMixed = func(g string) bool { return g == "g1" }
+			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
+			addClaim(fs, withModel(claimOn("n1", "g1.node-1", api.StateClaimed, "0000:4c:00.0", "0000:5d:00.0"), "H100 80GB"))
+		}, ""},
+		{"a group half resized, another group's resize logged", func(fs *finalState, h *history) {
+			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1, h100x2}, created: true}
+			h.resizeLeftMixed = func(g string) bool { return g == "g11" }
+			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
+			addClaim(fs, withModel(claimOn("n1", "g1.node-1", api.StateClaimed, "0000:4c:00.0", "0000:5d:00.0"), "H100 80GB"))
+		}, "group-not-all-or-nothing"},
+		{"a logged half resize holding GPUs nobody asked for", func(fs *finalState, h *history) {
+			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x1, h100x2}, created: true}
+			h.resizeLeftMixed = func(string) bool { return true }
+			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0"), "H100 80GB"))
+			addClaim(fs, withModel(claimOn("n1", "g1.node-1", api.StateClaimed, "0000:4c:00.0", "0000:5d:00.0", "0000:6e:00.0"), "H100 80GB"))
+		}, "group-not-all-or-nothing"},
 		{"a whole group, resized", func(fs *finalState, h *history) {
 			h.groups["g1"] = &groupRec{name: "g1", nodes: 2, want: [][]api.Item{h100x2, h100x1}, created: true}
 			addClaim(fs, withModel(claimOn("n1", "g1.node-0", api.StateClaimed, "0000:3b:00.0", "0000:4c:00.0"), "H100 80GB"))

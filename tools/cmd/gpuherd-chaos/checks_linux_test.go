@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -180,6 +182,29 @@ func TestClassify(t *testing.T) {
 	} {
 		if got := classifyCLI(tc.code, "", tc.stderr, nil); got != tc.want {
 			t.Errorf("exit %d, stderr %q = %s, want %s", tc.code, tc.stderr, got, tc.want)
+		}
+	}
+}
+
+// The agent's own line for a failed group resize that left nodes changed
+// (agent/groups, restoreGroup) names its group exactly: g1's line is not
+// g11's.
+func TestResizeLeftMixedIn(t *testing.T) {
+	log := []byte(`time=2026-12-06T14:17:56.917Z level=ERROR msg="group resize failed and left nodes changed" group=g1 node=g1.node-2 cause="The following GPUs are not available: 2x NVIDIA L40S" changed="[g1.node-0 had 1x NVIDIA L40S on n7 and has 2x NVIDIA L40S on n2]"
+time=2026-12-06T14:17:58.190Z level=INFO msg="group deleted" group=g2
+`)
+	// The message is the agent's: a changed wording there would make the
+	// checker flag what the agent reported.
+	src, err := os.ReadFile(filepath.Join("..", "..", "..", "agent", "groups", "resize.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := strings.TrimPrefix(resizeLeftMixedMsg, "msg="); !strings.Contains(string(src), "gs.log.Error("+msg+",") {
+		t.Errorf("agent/groups/resize.go no longer logs %s", msg)
+	}
+	for group, want := range map[string]bool{"g1": true, "g11": false, "g2": false, "g": false} {
+		if got := resizeLeftMixedIn(log, group); got != want {
+			t.Errorf("resizeLeftMixedIn(%s) = %v, want %v", group, got, want)
 		}
 	}
 }

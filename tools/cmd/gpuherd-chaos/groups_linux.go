@@ -72,6 +72,31 @@ func itemsShape(items []api.Item) string {
 // was never answered (its coordinator killed or cut off half-way).
 const noteGroupHalfCreated = "a group create never answered left some nodes (shown missing; repair or delete)"
 
+// noteGroupResizeLeftMixed counts groups seen holding the old and the new
+// GPUs side by side after a resize failed and the agent said it could not
+// put every node back.
+const noteGroupResizeLeftMixed = "a failed group resize could not put every node back, and said so (old and new GPUs side by side; resize again)"
+
+// mixedAsReported reports whether shapes, more than one, are each a
+// request the group may have, and a coordinator logged that a resize of g
+// failed and could not put every node back (a node's server did not
+// answer): the group then holds the old and the new GPUs side by side
+// until it is resized again, as the resize's answer (an internal error
+// naming each node that is not as it was) and that log line say
+// (agent/groups, restoreGroup). The answer itself is often lost: the
+// putting back outlasts the client's patience.
+func (h *history) mixedAsReported(g *groupRec, shapes map[string]bool) bool {
+	if len(shapes) < 2 {
+		return false
+	}
+	for s := range shapes {
+		if !slices.ContainsFunc(g.want, func(w []api.Item) bool { return itemsShape(w) == s }) {
+			return false
+		}
+	}
+	return h.resizeLeftMixed != nil && h.resizeLeftMixed(g.name)
+}
+
 // judgeGroupLocked checks a group's node claims (as a get answered them,
 // or as the final state holds them) against the run's history: a group is
 // all or nothing — every node present with the same GPUs, one of the
@@ -106,6 +131,10 @@ func (h *history) judgeGroupLocked(g *groupRec, claims []api.Claim, when string)
 	}
 	if len(claims) != g.nodes {
 		h.violateLocked("group-not-all-or-nothing", "%s: group %s of %d nodes holds %d node claims: %s", when, g.name, g.nodes, len(claims), strings.Join(ids, "; "))
+		return
+	}
+	if h.mixedAsReported(g, shapes) {
+		h.notes[noteGroupResizeLeftMixed]++
 		return
 	}
 	ok := len(shapes) == 1

@@ -86,3 +86,32 @@ func readLog(a *agent) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// resizeLeftMixedMsg is the agent's log message when a failed group resize
+// could not put every node back (agent/groups, restoreGroup).
+const resizeLeftMixedMsg = `msg="group resize failed and left nodes changed"`
+
+// loggedResizeLeftMixed reports whether any of agents logged that a resize
+// of group failed and left nodes changed.
+func loggedResizeLeftMixed(agents []*agent, group string) bool {
+	for _, a := range agents {
+		data, err := os.ReadFile(a.logPath)
+		if err != nil {
+			continue
+		}
+		if resizeLeftMixedIn(data, group) {
+			return true
+		}
+	}
+	return false
+}
+
+// resizeLeftMixedIn reports whether log has the line for group.
+func resizeLeftMixedIn(log []byte, group string) bool {
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, resizeLeftMixedMsg) && strings.Contains(line+" ", " group="+group+" ") {
+			return true
+		}
+	}
+	return false
+}

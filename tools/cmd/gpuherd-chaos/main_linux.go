@@ -132,6 +132,8 @@ func run() int {
 	h := newHistory(logf)
 	h.seed = o.seed
 	var agents []*agent
+	// Set before the workload starts, read-only after.
+	h.resizeLeftMixed = func(group string) bool { return loggedResizeLeftMixed(agents, group) }
 	failed := true
 	defer func() {
 		for _, a := range agents {

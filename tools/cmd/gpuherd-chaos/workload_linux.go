@@ -90,6 +90,10 @@ type history struct {
 	details    []string
 	reported   map[string]bool // keys of violations reported once (violateOnce)
 	logf       func(format string, args ...any)
+	// resizeLeftMixed reports whether an agent logged that a resize of
+	// the group failed and left nodes changed (mixedAsReported); nil
+	// reports nothing. Called with mu held.
+	resizeLeftMixed func(group string) bool
 }
 
 // violate records a violation; h.mu must not be held.
