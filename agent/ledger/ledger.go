@@ -66,9 +66,10 @@ func WithWriteResult(fn func(op string, err error)) Option {
 }
 
 // WithWriteTime has fn told how long every acknowledged write to the file
-// took, from the start of its transaction's commit (a batch of writers is
-// one) to the end of its fsyncs: what the disk makes a claim wait for. fn
-// must be quick and must not call the ledger.
+// took, to the end of its fsyncs: for claims and drains from the start of
+// their transaction's commit (a batch of writers is one), for facts and
+// remembered releases their whole transaction. It is what the disk makes a
+// claim wait for. fn must be quick and must not call the ledger.
 func WithWriteTime(fn func(op string, d time.Duration)) Option {
 	return func(o *options) { o.writeTime = fn }
 }

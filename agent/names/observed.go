@@ -32,9 +32,7 @@ func (o observer) done(part, op string, start time.Time, err error) {
 	if err == nil && o.time != nil {
 		o.time(part, op, time.Since(start))
 	}
-	if o.report != nil {
-		o.report(part, op, err)
-	}
+	o.reported(part, op, err)
 }
 
 // reported is o's report, or one that drops what it is told.

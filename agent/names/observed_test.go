@@ -34,26 +34,37 @@ func (s *storageLog) get(key string) (error, bool) {
 	return err, ok
 }
 
+// soloLeader opens a registry of one voter, node-a, with its store in dir
+// and its Config adjusted by observe, and waits until it leads; it is
+// closed when the test ends.
+func soloLeader(t *testing.T, dir string, observe func(*Config)) *Registry {
+	t.Helper()
+	_, trans := raft.NewInmemTransport("node-a")
+	cfg := Config{
+		Node: "node-a", Role: RoleVoter, Servers: []Server{{ID: "node-a", Address: "node-a"}},
+		DataDir: dir, Transport: trans, Timing: FastTiming(), Lease: time.Hour,
+	}
+	observe(&cfg)
+	reg, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	for deadline := time.Now().Add(10 * time.Second); !reg.IsLeader(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+	}
+	return reg
+}
+
 // TestStorageResultReportsFullDisk: a voter whose disk fills up tells
 // StorageResult that its log appends fail with ENOSPC (raft itself only
 // logs it), and that they succeed again once there is room.
 func TestStorageResultReportsFullDisk(t *testing.T) {
 	disk := testdisk.Mount(t, 2<<20)
 	seen := &storageLog{last: map[string]error{}}
-	_, trans := raft.NewInmemTransport("node-a")
-	reg, err := Open(Config{
-		Node: "node-a", Role: RoleVoter, Servers: []Server{{ID: "node-a", Address: "node-a"}},
-		DataDir: disk, Transport: trans, Timing: FastTiming(), Lease: time.Hour, StorageResult: seen.report,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	for deadline := time.Now().Add(10 * time.Second); !reg.IsLeader(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
-		}
-	}
+	reg := soloLeader(t, disk, func(c *Config) { c.StorageResult = seen.report })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := reg.Hold(ctx, Claim("vm-0"), "node-a", "node-a", "r", false); err != nil {
@@ -142,28 +153,16 @@ func TestStorageTimeTimesTheLogsWrites(t *testing.T) {
 		mu    sync.Mutex
 		times = map[string]int{}
 	)
-	_, trans := raft.NewInmemTransport("node-a")
-	reg, err := Open(Config{
-		Node: "node-a", Role: RoleVoter, Servers: []Server{{ID: "node-a", Address: "node-a"}},
-		DataDir: t.TempDir(), Transport: trans, Timing: FastTiming(), Lease: time.Hour,
-		StorageTime: func(part, op string, d time.Duration) {
+	reg := soloLeader(t, t.TempDir(), func(c *Config) {
+		c.StorageTime = func(part, op string, d time.Duration) {
 			if d <= 0 {
 				t.Errorf("%s/%s took %v", part, op, d)
 			}
 			mu.Lock()
 			times[part+"/"+op]++
 			mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	for deadline := time.Now().Add(10 * time.Second); !reg.IsLeader(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
 		}
-	}
+	})
 	mu.Lock()
 	before := times["log/append"]
 	mu.Unlock()
