@@ -34,13 +34,20 @@ var (
 	anyCall     = append(slices.Clone(memoryCalls), fileCalls...)
 )
 
-// drawLedgerOp draws a call: mostly one of kinds, sometimes any.
-func drawLedgerOp(rt *rapid.T, label string, kinds []string) ledgerOp {
+// drawLedgerOp draws a call: mostly one of kinds, sometimes any. Its time
+// is clock's, moved on by 0 to 90 s when advance is set: the agent's clock
+// never goes back (clock.Monotonic), and a ledger told an earlier time
+// than it was told before commits a reservation whose lease it saw pass,
+// after a newer one took its GPU.
+func drawLedgerOp(rt *rapid.T, label string, kinds []string, clock *time.Time, advance bool) ledgerOp {
 	if rapid.IntRange(0, 4).Draw(rt, label+" any") == 0 {
 		kinds = anyCall
 	}
 	id := rapid.SampledFrom(inflightIDs).Draw(rt, label+" id")
-	now := t0.Add(time.Duration(rapid.IntRange(0, 3).Draw(rt, label+" at")) * 30 * time.Second)
+	if advance {
+		*clock = clock.Add(time.Duration(rapid.IntRange(0, 3).Draw(rt, label+" at")) * 30 * time.Second)
+	}
+	now := *clock
 	// Half the time the GPU a one-GPU reservation takes first.
 	addr := smallServer()[0].Address
 	if rapid.Bool().Draw(rt, label+" other gpu") {
@@ -116,8 +123,12 @@ func TestWritesDuringAFileTransactionAreSerializable(t *testing.T) {
 func inflightProperty(base string, run, overlapped *int) func(*rapid.T) {
 	return func(rt *rapid.T) {
 		*run++
-		setup := rapid.SliceOfN(rapid.Custom(func(rt *rapid.T) ledgerOp { return drawLedgerOp(rt, "setup", anyCall) }), 0, 6).Draw(rt, "setup")
-		file, mem := drawLedgerOp(rt, "in flight", fileCalls), drawLedgerOp(rt, "meanwhile", memoryCalls)
+		clock := t0
+		setup := rapid.SliceOfN(rapid.Custom(func(rt *rapid.T) ledgerOp { return drawLedgerOp(rt, "setup", anyCall, &clock, true) }), 0, 6).Draw(rt, "setup")
+		// The two calls made together see one time: they run in either
+		// order.
+		file := drawLedgerOp(rt, "in flight", fileCalls, &clock, true)
+		mem := drawLedgerOp(rt, "meanwhile", memoryCalls, &clock, false)
 		open := func(name string) *Ledger {
 			l, err := Open(filepath.Join(base, fmt.Sprintf("%d-%s.db", *run, name)))
 			if err != nil {
