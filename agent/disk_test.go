@@ -73,17 +73,22 @@ func TestAgentRefusesLedgerItCannotRead(t *testing.T) {
 			}
 		}, []string{"is a directory"}},
 		{"damaged freelist", func(t *testing.T, path string) {
-			// Page 2 is bbolt's first freelist: junk there made bbolt panic.
+			// Junk over the header of every page but the metas, the
+			// freelist's among them, wherever the last transactions put
+			// it: junk there made bbolt panic.
 			f, err := os.OpenFile(path, os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			if _, err := f.WriteAt([]byte(strings.Repeat("\xff", 64)), 2*4096); err != nil {
+			fi, err := f.Stat()
+			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.WriteAt([]byte(strings.Repeat("\xff", 64)), 3*4096); err != nil {
-				t.Fatal(err)
+			for off := int64(2 * 4096); off < fi.Size(); off += 4096 {
+				if _, err := f.WriteAt([]byte(strings.Repeat("\xff", 64)), off); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}, []string{"restore it from a backup"}},
 	}
@@ -164,22 +169,11 @@ func TestClaimOnFullDiskFailsCleanly(t *testing.T) {
 	for i := range ledger.MaxLabels {
 		labels[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", ledger.MaxLabelValueLen)
 	}
-	var failedID string
-	for i := range 8 {
-		id := fmt.Sprintf("vm-%d", i)
-		_, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels})
-		if err != nil {
-			failedID = id
-			t.Logf("claim %s on a full disk: %v", id, err)
-			// The answer must say why, not pretend the GPUs are taken.
-			if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
-				t.Errorf("a claim refused by a full disk answers %v; want an error naming the full disk", err)
-			}
-			break
-		}
-	}
-	if failedID == "" {
-		t.Fatal("no claim failed on a full disk")
+	failedID, err := claimUntilDiskFull(t, a, labels)
+	t.Logf("claim %s on a full disk: %v", failedID, err)
+	// The answer must say why, not pretend the GPUs are taken.
+	if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("a claim refused by a full disk answers %v; want an error naming the full disk", err)
 	}
 	if c, err := a.ledger.Get(failedID); err == nil && c.State == ledger.StateCommitted {
 		t.Fatalf("the failed claim %s is committed", failedID)

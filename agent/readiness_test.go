@@ -41,18 +41,7 @@ func TestReadinessFollowsLedgerWrites(t *testing.T) {
 	}
 	filler := testdisk.Fill(t, disk)
 	ctx := context.Background()
-	labels := map[string]string{"k": strings.Repeat("v", 200)}
-	failed := ""
-	for i := range 8 {
-		id := "vm-" + string(rune('a'+i))
-		if _, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels}); err != nil {
-			failed = id
-			break
-		}
-	}
-	if failed == "" {
-		t.Fatal("no claim failed on a full disk")
-	}
+	failed, _ := claimUntilDiskFull(t, a, map[string]string{"k": strings.Repeat("v", 200)})
 	if err := a.readiness(); err == nil || !strings.Contains(err.Error(), "ledger unwritable") {
 		t.Errorf("readiness on a full disk: %v", err)
 	}

@@ -123,21 +123,11 @@ func TestStorageFailureIsReported(t *testing.T) {
 	checkStorage(t, a, "before the disk fills", false, "")
 
 	filler := testdisk.Fill(t, disk)
-	labels := map[string]string{"k": strings.Repeat("v", 200)}
-	failed := false
-	for i := range 8 {
-		if _, err := a.Claim(ctx, fmt.Sprintf("vm-%d", i), api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels}); err != nil {
-			failed = true
-			// The refusal names the disk: "not available" would send the
-			// operator to look for a full server.
-			if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
-				t.Errorf("a claim on a full disk answered %v; want the disk named, not \"not available\"", err)
-			}
-			break
-		}
-	}
-	if !failed {
-		t.Fatal("no claim failed on a full disk")
+	_, err := claimUntilDiskFull(t, a, map[string]string{"k": strings.Repeat("v", 200)})
+	// The refusal names the disk: "not available" would send the
+	// operator to look for a full server.
+	if api.IsCode(err, api.CodeNotAvailable) || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("a claim on a full disk answered %v; want the disk named, not \"not available\"", err)
 	}
 	checkStorage(t, a, "disk full", true, "no space left on device")
 	if n, _ := sample(t, a.metrics.Registry(), "gpuherd_storage_errors_total", map[string]string{"store": storeLedger, "op": "write"}); n < 1 {
@@ -171,4 +161,25 @@ func TestStorageCauses(t *testing.T) {
 			t.Errorf("%v: cause %q, action %q; want %q and advice about %q", tt.err, c, a, tt.cause, tt.act)
 		}
 	}
+}
+
+// claimUntilDiskFull claims and releases on a with labels until a claim
+// fails, and returns its ID and error; the test fails when none does.
+// The ledger's journal is preallocated, so claims go on for a while on a
+// full disk: until the released claims the ledger remembers make a
+// checkpoint grow the ledger file, which fails, and the journal then has
+// to grow past its preallocation. A release that fails first leaves its
+// claim; the next claim fails too.
+func claimUntilDiskFull(t *testing.T, a *Agent, labels map[string]string) (string, error) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 2000 {
+		id := fmt.Sprintf("vm-%d", i)
+		if _, err := a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: "H100 80GB", Count: 1}}, Labels: labels}); err != nil {
+			return id, err
+		}
+		_, _ = a.Release(ctx, id)
+	}
+	t.Fatal("no claim failed on a full disk")
+	return "", nil
 }

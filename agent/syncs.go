@@ -1,10 +1,15 @@
 package agent
 
-// LedgerSyncs counts the write transactions this agent's ledger committed
-// since it was opened, each fsynced before it returned (ledger.Syncs): the
-// disk cost of its claims, for benchmarks (tools/cmd/gpuherd-bench counts
-// it per claim, get and release).
+// LedgerSyncs counts the durable writes this agent's ledger acknowledged
+// since it was opened (ledger.Syncs: journal records, one fdatasync each):
+// the disk cost of its claims, for benchmarks (tools/cmd/gpuherd-bench
+// counts it per claim, get and release).
 func (a *Agent) LedgerSyncs() uint64 { return a.ledger.Syncs() }
+
+// LedgerFdatasyncs counts every fdatasync this agent's ledger asked of the
+// disk since it was opened (ledger.Fdatasyncs): its writes' and its
+// checkpoints'.
+func (a *Agent) LedgerFdatasyncs() uint64 { return a.ledger.Fdatasyncs() }
 
 // RegistrySyncs counts the fdatasyncs and fsynced transactions of this
 // agent's copy of the name registry's raft store since it opened (its log

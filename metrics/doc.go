@@ -119,20 +119,23 @@
 //
 //	gpuherd_storage_errors_total{store,op}
 //	    counter: writes to a store that failed (a full disk, a read-only
-//	    file system, an I/O error); op: write, remember_released, facts
-//	    (ledger), append, compact, stable (registry_log), create, write
-//	    (registry_snapshots), write, read (members). A series appears with
-//	    its first error.
+//	    file system, an I/O error); op: write, remember_released, facts,
+//	    checkpoint (ledger: its journal moved into ledger.db), append,
+//	    compact, stable (registry_log), create, write (registry_snapshots),
+//	    write, read (members). A series appears with its first error.
 //	gpuherd_storage_failing{store}
 //	    gauge: 1 from a store's first failed write until a write to it
-//	    succeeds again, 0 otherwise; one series per store from the start.
+//	    succeeds again, 0 otherwise (the ledger: until a checkpoint
+//	    succeeds, once one failed); one series per store from the start.
 //	    /readyz answers 503 and `gpuherd status` names the store, the cause
 //	    and what to do meanwhile.
 //	gpuherd_storage_write_duration_seconds{store,op}
 //	    histogram: how long a store's acknowledged durable writes took,
-//	    fsyncs included (0.1 ms to 2.4 s). ledger: one per transaction (op
-//	    write: a claim's commit, its release, a drain; remember_released;
-//	    facts); a claim waits for its commit. registry_log, on the
+//	    fsyncs included (0.1 ms to 2.4 s). ledger: one per journal record
+//	    (op write: a claim's commit, its release, a drain;
+//	    remember_released; facts), one fdatasync each, and one per
+//	    checkpoint (op checkpoint: the journal moved into ledger.db, a bbolt
+//	    transaction, two fdatasyncs); a claim waits for its commit. registry_log, on the
 //	    registry's voters: op append (raft log appends, one fdatasync each;
 //	    a claim waits for its hold's on the leader and on a follower) and
 //	    stable (term and vote). A series appears with its first write.

@@ -5,8 +5,6 @@ import (
 	"maps"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Adopt commits claim id on exactly the GPUs gpus, which must all be in the
@@ -25,7 +23,7 @@ func (l *Ledger) Adopt(id string, gpus []string, labels map[string]string, now t
 	}
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		if old, ok := st.claims[id]; ok && old.Live(now) {
 			return false, &ConflictError{ID: id, Existing: old.Claim}
 		}

@@ -23,6 +23,11 @@ type Report struct {
 	Claims   []Claim          `json:"claims"` // as the file holds them: an older gpuherd's file may hold reservations, which Open removes
 	Drains   map[string]Drain `json:"drains"`
 	Facts    int              `json:"facts"` // GPUs with cached NVML facts
+	// JournalPending is how many records of the journal beside the file
+	// the file did not hold yet (an agent that did not close it: killed,
+	// crashed); the report includes them, as the agent's next start
+	// would.
+	JournalPending int `json:"journal_pending,omitempty"`
 	// Problems is every unreadable or contradictory record; Inspect then
 	// fails with a *IntegrityError and the other fields may be partial.
 	Problems []Problem `json:"problems,omitempty"`
@@ -81,6 +86,13 @@ func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
 	case err != nil:
 		return Report{}, unusable(path, err)
 	}
+	recs, err := pendingJournal(db, path)
+	if err != nil {
+		return Report{}, err
+	}
+	if len(recs) > 0 {
+		return inspectSettled(db, path, lockTimeout, len(recs))
+	}
 	rep = Report{Path: path, Drains: map[string]Drain{}}
 	err = db.View(func(tx *bolt.Tx) error {
 		rep.Size = tx.Size()
@@ -90,7 +102,7 @@ func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
 		if err := checkPages(tx, path); err != nil {
 			return err
 		}
-		st, err := load(tx, path)
+		st, err := load(boltReader{tx}, path)
 		if err != nil {
 			return recordsError(tx, path, err)
 		}
@@ -121,10 +133,34 @@ func inspect(path string, lockTimeout time.Duration) (rep Report, err error) {
 	return rep, nil
 }
 
+// inspectSettled inspects a copy of the ledger of db, at path, with the
+// pending records of its journal applied, and reports it under path.
+func inspectSettled(db *bolt.DB, path string, lockTimeout time.Duration, pending int) (Report, error) {
+	tmp, err := settledCopy(db, path, os.TempDir())
+	if err != nil {
+		return Report{}, err
+	}
+	defer os.Remove(tmp)
+	rep, err := inspect(tmp, lockTimeout)
+	rep.Path, rep.JournalPending = path, pending
+	var (
+		ie *IntegrityError
+		ce *CorruptError
+	)
+	switch {
+	case errors.As(err, &ie):
+		ie.Path = path
+	case errors.As(err, &ce):
+		ce.Path = path
+	}
+	return rep, err
+}
+
 // BackupFile copies the ledger at src, which no agent may hold, to dst: it
 // checks src as Inspect does, writes a consistent copy to a temporary file
-// beside dst, fsyncs it, checks the copy, and renames it into place. dst is
-// never left half-written.
+// beside dst with the writes of src's journal that src lacks applied (so
+// that dst is whole by itself), fsyncs it, checks the copy, and renames it
+// into place. dst is never left half-written; src is not written.
 func BackupFile(src, dst string, lockTimeout time.Duration) (Report, error) {
 	if _, err := Inspect(src, lockTimeout); err != nil {
 		return Report{}, err
@@ -134,29 +170,26 @@ func BackupFile(src, dst string, lockTimeout time.Duration) (Report, error) {
 		return Report{}, fmt.Errorf("ledger %s: %w", src, err)
 	}
 	defer db.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".tmp-*")
+	tmpPath, err := settledCopy(db, src, filepath.Dir(dst))
 	if err != nil {
 		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
 	}
-	defer os.Remove(tmp.Name())
-	err = db.View(func(tx *bolt.Tx) error { _, err := tx.WriteTo(tmp); return err })
-	if err == nil {
-		err = tmp.Chmod(0o600)
-	}
+	defer os.Remove(tmpPath)
+	tmp, err := os.Open(tmpPath)
 	if err == nil {
 		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
 		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
 	}
-	rep, err := Inspect(tmp.Name(), lockTimeout)
+	rep, err := Inspect(tmpPath, lockTimeout)
 	if err != nil {
 		return Report{}, fmt.Errorf("backup to %s: the copy does not read back: %w", dst, err)
 	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	if err := os.Rename(tmpPath, dst); err != nil {
 		return Report{}, fmt.Errorf("backup to %s: %w", dst, err)
 	}
 	if err := syncDir(filepath.Dir(dst)); err != nil {

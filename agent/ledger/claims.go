@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -50,7 +48,7 @@ func (l *Ledger) Reserve(id string, req Request, coordinator string, now time.Ti
 	now = now.UTC()
 
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		if old, ok := st.claims[id]; ok && old.Live(now) {
 			order, same := supersedes(req.NameToken, old.Claim), sameRequest(old.Claim, req)
 			switch {
@@ -150,7 +148,7 @@ func (l *Ledger) CommitReservation(id string, createdAt time.Time, token uint64,
 func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		switch {
 		case !ok:
@@ -198,7 +196,7 @@ func (l *Ledger) Extend(id string, now time.Time, lease time.Duration) (Claim, e
 	}
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		switch {
 		case !ok:
@@ -261,7 +259,7 @@ func (l *Ledger) AbortReservation(id string, now time.Time) (Claim, error) {
 func (l *Ledger) release(id string, now time.Time, reservationOnly bool, keep time.Duration) (Claim, error) {
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		if !ok {
 			return false, notFound(id)
@@ -297,7 +295,7 @@ func (l *Ledger) release(id string, now time.Time, reservationOnly bool, keep ti
 func (l *Ledger) Expire(now time.Time) ([]Claim, error) {
 	now = now.UTC()
 	var out []Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		out = nil
 		for _, id := range slices.Sorted(maps.Keys(st.claims)) {
 			rec := st.claims[id]

@@ -3,11 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // MaxFactsLen bounds one facts blob; NVML's answers about a card are a few
@@ -28,28 +24,16 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 	if !json.Valid(data) {
 		return fmt.Errorf("facts of GPU %s are not valid JSON; the inventory must store what it can read back", addr)
 	}
-	// bbolt serialises writers anyway; taking fileMu keeps the rule simple
-	// (one file transaction at a time) and orders facts with Close.
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
-	start := time.Now()
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketFacts)
-		if bytes.Equal(b.Get([]byte(addr)), data) {
-			return errUnchanged
+	err := l.journalWrite(OpFacts, func(tx *fileTx) error {
+		if !bytes.Equal(tx.get(bucketFacts, []byte(addr)), data) {
+			tx.put(bucketFacts, []byte(addr), data)
 		}
-		return b.Put([]byte(addr), bytes.Clone(data))
+		return nil
 	})
-	switch {
-	case errors.Is(err, errUnchanged):
-	case err != nil:
-		err = fmt.Errorf("ledger %s: write facts of GPU %s: %w", l.path, addr, err)
-		l.wrote(OpFacts, err)
-		return err
-	default:
-		l.syncs.Add(1)
-		l.took(OpFacts, start)
-		l.wrote(OpFacts, nil)
+	if err != nil {
+		return fmt.Errorf("ledger %s: write facts of GPU %s: %w", l.path, addr, err)
 	}
 	return nil
 }
@@ -57,8 +41,8 @@ func (l *Ledger) PutFacts(addr string, data []byte) error {
 // Facts returns every stored facts blob by PCI address.
 func (l *Ledger) Facts() (map[string][]byte, error) {
 	out := map[string][]byte{}
-	err := l.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketFacts).ForEach(func(k, v []byte) error {
+	err := l.view(func(tx recordReader) error {
+		return tx.forEach(bucketFacts, func(k, v []byte) error {
 			// bbolt's slices are only valid inside the transaction.
 			out[string(k)] = bytes.Clone(v)
 			return nil

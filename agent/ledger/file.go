@@ -177,7 +177,7 @@ func initBuckets(tx *bolt.Tx) error {
 		}
 	}
 	meta := tx.Bucket(bucketMeta)
-	if err := meta.Put(keySchema, []byte(fmt.Sprint(SchemaVersion))); err != nil {
+	if err := meta.Put(keySchema, []byte(fmt.Sprint(schemaSettled))); err != nil {
 		return err
 	}
 	return meta.Put(keyRevision, encodeRevision(0))
@@ -199,16 +199,24 @@ func checkPages(tx *bolt.Tx, path string) error {
 }
 
 // Backup writes a consistent copy of the whole ledger file to w, as of the
-// last committed write, and returns its size. Writers are not blocked. The
-// copy holds the committed claims and drains; reservations, which live in
-// memory only, are not in it.
+// last acknowledged write, and returns its size: the journal's records are
+// stored in the file first (a checkpoint), so the copy is whole by itself.
+// Writers wait for the checkpoint only, not for the copy. The copy holds
+// the committed claims and drains; reservations, which live in memory
+// only, are not in it.
 func (l *Ledger) Backup(w io.Writer) (int64, error) {
+	l.fileMu.Lock()
+	err := l.checkpoint(false)
+	var tx *bolt.Tx
+	if err == nil {
+		tx, err = l.db.Begin(false)
+	}
+	l.fileMu.Unlock()
 	var n int64
-	err := l.db.View(func(tx *bolt.Tx) error {
-		var err error
+	if err == nil {
 		n, err = tx.WriteTo(w)
-		return err
-	})
+		_ = tx.Rollback()
+	}
 	if err != nil {
 		return n, fmt.Errorf("backup of ledger %s: %w", l.path, err)
 	}

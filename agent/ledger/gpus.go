@@ -7,8 +7,6 @@ import (
 	"regexp"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // GPUStatus is what a GPU is doing, as one word for tables and metrics.
@@ -89,7 +87,7 @@ func (l *Ledger) SetInventory(gpus []GPU) error {
 		g.Distance = maps.Clone(g.Distance)
 		inv[g.Address] = g
 	}
-	return l.write(func(_ *bolt.Tx, st *state) (bool, error) {
+	return l.write(func(_ *fileTx, st *state) (bool, error) {
 		if maps.EqualFunc(st.inventory, inv, sameGPU) {
 			return false, nil
 		}
@@ -115,7 +113,7 @@ func (l *Ledger) Drain(addr, reason string, now time.Time) error {
 		return &ValidationError{Field: "reason", Reason: fmt.Sprintf("must be printable and at most %d bytes", MaxDrainReasonLen)}
 	}
 	now = now.UTC()
-	return l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	return l.write(func(tx *fileTx, st *state) (bool, error) {
 		g, ok := st.inventory[addr]
 		if !ok {
 			return false, fmt.Errorf("drain GPU %s: %w; list the GPUs with `gpuherd status`", addr, ErrUnknownGPU)
@@ -143,7 +141,7 @@ func (l *Ledger) Undrain(addr string) error {
 	if err := ValidateAddress(addr); err != nil {
 		return err
 	}
-	return l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	return l.write(func(tx *fileTx, st *state) (bool, error) {
 		if _, drained := st.drains[addr]; !drained {
 			if _, ok := st.inventory[addr]; !ok {
 				return false, fmt.Errorf("undrain GPU %s: %w; list the GPUs with `gpuherd status`", addr, ErrUnknownGPU)

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -103,18 +102,15 @@ func TestGroupCommitTornByACrash(t *testing.T) {
 	}
 	ids := []string{"vm-1", "vm-2", "vm-3"}
 	var (
-		snapshot []byte
-		answered int
+		snapshot, journal []byte
+		answered          int
 	)
 	var mu sync.Mutex
 	testAfterCommit = func(writes int) {
 		mu.Lock()
 		defer mu.Unlock()
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Error(err)
-		}
-		snapshot, answered = b, 0
+		snapshot, journal = ledgerFiles(t, path)
+		answered = 0
 		for _, id := range ids {
 			if c, err := l.Get(id); err == nil && c.State == StateCommitted {
 				answered++
@@ -127,9 +123,7 @@ func TestGroupCommitTornByACrash(t *testing.T) {
 		t.Errorf("%d commits were visible before their batch's fsync returned", answered)
 	}
 	crashed := filepath.Join(dir, "crashed.db")
-	if err := os.WriteFile(crashed, snapshot, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeLedgerFiles(t, crashed, snapshot, journal)
 	after := openAt(t, crashed)
 	for _, id := range ids {
 		if c, err := after.Get(id); err != nil || c.State != StateCommitted {

@@ -1,6 +1,9 @@
 package ledger
 
 import (
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -73,4 +76,32 @@ func mustCommit(t testing.TB, l *Ledger, id string, now time.Time) Claim {
 		t.Fatalf("Commit(%s): %v", id, err)
 	}
 	return c
+}
+
+// ledgerFiles reads the ledger file at path and its journal: what a
+// process killed at that instant leaves on disk.
+func ledgerFiles(t testing.TB, path string) (file, journal []byte) {
+	t.Helper()
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	journal, err = os.ReadFile(JournalPath(path))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return file, journal
+}
+
+// writeLedgerFiles writes what ledgerFiles read to a ledger at path.
+func writeLedgerFiles(t testing.TB, path string, file, journal []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if journal != nil {
+		if err := os.WriteFile(JournalPath(path), journal, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"io/fs"
 	"reflect"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,7 @@ type options struct {
 	lockTimeout time.Duration
 	writeResult func(op string, err error)
 	writeTime   func(op string, d time.Duration)
+	journalSize int64
 }
 
 // Write operations, as WithWriteResult names them.
@@ -56,6 +58,8 @@ const (
 	OpWrite    = "write"             // claims, reservations' commits, drains
 	OpRemember = "remember_released" // a released claim's record
 	OpFacts    = "facts"             // what NVML told of a GPU
+	// OpCheckpoint is the journal's records written into the bbolt file.
+	OpCheckpoint = "checkpoint"
 )
 
 // WithWriteResult has fn told the outcome of every write to the file (nil
@@ -134,8 +138,22 @@ type Ledger struct {
 	state *state // the file after the last committed write, plus the reservations and the inventory; never modified once published
 	// writeErr is the failure of the last file write, nil once one succeeds.
 	writeErr atomic.Pointer[error]
-	// syncs counts the write transactions committed since Open (Syncs).
-	syncs atomic.Uint64
+	// syncs counts the durable writes since Open (Syncs); fdatasyncs
+	// the fdatasyncs they cost (Fdatasyncs).
+	syncs, fdatasyncs atomic.Uint64
+	// journal takes every write of claims, drains and released claims
+	// first (journal.go); guarded by fileMu.
+	journal *journal
+	// unflushed is what the journal holds that the bbolt file does not
+	// yet: changed under fileMu and overlayMu, read under either.
+	unflushed overlay
+	overlayMu sync.RWMutex
+	// marked is whether the file's schema says that the journal may hold
+	// writes it lacks (schemaJournalled); guarded by fileMu.
+	marked bool
+	// checkpointErr is why the last checkpoint failed, nil once one
+	// succeeds. Guarded by fileMu.
+	checkpointErr error
 	// writeResult is told every file write's outcome (WithWriteResult).
 	writeResult func(op string, err error)
 	// writeTime is told every acknowledged file write's duration
@@ -172,13 +190,16 @@ func (l *Ledger) took(op string, start time.Time) {
 // match the GPUs' models): it never starts empty over existing data, nor
 // serves from a file that would hand one GPU to two VMs.
 func Open(path string, opts ...Option) (*Ledger, error) {
-	o := options{maxGPUs: DefaultMaxGPUs, lockTimeout: DefaultLockTimeout}
+	o := options{maxGPUs: DefaultMaxGPUs, lockTimeout: DefaultLockTimeout, journalSize: journalSize}
 	for _, opt := range opts {
 		opt(&o)
 	}
 
 	switch err := checkFile(path); {
 	case errors.Is(err, fs.ErrNotExist):
+		if err := refuseOrphanJournal(path); err != nil {
+			return nil, err
+		}
 		if err := create(path); err != nil {
 			return nil, err
 		}
@@ -193,15 +214,49 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ledger{
-		path:        path,
-		db:          db,
-		maxGPUs:     o.maxGPUs,
-		dropped:     dropped,
-		state:       st,
-		writeResult: o.writeResult,
-		writeTime:   o.writeTime,
-	}, nil
+	seq, err := fileJournalSeq(db)
+	if err == nil {
+		var j *journal
+		if j, err = openJournal(JournalPath(path), 0, seq, o.journalSize); err == nil {
+			return &Ledger{
+				path:        path,
+				db:          db,
+				journal:     j,
+				unflushed:   overlay{},
+				maxGPUs:     o.maxGPUs,
+				dropped:     dropped,
+				state:       st,
+				writeResult: o.writeResult,
+				writeTime:   o.writeTime,
+			}, nil
+		}
+	}
+	_ = db.Close()
+	return nil, unusable(JournalPath(path), err)
+}
+
+// refuseOrphanJournal fails when there is no ledger file at path but its
+// journal holds writes: the file was moved or deleted, and starting empty
+// would forget claims that the journal says were acknowledged.
+func refuseOrphanJournal(path string) error {
+	jpath := JournalPath(path)
+	recs, _, err := readJournal(jpath, 0)
+	switch {
+	case err != nil:
+		return fmt.Errorf("ledger %s is missing and its journal %s cannot be read (%v): restore the ledger, or move the journal aside to start with an empty one", path, jpath, err)
+	case len(recs) > 0:
+		return &CorruptError{Path: path, Err: fmt.Errorf("missing, but its journal %s holds %d writes to it: restore the ledger (gpuherd ledger check --file BACKUP), or move the journal aside too to start with an empty one", jpath, len(recs))}
+	}
+	return nil
+}
+
+// fileJournalSeq reads the journal sequence the file holds.
+func fileJournalSeq(db *bolt.DB) (seq uint64, err error) {
+	err = db.View(func(tx *bolt.Tx) error {
+		seq, err = journalSeq(tx)
+		return err
+	})
+	return seq, err
 }
 
 // openFile opens and reads the file. bbolt panics on some damaged pages
@@ -264,13 +319,18 @@ func initFile(db *bolt.DB, path string) (*state, []Claim, error) {
 		}
 	}
 
+	if err := db.View(func(tx *bolt.Tx) error { return checkPages(tx, path) }); err != nil {
+		return nil, nil, err
+	}
+	// What a run that did not close the ledger left in the journal goes
+	// into the file first.
+	if _, err := settleJournal(db, path, schemaSettled); err != nil {
+		return nil, nil, err
+	}
 	var st *state
 	err = db.View(func(tx *bolt.Tx) error {
-		if err := checkPages(tx, path); err != nil {
-			return err
-		}
 		var err error
-		if st, err = load(tx, path); err != nil {
+		if st, err = load(boltReader{tx}, path); err != nil {
 			return recordsError(tx, path, err) // every problem, not the first
 		}
 		return checkIntegrity(st, path) // integrity.go
@@ -279,7 +339,7 @@ func initFile(db *bolt.DB, path string) (*state, []Claim, error) {
 		return nil, nil, err
 	}
 	if len(st.reservations()) == 0 {
-		return st, nil, nil // the usual case: Open writes nothing
+		return st, nil, nil // the usual case
 	}
 	return dropFileReservations(db, path)
 }
@@ -295,7 +355,7 @@ func dropFileReservations(db *bolt.DB, path string) (*state, []Claim, error) {
 	)
 	err := db.Update(func(tx *bolt.Tx) error {
 		var err error
-		if st, err = load(tx, path); err != nil {
+		if st, err = load(boltReader{tx}, path); err != nil {
 			return err
 		}
 		dropped = nil
@@ -335,17 +395,36 @@ func (l *Ledger) DroppedAtOpen() []Claim {
 	return out
 }
 
-// Close releases the file. Every acknowledged write of a committed claim or
-// drain is already on disk, so Close has nothing to flush; it frees the
-// lock for the next agent. The reservations, which live in memory only, are
-// gone: a ledger opened on the file again has none.
+// Close stores the journal's records in the file and releases it, for the
+// next agent. Every acknowledged write is already on disk (in the journal
+// if not in the file), so a Close that cannot store them loses nothing: the
+// next Open does. The reservations, which live in memory only, are gone: a
+// ledger opened on the file again has none.
 func (l *Ledger) Close() error {
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
+	cerr := l.checkpoint(true)
+	jerr := l.journal.close()
 	if err := l.db.Close(); err != nil {
 		return fmt.Errorf("close ledger %s: %w", l.path, err)
 	}
+	if cerr != nil {
+		return fmt.Errorf("close ledger %s: %w; the journal keeps those writes and the next start applies them", l.path, cerr)
+	}
+	if jerr != nil {
+		return fmt.Errorf("close ledger %s: %w", JournalPath(l.path), jerr)
+	}
 	return nil
+}
+
+// Abandon lets go of the files as a process killed with kill -9 does:
+// nothing more is written, and the journal's records stay there for the
+// next Open to apply. It is how tests and simulations crash a ledger.
+func (l *Ledger) Abandon() error {
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	_ = l.journal.close()
+	return l.db.Close()
 }
 
 // Path is the ledger file.
@@ -393,7 +472,7 @@ var errNeedsFile = errors.New("ledger: the change needs a file transaction")
 // is dropped and fn runs again, from the start, in writeFile. fn must
 // therefore depend only on st and its arguments, and set its results anew
 // on every run.
-func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
+func (l *Ledger) write(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
 	// A first run on a copy of the published state, without the write
 	// lock, tells whether fn needs the file: such a writer queues for the
 	// next transaction at once (group commit, writeFile) instead of
@@ -432,7 +511,7 @@ func (l *Ledger) write(fn func(tx *bolt.Tx, st *state) (changed bool, err error)
 // transaction leaves (carry): when it does not, nothing is published and
 // retry is set, for the caller to run fn again once the transaction is
 // done. Call with writeMu held.
-func (l *Ledger) writeMemory(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) (retry bool, err error) {
+func (l *Ledger) writeMemory(fn func(tx *fileTx, st *state) (changed bool, err error)) (retry bool, err error) {
 	// Only writers replace l.state, and writeMu is held: no lock needed to
 	// read it here.
 	cur := l.state
@@ -536,7 +615,7 @@ var testInFlight, testWaitsForFile func()
 // fileWrite is one writer's fn waiting for a transaction (writeFile), and
 // what became of it once done is closed.
 type fileWrite struct {
-	fn   func(tx *bolt.Tx, st *state) (changed bool, err error)
+	fn   func(tx *fileTx, st *state) (changed bool, err error)
 	err  error
 	done chan struct{}
 }
@@ -558,7 +637,7 @@ type fileWrite struct {
 // transaction holding their change is synced, and a failed commit fails
 // them all. An fn that changes nothing (a refusal) is taken out and the
 // others are run again without it, so that it leaves nothing behind.
-func (l *Ledger) writeFile(fn func(tx *bolt.Tx, st *state) (changed bool, err error)) error {
+func (l *Ledger) writeFile(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
 	w := &fileWrite{fn: fn, done: make(chan struct{})}
 	l.queueMu.Lock()
 	l.queue = append(l.queue, w)
@@ -580,6 +659,7 @@ func (l *Ledger) writeFile(fn func(tx *bolt.Tx, st *state) (changed bool, err er
 	for len(batch) > 0 {
 		batch = l.commitBatch(batch)
 	}
+	l.checkpointIfFull()
 	return w.err
 }
 
@@ -594,17 +674,13 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 	switch {
 	case errors.Is(err, errUnchanged):
 		l.writeMu.Unlock()
-		_ = tx.Rollback()
-		l.released = nil // a rolled back fn may have changed it
+		l.released = nil // a dropped fn may have changed it
 		w := batch[refusing]
 		w.err = errs[refusing]
 		close(w.done)
 		return append(batch[:refusing:refusing], batch[refusing+1:]...)
 	case err != nil:
 		l.writeMu.Unlock()
-		if tx != nil {
-			_ = tx.Rollback()
-		}
 		l.failBatch(batch, err)
 		return nil
 	}
@@ -616,7 +692,7 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 		testInFlight()
 	}
 	start := time.Now()
-	err = tx.Commit()
+	err = l.appendJournal(tx.ops)
 	l.writeMu.Lock()
 	next, l.pending = l.pending, nil
 	if err != nil {
@@ -624,7 +700,6 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 		l.failBatch(batch, err)
 		return nil
 	}
-	l.syncs.Add(1)
 	l.took(OpWrite, start)
 	if testAfterCommit != nil {
 		testAfterCommit(len(batch))
@@ -637,22 +712,30 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 	l.writeMu.Unlock()
 	for i, w := range batch {
 		w.err = errs[i]
-		l.wrote(OpWrite, nil)
+		l.wroteOK(OpWrite)
 		close(w.done)
 	}
 	return nil
 }
 
-// runBatch opens a write transaction and runs batch's writers in it over
-// the file's state plus cur's reservations and inventory, in order,
-// setting errs. It returns the transaction, open, and the state it leaves;
-// errUnchanged and refusing when a writer changed nothing (the transaction
-// is then to be rolled back), or another error. Call with writeMu held.
-func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *bolt.Tx, next *state, refusing int, err error) {
-	tx, err = l.db.Begin(true)
+// runBatch runs batch's writers over the file's state (bbolt's, with the
+// journal's records not yet in it) plus cur's reservations and inventory,
+// in order, setting errs. It returns the write, whose operations are the
+// journal record to append, and the state it leaves; errUnchanged and
+// refusing when a writer changed nothing (nothing is then to be written),
+// or another error. Call with writeMu and fileMu held.
+func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *fileTx, next *state, refusing int, err error) {
+	btx, err := l.db.Begin(false)
 	if err != nil {
 		return nil, nil, -1, err
 	}
+	defer func() {
+		_ = btx.Rollback()
+		if tx != nil {
+			tx.btx = nil // its values are copies: nothing reads bbolt's pages after this
+		}
+	}()
+	tx = newFileTx(btx, l.unflushed)
 	st, err := load(tx, l.path)
 	if err != nil {
 		return tx, nil, -1, err
@@ -678,10 +761,152 @@ func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *bol
 		}
 	}
 	st.rev = max(st.rev, cur.rev) + 1
-	if err := tx.Bucket(bucketMeta).Put(keyRevision, encodeRevision(st.rev)); err != nil {
-		return tx, nil, -1, fmt.Errorf("write revision: %w", err)
-	}
+	tx.put(bucketMeta, keyRevision, encodeRevision(st.rev))
 	return tx, st, -1, nil
+}
+
+// appendJournal appends ops to the journal, fdatasynced, and adds them to
+// what the file lacks. Call with fileMu held.
+func (l *Ledger) appendJournal(ops []journalOp) error {
+	if !l.marked {
+		// The first record since the file was settled: from now on the
+		// file alone is not the ledger, and an older gpuherd must not
+		// read it as if it were (SchemaVersion).
+		err := l.db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keySchema, []byte(strconv.Itoa(schemaJournalled)))
+		})
+		if err != nil {
+			return err
+		}
+		l.fdatasyncs.Add(2)
+		l.marked = true
+	}
+	if err := l.journal.append(ops); err != nil {
+		return err
+	}
+	l.syncs.Add(1)
+	l.fdatasyncs.Add(1)
+	l.overlayMu.Lock()
+	l.unflushed.apply(ops)
+	l.overlayMu.Unlock()
+	return nil
+}
+
+// journalWrite runs fn over the file's records and appends what it
+// changed as one journal record: a durable write outside the claims'
+// batches (a remembered release). Reported as op. Call with fileMu held.
+func (l *Ledger) journalWrite(op string, fn func(tx *fileTx) error) error {
+	btx, err := l.db.Begin(false)
+	if err != nil {
+		l.wrote(op, err)
+		return err
+	}
+	tx := newFileTx(btx, l.unflushed)
+	err = fn(tx)
+	_ = btx.Rollback()
+	tx.btx = nil
+	if err == nil && !tx.changed() {
+		return nil
+	}
+	start := time.Now()
+	if err == nil {
+		err = l.appendJournal(tx.ops)
+	}
+	if err != nil {
+		l.released = nil // rebuilt from the file on next use
+		l.wrote(op, err)
+		return err
+	}
+	l.took(op, start)
+	l.wroteOK(op)
+	l.checkpointIfFull()
+	return nil
+}
+
+// checkpointIfFull stores the journal in the file once it is three
+// quarters full. A checkpoint that fails is reported and tried again
+// after every write until one succeeds (the agent logs only the change);
+// the journal meanwhile fills its preallocation, then grows. Call with
+// fileMu held.
+func (l *Ledger) checkpointIfFull() {
+	if l.journal.full() {
+		_ = l.checkpoint(false)
+	}
+}
+
+// wroteOK tells the write observer that a write was acknowledged, unless
+// the journal could not be stored in the file: the store then stays
+// failing, although its writes are acknowledged, until a checkpoint
+// succeeds (the journal grows meanwhile, and a full disk fills it too).
+// Call with fileMu held.
+func (l *Ledger) wroteOK(op string) {
+	if l.checkpointErr == nil {
+		l.wrote(op, nil)
+	}
+}
+
+// checkpoint writes every journal record the file lacks into the file, in
+// one bbolt transaction that also stores the journal's sequence, and
+// starts the journal again from its beginning. With settle (Close), the
+// file is also marked as holding every write, until the next record.
+// Call with fileMu held.
+func (l *Ledger) checkpoint(settle bool) error {
+	if l.journal.off == 0 && !(settle && l.marked) {
+		return nil // nothing the file lacks
+	}
+	schema := schemaJournalled
+	if settle {
+		schema = schemaSettled
+	}
+	start := time.Now()
+	seq := l.journal.seq
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		for name, m := range l.unflushed {
+			b, err := tx.CreateBucketIfNotExists([]byte(name))
+			if err != nil {
+				return fmt.Errorf("bucket %q: %w", name, err)
+			}
+			for k, v := range m {
+				if v == nil {
+					err = b.Delete([]byte(k))
+				} else {
+					err = b.Put([]byte(k), v)
+				}
+				if err != nil {
+					return fmt.Errorf("bucket %q, key %q: %w", name, k, err)
+				}
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if err := meta.Put(keyJournal, encodeRevision(seq)); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, []byte(strconv.Itoa(schema)))
+	})
+	if err != nil {
+		err = fmt.Errorf("ledger %s: storing its journal %s in the file: %w; the journal keeps the writes", l.path, l.journal.path, err)
+		l.checkpointErr = err
+		l.wrote(OpCheckpoint, err)
+		return err
+	}
+	l.fdatasyncs.Add(2)
+	l.took(OpCheckpoint, start)
+	l.checkpointErr = nil
+	l.wrote(OpCheckpoint, nil)
+	l.overlayMu.Lock()
+	l.unflushed = overlay{}
+	l.overlayMu.Unlock()
+	l.journal.reset()
+	l.marked = !settle
+	return nil
+}
+
+// view runs fn over the file's records as the last acknowledged write
+// left them: bbolt's, with the journal's records it lacks on top.
+func (l *Ledger) view(fn func(r recordReader) error) error {
+	l.overlayMu.RLock()
+	defer l.overlayMu.RUnlock()
+	return l.db.View(func(btx *bolt.Tx) error { return fn(newFileTx(btx, l.unflushed)) })
 }
 
 // failBatch answers every writer of a batch whose transaction failed:
@@ -697,11 +922,17 @@ func (l *Ledger) failBatch(batch []*fileWrite, err error) {
 	}
 }
 
-// Syncs counts the file's write transactions committed since Open, each
-// fsynced before it returned (bbolt syncs the data pages, then the meta
-// page): what the ledger costs the disk, for benchmarks. Changes to
-// reservations alone and writes that changed nothing are not among them.
+// Syncs counts the durable writes acknowledged since Open: journal
+// records (a batch of claims' writes, a remembered release) and facts.
+// Changes to reservations alone, writes that changed nothing and
+// checkpoints are not among them.
 func (l *Ledger) Syncs() uint64 { return l.syncs.Load() }
+
+// Fdatasyncs counts the fdatasyncs the ledger asked of the disk since
+// Open: one per journal record, two per bbolt transaction (its data
+// pages, then its meta page: checkpoints and facts). What the ledger
+// costs the disk, for benchmarks.
+func (l *Ledger) Fdatasyncs() uint64 { return l.fdatasyncs.Load() }
 
 // publish makes next the state readers see. Call with writeMu held.
 func (l *Ledger) publish(next *state) {

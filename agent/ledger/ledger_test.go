@@ -207,10 +207,10 @@ func openMustFail(t *testing.T, path string) error {
 
 func TestOpenRefusesNewerSchema(t *testing.T) {
 	path := ledgerFile(t)
-	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("2")) })
+	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("3")) })
 	err := openMustFail(t, path)
-	if !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "schema 2") {
-		t.Fatalf("Open = %v, want ErrSchemaTooNew naming the file and schema 2", err)
+	if !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "schema 3") {
+		t.Fatalf("Open = %v, want ErrSchemaTooNew naming the file and schema 3", err)
 	}
 }
 

@@ -15,12 +15,14 @@ import (
 // reservations never open a write transaction on the file, and a claim costs
 // one, its Commit.
 
-// fileTxID is the ID of the last transaction committed to l's file; it moves
-// by one with every write transaction that commits, and with nothing else.
+// fileTxID is the number of the last write to l's files: every write is
+// one journal record (the checkpoints that move records into bbolt
+// write nothing new), so it moves by one with every write acknowledged,
+// and with nothing else.
 func fileTxID(l *Ledger) (int, error) {
-	var id int
-	err := l.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil })
-	return id, err
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	return int(l.journal.seq), nil
 }
 
 // fileMark is what tells whether anything wrote l's file: the last committed
@@ -40,28 +42,26 @@ func markFile(t *testing.T, l *Ledger) fileMark {
 	return fileMark{txid: id, pages: st.TxStats.GetWrite()}
 }
 
-// withoutFileWrites runs do while the test holds the file's writer lock (an
-// open bbolt write transaction), so that a call that opens a write
-// transaction, even one it then rolls back, blocks and is reported instead
-// of finishing. It also checks that nothing was written to the file.
+// withoutFileWrites runs do while the test holds the file's writer lock
+// (fileMu, which every write to the journal or to bbolt takes), so that a
+// call that would write, even one that then writes nothing, blocks and is
+// reported instead of finishing. It also checks that nothing was written
+// to the file.
 func withoutFileWrites(t *testing.T, l *Ledger, name string, do func() error) error {
 	t.Helper()
 	before := markFile(t, l)
-	tx, err := l.db.Begin(true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l.fileMu.Lock()
 	done := make(chan error, 1)
 	go func() { done <- do() }()
 	var callErr error
 	select {
 	case callErr = <-done:
-		_ = tx.Rollback()
+		l.fileMu.Unlock()
 	case <-time.After(2 * time.Second):
 		// A change in memory takes microseconds: this one is waiting for
 		// the writer lock the test holds.
-		t.Errorf("%s opened a write transaction on the ledger file (it waited for the file's writer lock)", name)
-		_ = tx.Rollback()
+		t.Errorf("%s waited for the ledger file's writer lock", name)
+		l.fileMu.Unlock()
 		callErr = <-done
 	}
 	if after := markFile(t, l); after != before {
@@ -221,8 +221,8 @@ func TestFileWriteKeepsReservations(t *testing.T) {
 func fileRevision(t *testing.T, l *Ledger) uint64 {
 	t.Helper()
 	var rev uint64
-	if err := l.db.View(func(tx *bolt.Tx) error {
-		rev = binary.BigEndian.Uint64(tx.Bucket(bucketMeta).Get(keyRevision))
+	if err := l.view(func(tx recordReader) error {
+		rev = binary.BigEndian.Uint64(tx.get(bucketMeta, keyRevision))
 		return nil
 	}); err != nil {
 		t.Fatal(err)

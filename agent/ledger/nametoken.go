@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"fmt"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // SetNameToken records the name registry's token for committed claim id,
@@ -13,7 +11,7 @@ import (
 // ErrNotFound: only a committed claim holds a name.
 func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		if !ok || rec.State != StateCommitted {
 			return false, fmt.Errorf("claim %q is not committed: %w on this server", id, ErrNotFound)

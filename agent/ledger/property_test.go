@@ -46,6 +46,8 @@ func TestLedgerProperties(t *testing.T) {
 			claims:  map[string]claimModel{},
 			drains:  map[string]bool{},
 			lastReq: map[string]Request{},
+			// A small journal checkpoints every few writes.
+			journal: rapid.SampledFrom([]int64{1 << 10, 4 << 10, journalSize}).Draw(rt, "journal"),
 		}
 		for _, g := range server() {
 			m.inv[g.Address] = g
@@ -67,6 +69,7 @@ func TestLedgerProperties(t *testing.T) {
 			"vanish":   m.vanish,
 			"reappear": m.reappear,
 			"reopen":   m.reopen,
+			"crash":    m.crash,
 		})
 	})
 }
@@ -94,6 +97,7 @@ type machine struct {
 	txid       int
 	wantWrite  bool
 	durableRev uint64
+	journal    int64 // the journal's preallocated size
 }
 
 var (
@@ -102,7 +106,7 @@ var (
 )
 
 func (m *machine) open(rt *rapid.T) {
-	l, err := Open(m.path)
+	l, err := Open(m.path, withJournalSize(m.journal))
 	if err != nil {
 		rt.Fatalf("Open: %v", err)
 	}
@@ -408,9 +412,15 @@ func (m *machine) reappear(rt *rapid.T) {
 // inventory is found again. Reservations live in memory only: gone. The
 // revision starts again from the file's, which may be below the last one
 // seen.
-func (m *machine) reopen(rt *rapid.T) {
-	if err := m.l.Close(); err != nil {
-		rt.Fatalf("Close: %v", err)
+func (m *machine) reopen(rt *rapid.T) { m.restart(rt, m.l.Close) }
+
+// crash is kill -9: the ledger lets go of its files without storing its
+// journal in the file; every acknowledged write must come back.
+func (m *machine) crash(rt *rapid.T) { m.restart(rt, m.l.Abandon) }
+
+func (m *machine) restart(rt *rapid.T, stop func() error) {
+	if err := stop(); err != nil {
+		rt.Fatalf("stop: %v", err)
 	}
 	for id, c := range m.claims {
 		if c.claim.State == StateReserved {

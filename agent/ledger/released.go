@@ -7,8 +7,6 @@ import (
 	"maps"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // bucketReleased remembers claims this server released: claim ID ->
@@ -41,17 +39,10 @@ type Released struct {
 func (l *Ledger) Remember(c Claim, now time.Time, keep time.Duration) error {
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
-	start := time.Now()
-	err := l.db.Update(func(tx *bolt.Tx) error { return l.rememberIn(tx, c, now, keep) })
+	err := l.journalWrite(OpRemember, func(tx *fileTx) error { return l.rememberIn(tx, c, now, keep) })
 	if err != nil {
-		l.released = nil // rebuilt from the file on next use
-		err = fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
-		l.wrote(OpRemember, err)
-		return err
+		return fmt.Errorf("ledger %s: remember released claim %s: %w", l.path, c.ID, err)
 	}
-	l.syncs.Add(1)
-	l.took(OpRemember, start)
-	l.wrote(OpRemember, nil)
 	return nil
 }
 
@@ -72,12 +63,12 @@ type releasedIndex struct {
 // releasedIn returns the index of b, building it when there is none. A
 // record that does not decode is indexed as released at the zero time, so
 // that the next forgetting drops it.
-func (l *Ledger) releasedIn(b *bolt.Bucket) (*releasedIndex, error) {
+func (l *Ledger) releasedIn(tx *fileTx) (*releasedIndex, error) {
 	if l.released != nil {
 		return l.released, nil
 	}
 	idx := &releasedIndex{at: map[string]time.Time{}}
-	err := b.ForEach(func(k, v []byte) error {
+	err := tx.forEach(bucketReleased, func(k, v []byte) error {
 		var r Released
 		if json.Unmarshal(v, &r) != nil {
 			r.ReleasedAt = time.Time{}
@@ -95,17 +86,13 @@ func (l *Ledger) releasedIn(b *bolt.Bucket) (*releasedIndex, error) {
 // rememberIn writes c as released at now into tx and forgets what is due
 // (see Remember). Call with fileMu held; a caller whose transaction then
 // fails drops l.released.
-func (l *Ledger) rememberIn(tx *bolt.Tx, c Claim, now time.Time, keep time.Duration) (err error) {
+func (l *Ledger) rememberIn(tx *fileTx, c Claim, now time.Time, keep time.Duration) (err error) {
 	defer func() {
 		if err != nil {
 			l.released = nil // the transaction will not commit what the index took
 		}
 	}()
-	b, err := tx.CreateBucketIfNotExists(bucketReleased)
-	if err != nil {
-		return err
-	}
-	idx, err := l.releasedIn(b)
+	idx, err := l.releasedIn(tx)
 	if err != nil {
 		return err
 	}
@@ -115,22 +102,21 @@ func (l *Ledger) rememberIn(tx *bolt.Tx, c Claim, now time.Time, keep time.Durat
 		if err != nil {
 			return fmt.Errorf("encode released claim %q: %w", c.ID, err)
 		}
-		if err := b.Put([]byte(c.ID), v); err != nil {
-			return err
-		}
+		tx.put(bucketReleased, []byte(c.ID), v)
 		idx.at[c.ID] = rec.ReleasedAt
 		if idx.oldest.After(rec.ReleasedAt) {
 			idx.oldest = rec.ReleasedAt
 		}
 	}
-	return idx.forget(b, now, keep)
+	idx.forget(tx, now, keep)
+	return nil
 }
 
 // forget drops records older than keep, then the oldest beyond
 // maxReleased.
-func (idx *releasedIndex) forget(b *bolt.Bucket, now time.Time, keep time.Duration) error {
+func (idx *releasedIndex) forget(tx *fileTx, now time.Time, keep time.Duration) {
 	if len(idx.at) <= maxReleased && !idx.oldest.IsZero() && now.Sub(idx.oldest) < keep {
-		return nil
+		return
 	}
 	type aged struct {
 		id string
@@ -155,9 +141,7 @@ func (idx *releasedIndex) forget(b *bolt.Bucket, now time.Time, keep time.Durati
 		all = all[len(all)-maxReleased:]
 	}
 	for _, id := range drop {
-		if err := b.Delete([]byte(id)); err != nil {
-			return err
-		}
+		tx.delete(bucketReleased, []byte(id))
 		delete(idx.at, id)
 	}
 	idx.oldest = time.Time{}
@@ -169,7 +153,6 @@ func (idx *releasedIndex) forget(b *bolt.Bucket, now time.Time, keep time.Durati
 	if idx.oldest.IsZero() {
 		idx.oldest = now.UTC() // nothing left: nothing is older than now
 	}
-	return nil
 }
 
 // Recall returns what the ledger remembers of released claim id, if it
@@ -179,12 +162,8 @@ func (l *Ledger) Recall(id string, now time.Time, keep time.Duration) (Released,
 		r     Released
 		found bool
 	)
-	err := l.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketReleased)
-		if b == nil {
-			return nil
-		}
-		v := b.Get([]byte(id))
+	err := l.view(func(tx recordReader) error {
+		v := tx.get(bucketReleased, []byte(id))
 		if v == nil {
 			return nil
 		}
@@ -208,12 +187,8 @@ func (l *Ledger) Recall(id string, now time.Time, keep time.Duration) (Released,
 // than keep before it), oldest first.
 func (l *Ledger) RecallAll(now time.Time, keep time.Duration) ([]Released, error) {
 	var out []Released
-	err := l.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketReleased)
-		if b == nil {
-			return nil
-		}
-		return b.ForEach(func(k, v []byte) error {
+	err := l.view(func(tx recordReader) error {
+		return tx.forEach(bucketReleased, func(k, v []byte) error {
 			var r Released
 			if json.Unmarshal(v, &r) == nil && now.Sub(r.ReleasedAt) < keep {
 				out = append(out, r)

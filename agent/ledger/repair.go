@@ -16,7 +16,8 @@ import (
 // hold, an unreadable claim record). It removes the record whatever it
 // holds, readable or not, in one fsynced transaction that also moves the
 // revision, and returns the removed claim as far as it could be read. The
-// claim's GPUs are free at the agent's next start. ErrNotFound when the
+// claim's GPUs are free at the agent's next start. The writes of the
+// ledger's journal that the file lacks are applied to it first. ErrNotFound when the
 // file has no such record; ErrLocked while an agent holds the file.
 func RemoveClaim(path, id string, lockTimeout time.Duration) (Claim, error) {
 	if lockTimeout <= 0 {
@@ -38,6 +39,11 @@ func RemoveClaim(path, id string, lockTimeout time.Duration) (Claim, error) {
 		return Claim{}, unusable(path, err)
 	}
 	defer db.Close()
+	// The journal's writes first: one of them may be the record to
+	// remove, and applied after the removal it would bring it back.
+	if _, err := settleJournal(db, path, schemaSettled); err != nil {
+		return Claim{}, err
+	}
 	var out Claim
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, claims := tx.Bucket(bucketMeta), tx.Bucket(bucketClaims)

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/gpuherd/gpuherd/agent/placement"
 )
 
@@ -27,7 +25,7 @@ func (l *Ledger) Resize(id string, req Request, now time.Time) (Claim, error) {
 	}
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, changed, err := st.resized(id, req, now)
 		if err != nil || !changed {
 			out = rec.Claim

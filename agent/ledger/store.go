@@ -9,15 +9,27 @@ import (
 	"slices"
 	"strconv"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
-// SchemaVersion is the layout of the ledger file this code reads and
-// writes. Bump it, with a migration in initFile, whenever a record changes
-// in a way an older gpuherd would misread; an older gpuherd then refuses the
-// file instead of corrupting it.
-const SchemaVersion = 1
+// SchemaVersion is the newest layout of the ledger file this code reads.
+// Bump it, with a migration in initFile, whenever a record changes in a way
+// an older gpuherd would misread; an older gpuherd then refuses the file
+// instead of corrupting it.
+//
+// Schema 2 is schema 1 with a journal beside the file that may hold writes
+// the file does not (journal.go). An open ledger marks its file 2, and
+// Close, once the journal is all in the file, marks it 1 again: a gpuherd
+// that knows no journal reads a ledger closed cleanly, and refuses one
+// whose agent was killed, rather than miss the journal's claims.
+const SchemaVersion = 2
+
+// The schemas this code writes: schemaSettled when the file holds every
+// write (a new file, a clean Close, a journal applied by the operator's
+// tools), schemaJournalled while a ledger has it open.
+const (
+	schemaSettled    = 1
+	schemaJournalled = 2
+)
 
 // The file layout (schema 1). Values are JSON so that `bbolt get` shows an
 // operator something readable in an emergency. The claims bucket holds
@@ -90,20 +102,19 @@ func (st *state) reservations() []claimRecord {
 
 // load reads and checks every record; the first one that fails is reported
 // by bucket and key.
-func load(tx *bolt.Tx, path string) (*state, error) {
+func load(tx recordReader, path string) (*state, error) {
 	st := &state{
 		claims:    map[string]claimRecord{},
 		drains:    map[string]drainRecord{},
 		inventory: map[string]GPU{},
 	}
-	meta, claims, drains := tx.Bucket(bucketMeta), tx.Bucket(bucketClaims), tx.Bucket(bucketDrains)
 	for _, name := range [][]byte{bucketMeta, bucketClaims, bucketDrains, bucketFacts} {
-		if tx.Bucket(name) == nil {
+		if !tx.hasBucket(name) {
 			return nil, &CorruptError{Path: path, Bucket: string(name), Err: fmt.Errorf("bucket missing")}
 		}
 	}
 
-	raw := meta.Get(keySchema)
+	raw := tx.get(bucketMeta, keySchema)
 	schema, err := strconv.Atoi(string(raw))
 	if err != nil || schema < 1 {
 		return nil, &CorruptError{Path: path, Bucket: "meta", Key: string(keySchema), Err: fmt.Errorf("schema version %q is not a positive number", raw)}
@@ -112,13 +123,13 @@ func load(tx *bolt.Tx, path string) (*state, error) {
 		return nil, fmt.Errorf("ledger %s: %w: the file has schema %d, this gpuherd reads up to %d; run the newer gpuherd again, or restore a backup made before the upgrade",
 			path, ErrSchemaTooNew, schema, SchemaVersion)
 	}
-	raw = meta.Get(keyRevision)
+	raw = tx.get(bucketMeta, keyRevision)
 	if len(raw) != 8 {
 		return nil, &CorruptError{Path: path, Bucket: "meta", Key: string(keyRevision), Err: fmt.Errorf("want 8 bytes, have %d", len(raw))}
 	}
 	st.rev = binary.BigEndian.Uint64(raw)
 
-	err = claims.ForEach(func(k, v []byte) error {
+	err = tx.forEach(bucketClaims, func(k, v []byte) error {
 		rec, err := decodeClaim(k, v)
 		if err != nil {
 			return &CorruptError{Path: path, Bucket: "claims", Key: string(k), Err: err}
@@ -129,7 +140,7 @@ func load(tx *bolt.Tx, path string) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = drains.ForEach(func(k, v []byte) error {
+	err = tx.forEach(bucketDrains, func(k, v []byte) error {
 		var d drainRecord
 		if err := json.Unmarshal(v, &d); err != nil {
 			return &CorruptError{Path: path, Bucket: "drains", Key: string(k), Err: err}
@@ -169,7 +180,7 @@ func encodeRevision(rev uint64) []byte {
 
 // putClaim stores rec: a reservation in memory only, a committed claim in
 // the file through tx (errNeedsFile when tx is nil).
-func (st *state) putClaim(tx *bolt.Tx, rec claimRecord) error {
+func (st *state) putClaim(tx *fileTx, rec claimRecord) error {
 	if old, ok := st.claims[rec.ID]; ok && old.State == StateCommitted && rec.State != StateCommitted {
 		// A committed claim is live until released, so no operation
 		// replaces it with a reservation; if one did, the file's record
@@ -189,16 +200,14 @@ func (st *state) putClaim(tx *bolt.Tx, rec claimRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode claim %q: %w", rec.ID, err)
 	}
-	if err := tx.Bucket(bucketClaims).Put([]byte(rec.ID), v); err != nil {
-		return fmt.Errorf("write claim %q: %w", rec.ID, err)
-	}
+	tx.put(bucketClaims, []byte(rec.ID), v)
 	st.claims[rec.ID] = rec
 	return nil
 }
 
 // deleteClaim removes claim id: a reservation from memory, a committed
 // claim from the file through tx (errNeedsFile when tx is nil).
-func (st *state) deleteClaim(tx *bolt.Tx, id string) error {
+func (st *state) deleteClaim(tx *fileTx, id string) error {
 	if rec, ok := st.claims[id]; !ok || rec.State == StateReserved {
 		delete(st.claims, id)
 		return nil
@@ -206,15 +215,13 @@ func (st *state) deleteClaim(tx *bolt.Tx, id string) error {
 	if tx == nil {
 		return errNeedsFile
 	}
-	if err := tx.Bucket(bucketClaims).Delete([]byte(id)); err != nil {
-		return fmt.Errorf("delete claim %q: %w", id, err)
-	}
+	tx.delete(bucketClaims, []byte(id))
 	delete(st.claims, id)
 	return nil
 }
 
 // putDrain stores a drain in the file through tx (errNeedsFile when tx is nil).
-func (st *state) putDrain(tx *bolt.Tx, addr string, d drainRecord) error {
+func (st *state) putDrain(tx *fileTx, addr string, d drainRecord) error {
 	if tx == nil {
 		return errNeedsFile
 	}
@@ -222,22 +229,18 @@ func (st *state) putDrain(tx *bolt.Tx, addr string, d drainRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode drain of GPU %s: %w", addr, err)
 	}
-	if err := tx.Bucket(bucketDrains).Put([]byte(addr), v); err != nil {
-		return fmt.Errorf("write drain of GPU %s: %w", addr, err)
-	}
+	tx.put(bucketDrains, []byte(addr), v)
 	st.drains[addr] = d
 	return nil
 }
 
 // deleteDrain removes a drain from the file through tx (errNeedsFile when tx
 // is nil).
-func (st *state) deleteDrain(tx *bolt.Tx, addr string) error {
+func (st *state) deleteDrain(tx *fileTx, addr string) error {
 	if tx == nil {
 		return errNeedsFile
 	}
-	if err := tx.Bucket(bucketDrains).Delete([]byte(addr)); err != nil {
-		return fmt.Errorf("delete drain of GPU %s: %w", addr, err)
-	}
+	tx.delete(bucketDrains, []byte(addr))
 	delete(st.drains, addr)
 	return nil
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Use is the VM that runs on a committed claim's GPUs, as the hypervisor's
@@ -61,7 +59,7 @@ func (l *Ledger) MarkUse(id string, gpus []string, use Use, now time.Time) (Clai
 	}
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		if !ok || rec.State != StateCommitted {
 			return false, fmt.Errorf("claim %s is not committed on this server: %w", id, ErrNotFound)
@@ -106,7 +104,7 @@ func (l *Ledger) EndUse(id, domain string, release bool, now time.Time) (c Claim
 		return Claim{}, false, err
 	}
 	now = now.UTC()
-	err = l.write(func(tx *bolt.Tx, st *state) (bool, error) {
+	err = l.write(func(tx *fileTx, st *state) (bool, error) {
 		released = false // fn may run more than once (Ledger.write)
 		rec, ok := st.claims[id]
 		if !ok || !rec.Live(now) {

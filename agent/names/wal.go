@@ -14,6 +14,8 @@ import (
 	"sync"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/gpuherd/gpuherd/internal/datasync"
 )
 
 // wal is the registry's raft log: append-only segment files in one
@@ -286,7 +288,7 @@ func (w *wal) append(logs []*raft.Log) error {
 		_, _ = seg.f.Seek(seg.size, io.SeekStart)
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
 	}
-	if err := fdatasync(seg.f); err != nil {
+	if err := datasync.File(seg.f); err != nil {
 		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
 	}
 	w.syncs()

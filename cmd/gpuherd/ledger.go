@@ -73,8 +73,10 @@ func newLedgerCheckCmd(g *globals) *cobra.Command {
 agent would at start, and print the claims, drains and revision it holds.
 Every problem is listed: an unreadable record, a GPU in two claims, a claim
 naming a GPU the ledger does not hold, a claim whose items do not match its
-GPUs' models. Exit 0 when the agent would accept the file, 1 when it would
-not. Nothing is ever written.`,
+GPUs' models. Writes that the ledger's journal holds and the file does not
+yet (an agent killed or crashed) are applied to a copy and included, as the
+agent would at start. Exit 0 when the agent would accept the file, 1 when it
+would not. Nothing is ever written.`,
 		Args: cli.ExactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path, err := f.path(cmd)
@@ -147,6 +149,9 @@ func mustAbs(p string) string {
 func printLedger(w *tabwriter.Writer, rep ledger.Report, what string) {
 	fmt.Fprintf(w, "LEDGER %s: %s, schema %d, revision %d, %d claims, %d drained GPUs, %d bytes\n",
 		rep.Path, what, rep.Schema, rep.Revision, len(rep.Claims), len(rep.Drains), rep.Size)
+	if rep.JournalPending > 0 {
+		fmt.Fprintf(w, "journal: %d writes not yet in the file (the agent stopped without closing it); included above, and applied at its next start\n", rep.JournalPending)
+	}
 	if len(rep.Claims) > 0 {
 		fmt.Fprintln(w, "CLAIM\tSTATE\tGPUS\tCREATED\tEXPIRES")
 		for _, c := range rep.Claims {

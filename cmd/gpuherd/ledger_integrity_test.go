@@ -76,3 +76,40 @@ func TestLedgerCheckListsProblemsAndRemoveClaimRepairs(t *testing.T) {
 		t.Fatalf("check after the repair: exit %d\n%s", code, out)
 	}
 }
+
+// `ledger check` of an agent killed with writes in its journal shows
+// them, says so, and writes nothing; `ledger backup` copies them into a
+// ledger that needs no journal.
+func TestLedgerCheckAndBackupIncludeTheJournal(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ledger.db")
+	l, err := ledger.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gpu, model = "0000:18:00.0", "NVIDIA H100 80GB"
+	if err := l.SetInventory([]ledger.GPU{{Address: gpu, Model: model, Healthy: true}}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	if _, err := l.Reserve("vm-1", ledger.Request{Items: []ledger.Item{{Model: model, Count: 1}}}, "", now, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Commit("vm-1", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(); err != nil { // kill -9
+		t.Fatal(err)
+	}
+	code, out := runLedger(t, "check", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "vm-1") || !strings.Contains(out, "journal: 1 writes not yet in the file") {
+		t.Fatalf("check of a killed agent's ledger: exit %d\n%s", code, out)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	if code, out := runLedger(t, "backup", "--data-dir", dir, "--out", backup); code != 0 {
+		t.Fatalf("backup: exit %d\n%s", code, out)
+	}
+	if code, out := runLedger(t, "check", "--file", backup); code != 0 || !strings.Contains(out, "vm-1") || strings.Contains(out, "journal:") {
+		t.Fatalf("check of the backup: exit %d\n%s", code, out)
+	}
+}

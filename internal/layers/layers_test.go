@@ -25,7 +25,7 @@ const module = "github.com/gpuherd/gpuherd"
 // import only packages of an earlier entry. Several packages on one line
 // may not import each other. A new package must be placed here.
 var layers = [][]string{
-	{"internal/atomicfile", "internal/clock", "internal/keyedlock", "agent/events"}, // durable whole-file writes; the clock seam; locks by key; the protocol's event vocabulary
+	{"internal/atomicfile", "internal/datasync", "internal/clock", "internal/keyedlock", "agent/events"}, // durable whole-file writes and appends; the clock seam; locks by key; the protocol's event vocabulary
 	{"agent/api"},                            // wire types and the HTTP layer
 	{"vfio"},                                 // hardware: sysfs
 	{"vfio/fakekernel"},                      // hardware: the simulated kernel

@@ -117,14 +117,15 @@ func (n *node) sweep(ctx context.Context, o *owner.Owner, lease time.Duration) {
 }
 
 // kill ends the process as kill -9 does: its calls in flight are dropped,
-// its ledger closed; what its goroutines still try fails.
+// its ledger let go without storing its journal in its file (the next
+// start applies it); what its goroutines still try fails.
 func (n *node) kill() {
 	n.w.mu.Lock()
 	n.alive = false
 	n.pausedUntil = time.Time{}
 	n.w.mu.Unlock()
 	n.cancel()
-	if err := n.ledger.Close(); err != nil {
+	if err := n.ledger.Abandon(); err != nil {
 		panic(err)
 	}
 }

@@ -199,9 +199,12 @@ func run(cfg Config) (out Outcome) {
 	return out
 }
 
+// removeLedger removes a ledger file and its journal.
 func removeLedger(path string) {
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		panic(err)
+	for _, p := range []string{path, ledger.JournalPath(path)} {
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			panic(err)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 
 	p("## Throughput (%d concurrent clients, claim 1 GPU then release, for %v)\n\n", o.workers, o.tput)
 	p("CPU per claim: the CPU time of every process involved (for gpuherd the bench's own, which runs every agent; for etcd the bench's and etcd's) during the test, divided by the claims made; each claim includes its release. gpuherd's includes its agents' idle gossip.\n")
-	p("Disk syncs per claim (with its release): fdatasyncs asked of the one disk every process here shares, as log appends (one each: the registry voters' raft logs; etcd's WAL) and bbolt transactions (two each: the agents' ledgers; etcd's backend), from the systems' own counters.\n\n")
+	p("Disk syncs per claim (with its release): fdatasyncs asked of the one disk every process here shares, as log appends (one each: the registry voters' raft logs; etcd's WAL), the agents' ledgers' (one per journal record, two per checkpoint of the journal into bbolt) and bbolt transactions (two each: etcd's backend), from the systems' own counters.\n\n")
 	t = table{head: []string{"agents", "system", "claims/s", "vs etcd", "CPU ms/claim", "disk syncs/claim", "p50 ms", "p99 ms", "errors"}}
 	etcdT := 0.0
 	if focus != nil {

@@ -10,20 +10,21 @@ import (
 )
 
 // syncCount is what a system asked of the disk: appends to a log, each one
-// fdatasync (the registry's raft log; etcd's WAL), and bbolt transactions,
-// each two (its data pages, then its meta page: the agents' ledgers;
+// fdatasync (the registry's raft log; etcd's WAL), the fdatasyncs of the
+// agents' ledgers (one per journal record, two per checkpoint into bbolt),
+// and bbolt transactions, each two (its data pages, then its meta page:
 // etcd's backend). The throughput test divides it by the claims made, to
 // show how far group commit and raft's batching spread a sync over claims.
 type syncCount struct {
-	log, txn uint64
+	log, ledger, txn uint64
 }
 
 func (s syncCount) minus(o syncCount) syncCount {
-	return syncCount{log: s.log - o.log, txn: s.txn - o.txn}
+	return syncCount{log: s.log - o.log, ledger: s.ledger - o.ledger, txn: s.txn - o.txn}
 }
 
 // total is the fdatasyncs the count stands for.
-func (s syncCount) total() uint64 { return s.log + 2*s.txn }
+func (s syncCount) total() uint64 { return s.log + s.ledger + 2*s.txn }
 
 // perClaim is the syncs per claim, with what they were: "" when nothing
 // was counted.
@@ -32,15 +33,22 @@ func (s syncCount) perClaim(claims int) string {
 		return ""
 	}
 	n := float64(claims)
-	return fmt.Sprintf("%.2f (%.2f log + 2×%.2f txn)", float64(s.total())/n, float64(s.log)/n, float64(s.txn)/n)
+	parts := fmt.Sprintf("%.2f log", float64(s.log)/n)
+	if s.ledger > 0 {
+		parts += fmt.Sprintf(" + %.2f ledger", float64(s.ledger)/n)
+	}
+	if s.txn > 0 {
+		parts += fmt.Sprintf(" + 2×%.2f txn", float64(s.txn)/n)
+	}
+	return fmt.Sprintf("%.2f (%s)", float64(s.total())/n, parts)
 }
 
-// syncs is every agent's: its ledger's transactions, and its copy of the
+// syncs is every agent's: its ledger's fdatasyncs, and its copy of the
 // name registry's raft store (a voter's).
 func (c *cluster) syncs() syncCount {
 	var s syncCount
 	for _, nd := range c.nodes {
-		s.txn += nd.a.LedgerSyncs()
+		s.ledger += nd.a.LedgerFdatasyncs()
 		s.log += nd.a.RegistrySyncs()
 	}
 	return s

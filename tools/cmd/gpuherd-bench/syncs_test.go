@@ -24,6 +24,9 @@ etcd_disk_backend_commit_duration_seconds_count 57
 	if got := s.perClaim(100); got != "42.37 (41.23 log + 2×0.57 txn)" {
 		t.Errorf("per claim: %q", got)
 	}
+	if got := (syncCount{log: 191, ledger: 203}).perClaim(100); got != "3.94 (1.91 log + 2.03 ledger)" {
+		t.Errorf("gpuherd's per claim: %q", got)
+	}
 	if _, err := parseEtcdSyncs(bufio.NewScanner(strings.NewReader("etcd_disk_wal_fsync_duration_seconds_count 4\n"))); err == nil {
 		t.Error("metrics without the backend's commits parsed")
 	}
