@@ -204,6 +204,11 @@ func TestBackupAndRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
+	// The copy holds every write, so it says so: a gpuherd without the
+	// journal may read it.
+	if rep, err := Inspect(online, 0); err != nil || rep.Schema != schemaSettled {
+		t.Errorf("online backup: schema %d, %v; want %d", rep.Schema, err, schemaSettled)
+	}
 	want := l.List()
 	l.Close()
 

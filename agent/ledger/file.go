@@ -200,13 +200,15 @@ func checkPages(tx *bolt.Tx, path string) error {
 
 // Backup writes a consistent copy of the whole ledger file to w, as of the
 // last acknowledged write, and returns its size: the journal's records are
-// stored in the file first (a checkpoint), so the copy is whole by itself.
+// stored in the file first (a checkpoint that also marks the file as
+// holding every write), so the copy is whole by itself and any gpuherd
+// reads it.
 // Writers wait for the checkpoint only, not for the copy. The copy holds
 // the committed claims and drains; reservations, which live in memory
 // only, are not in it.
 func (l *Ledger) Backup(w io.Writer) (int64, error) {
 	l.fileMu.Lock()
-	err := l.checkpoint(false)
+	err := l.checkpoint(true)
 	var tx *bolt.Tx
 	if err == nil {
 		tx, err = l.db.Begin(false)
