@@ -20,6 +20,21 @@ func withJournalSize(n int64) Option {
 	return func(o *options) { o.journalSize = n }
 }
 
+// openWithClaims opens the ledger at path on server() and commits a
+// claim of one H100 for each of ids.
+func openWithClaims(t *testing.T, path string, ids ...string) *Ledger {
+	t.Helper()
+	l := openAt(t, path)
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		mustReserve(t, l, id, req(Item{Model: h100, Count: 1}), t0)
+		mustCommit(t, l, id, t0)
+	}
+	return l
+}
+
 // durable is what a ledger must hold after a restart: what its
 // acknowledged writes left, without the reservations.
 type durable struct {
@@ -135,14 +150,7 @@ func TestKilledLedgerKeepsEveryAcknowledgedWrite(t *testing.T) {
 // the journal only; applied after the removal, it would come back.
 func TestRemoveClaimAppliesTheJournalFirst(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	l := openAt(t, path)
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"vm-1", "vm-2"} {
-		mustReserve(t, l, id, req(Item{Model: h100, Count: 1}), t0)
-		mustCommit(t, l, id, t0)
-	}
+	l := openWithClaims(t, path, "vm-1", "vm-2")
 	if err := l.Abandon(); err != nil {
 		t.Fatal(err)
 	}
@@ -166,17 +174,10 @@ func TestRemoveClaimAppliesTheJournalFirst(t *testing.T) {
 func TestTornJournalRecord(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ledger.db")
-	l := openAt(t, path)
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	commit := func(id string) {
-		mustReserve(t, l, id, req(Item{Model: h100, Count: 1}), t0)
-		mustCommit(t, l, id, t0)
-	}
-	commit("vm-1")
+	l := openWithClaims(t, path, "vm-1")
 	_, before := ledgerFiles(t, path)
-	commit("vm-2")
+	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0)
+	mustCommit(t, l, "vm-2", t0)
 	file, journal := ledgerFiles(t, path)
 	_, start, ok := frameAt(before, 0)
 	if !ok {
@@ -225,12 +226,7 @@ func TestTornJournalRecord(t *testing.T) {
 // crash, and the next append takes its place.
 func TestFailedAppendIsNeverReadBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	l := openAt(t, path)
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
-	mustCommit(t, l, "vm-1", t0)
+	l := openWithClaims(t, path, "vm-1")
 	mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 1}), t0)
 	testJournalSync = func() error { return errors.New("injected fdatasync failure") }
 	_, err := l.Commit("vm-2", t0)
@@ -241,6 +237,9 @@ func TestFailedAppendIsNeverReadBack(t *testing.T) {
 	if c, err := l.Get("vm-2"); err != nil || c.State != StateReserved {
 		t.Fatalf("vm-2 after a failed commit: %+v, %v; want still reserved", c, err)
 	}
+	// The next append takes the failed one's place.
+	mustReserve(t, l, "vm-3", req(Item{Model: h100, Count: 1}), t0)
+	mustCommit(t, l, "vm-3", t0)
 	if err := l.Abandon(); err != nil {
 		t.Fatal(err)
 	}
@@ -248,21 +247,10 @@ func TestFailedAppendIsNeverReadBack(t *testing.T) {
 	if _, err := again.Get("vm-2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("vm-2, whose commit failed, after a crash: %v; want not found", err)
 	}
-	if c, err := again.Get("vm-1"); err != nil || c.State != StateCommitted {
-		t.Fatalf("vm-1 after a crash: %+v, %v", c, err)
-	}
-	// The journal goes on where the failed record was.
-	if err := again.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	mustReserve(t, again, "vm-3", req(Item{Model: h100, Count: 1}), t0)
-	mustCommit(t, again, "vm-3", t0)
-	if err := again.Abandon(); err != nil {
-		t.Fatal(err)
-	}
-	third := openAt(t, path)
-	if c, err := third.Get("vm-3"); err != nil || c.State != StateCommitted {
-		t.Fatalf("vm-3 after a second crash: %+v, %v", c, err)
+	for _, id := range []string{"vm-1", "vm-3"} {
+		if c, err := again.Get(id); err != nil || c.State != StateCommitted {
+			t.Fatalf("%s after a crash: %+v, %v", id, c, err)
+		}
 	}
 }
 
@@ -294,12 +282,7 @@ func TestSchemaSaysWhenTheJournalMayHoldWrites(t *testing.T) {
 	if s := schema(); s != "1" {
 		t.Fatalf("schema after a Close with nothing written: %s, want 1", s)
 	}
-	l = openAt(t, path)
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
-	mustCommit(t, l, "vm-1", t0)
+	l = openWithClaims(t, path, "vm-1")
 	if err := l.Abandon(); err != nil {
 		t.Fatal(err)
 	}
@@ -320,12 +303,7 @@ func TestSchemaSaysWhenTheJournalMayHoldWrites(t *testing.T) {
 // empty would forget acknowledged claims.
 func TestMissingLedgerWithAJournalIsRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	l := openAt(t, path)
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
-	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 1}), t0)
-	mustCommit(t, l, "vm-1", t0)
+	l := openWithClaims(t, path, "vm-1")
 	if err := l.Abandon(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,26 +12,37 @@ import (
 	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
-// `ledger check` lists every problem of a ledger the agent refuses (issue
-// 11, "Ledger integrity") and exits 1; `ledger remove-claim` repairs it.
-func TestLedgerCheckListsProblemsAndRemoveClaimRepairs(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "ledger.db")
+const (
+	gpu, model = "0000:18:00.0", "NVIDIA H100 80GB"
+)
+
+var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// ledgerWithVM1 opens a ledger at path with one GPU, gpu, claimed by vm-1.
+func ledgerWithVM1(t *testing.T, path string) *ledger.Ledger {
+	t.Helper()
 	l, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const gpu, model = "0000:18:00.0", "NVIDIA H100 80GB"
 	if err := l.SetInventory([]ledger.GPU{{Address: gpu, Model: model, Healthy: true}}); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	if _, err := l.Reserve("vm-1", ledger.Request{Items: []ledger.Item{{Model: model, Count: 1}}}, "", now, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Commit("vm-1", now); err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// `ledger check` lists every problem of a ledger the agent refuses (issue
+// 11, "Ledger integrity") and exits 1; `ledger remove-claim` repairs it.
+func TestLedgerCheckListsProblemsAndRemoveClaimRepairs(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ledger.db")
+	l := ledgerWithVM1(t, path)
 	l.Close()
 
 	// A second claim on the same GPU, and one on a GPU without a model.
@@ -83,21 +94,7 @@ func TestLedgerCheckListsProblemsAndRemoveClaimRepairs(t *testing.T) {
 func TestLedgerCheckAndBackupIncludeTheJournal(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ledger.db")
-	l, err := ledger.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const gpu, model = "0000:18:00.0", "NVIDIA H100 80GB"
-	if err := l.SetInventory([]ledger.GPU{{Address: gpu, Model: model, Healthy: true}}); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	if _, err := l.Reserve("vm-1", ledger.Request{Items: []ledger.Item{{Model: model, Count: 1}}}, "", now, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Commit("vm-1", now); err != nil {
-		t.Fatal(err)
-	}
+	l := ledgerWithVM1(t, path)
 	if err := l.Abandon(); err != nil { // kill -9
 		t.Fatal(err)
 	}
