@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
 func main() { os.Exit(run()) }
@@ -270,9 +271,14 @@ func run() int {
 		}
 	}
 	if o.sabotage == "wipe-ledger" {
-		logf("SABOTAGE: deleting %s's ledger; the checks must report its claims lost", agents[0].name)
-		if err := os.Remove(filepath.Join(agents[0].dataDir, "ledger.db")); err != nil {
-			f.harnessErr(err)
+		// The file and its journal, as a lost disk: with the journal
+		// left, the agent would refuse to start rather than lose them.
+		logf("SABOTAGE: deleting %s's ledger and its journal; the checks must report its claims lost", agents[0].name)
+		path := filepath.Join(agents[0].dataDir, "ledger.db")
+		for _, p := range []string{path, ledger.JournalPath(path)} {
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+				f.harnessErr(err)
+			}
 		}
 	}
 	for _, a := range agents {
