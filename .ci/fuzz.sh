@@ -18,6 +18,7 @@ targets=(
 	"./agent/api FuzzDecodeRequest"   # API request bodies, every request type
 	"./agent FuzzDecodeConfig"        # the YAML config loader and validation
 	"./agent/ledger FuzzDecodeClaim"  # ledger records as read at start
+	"./agent/ledger FuzzJournal"      # the ledger's journal as read at start
 	"./gossip FuzzDecodeSummary"      # the capacity summary other servers send
 	"./vfio FuzzParsers"              # sysfs value parsers
 	"./vfio FuzzValidateAddress"      # PCI addresses before any path is built

@@ -153,6 +153,9 @@ func readJournal(jpath string, base uint64) (recs []journalRecord, end int64, er
 		if err := json.Unmarshal(payload, &rec); err != nil {
 			return nil, 0, &CorruptError{Path: jpath, Err: fmt.Errorf("record at byte %d: %w", off, err)}
 		}
+		if err := checkOps(rec.Ops); err != nil {
+			return nil, 0, &CorruptError{Path: jpath, Err: fmt.Errorf("record %d at byte %d: %w", rec.Seq, off, err)}
+		}
 		if i > 0 && rec.Seq != prev+1 {
 			break // a record from before the last checkpoint
 		}
@@ -323,6 +326,30 @@ func (o overlay) apply(ops []journalOp) {
 func (o overlay) get(bucket, key []byte) (v []byte, found bool) {
 	v, found = o[string(bucket)][string(key)]
 	return v, found
+}
+
+// checkOps refuses an operation the ledger never writes: a bucket other
+// than its records' (claims, drains, released, facts), or a meta key
+// other than the revision; an empty key; a put without a value. Applied,
+// such an operation could make the file unreadable, or write where
+// nothing reads.
+func checkOps(ops []journalOp) error {
+	for i, op := range ops {
+		switch {
+		case op.Key == "":
+			return fmt.Errorf("operation %d on bucket %q has no key", i, op.Bucket)
+		case op.Bucket == string(bucketMeta):
+			if op.Key != string(keyRevision) || op.Delete || len(op.Value) != 8 {
+				return fmt.Errorf("operation %d writes meta key %q, which only the revision's 8 bytes may be", i, op.Key)
+			}
+		case op.Bucket != string(bucketClaims) && op.Bucket != string(bucketDrains) &&
+			op.Bucket != string(bucketReleased) && op.Bucket != string(bucketFacts):
+			return fmt.Errorf("operation %d names bucket %q, which the ledger never writes", i, op.Bucket)
+		case !op.Delete && len(op.Value) == 0:
+			return fmt.Errorf("operation %d puts no value under %s/%s", i, op.Bucket, op.Key)
+		}
+	}
+	return nil
 }
 
 // applyOps writes ops into the open write transaction tx.

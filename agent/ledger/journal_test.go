@@ -362,3 +362,38 @@ func TestCheckpointsKeepTheJournalSmall(t *testing.T) {
 		t.Errorf("journal is %d bytes after %d writes, want its preallocated %d", fi.Size(), writes, size)
 	}
 }
+
+// TestJournalOfOperationsTheLedgerNeverWritesIsRefused: a record that
+// would write another bucket, the schema, or an empty key is damage (or a
+// hand edit), and Open refuses it, naming the journal and the record,
+// before it touches the file.
+func TestJournalOfOperationsTheLedgerNeverWritesIsRefused(t *testing.T) {
+	for _, op := range []journalOp{
+		{Bucket: "elsewhere", Key: "k", Value: []byte("v")},
+		{Bucket: "meta", Key: "schema", Value: []byte("1")},
+		{Bucket: "claims", Key: "", Value: []byte("{}")},
+		{Bucket: "claims", Key: "vm-1"},
+	} {
+		path := filepath.Join(t.TempDir(), "ledger.db")
+		l := openWithClaims(t, path)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		file, _ := ledgerFiles(t, path)
+		rec, err := encodeJournalRecord(journalRecord{Seq: 1, Ops: []journalOp{op}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(JournalPath(path), rec, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err = Open(path)
+		var ce *CorruptError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), JournalPath(path)) || !strings.Contains(err.Error(), "record 1") {
+			t.Errorf("journal writing %+v: Open = %v, want a CorruptError naming the journal and the record", op, err)
+		}
+		if after, _ := ledgerFiles(t, path); !bytes.Equal(after, file) {
+			t.Errorf("journal writing %+v: the refused Open changed the file", op)
+		}
+	}
+}
