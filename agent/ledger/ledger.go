@@ -6,13 +6,15 @@
 // that follows it are atomic.
 //
 // Only committed claims and drains are written to the file: each call that
-// changes them is one bbolt read-write transaction that reads the current
-// records, decides, writes, and is fsynced before the call returns, so an
-// acknowledged commit survives kill -9. Reservations live in memory only:
-// the agent would drop every one at a restart anyway (its lease ran on the
-// previous run's clock, and its coordinator has seen the agent fail), so
-// writing them would buy nothing. Reserve, Extend, Expire and releasing a
-// reservation touch no file; a claim costs one fsync, its Commit.
+// changes them reads the current records, decides, and writes what it
+// changed as one record of the file's journal, fdatasynced before the call
+// returns, so an acknowledged commit survives kill -9; the journal goes
+// into the bbolt file now and then, and at the next Open after a crash
+// (journal.go). Reservations live in memory only: the agent would drop
+// every one at a restart anyway (its lease ran on the previous run's
+// clock, and its coordinator has seen the agent fail), so writing them
+// would buy nothing. Reserve, Extend, Expire and releasing a reservation
+// touch no file; a claim costs one fdatasync, its Commit.
 //
 // The ledger holds no clock: every call whose answer depends on time takes
 // now, and a reservation is live strictly before its ExpiresAt.
@@ -70,10 +72,10 @@ func WithWriteResult(fn func(op string, err error)) Option {
 }
 
 // WithWriteTime has fn told how long every acknowledged write to the file
-// took, to the end of its fsyncs: for claims and drains from the start of
-// their transaction's commit (a batch of writers is one), for facts and
-// remembered releases their whole transaction. It is what the disk makes a
-// claim wait for. fn must be quick and must not call the ledger.
+// took, to the end of its fdatasync: the append of its journal record (a
+// batch of writers is one), and each checkpoint (OpCheckpoint) whole. It
+// is what the disk makes a claim wait for. fn must be quick and must not
+// call the ledger.
 func WithWriteTime(fn func(op string, d time.Duration)) Option {
 	return func(o *options) { o.writeTime = fn }
 }
