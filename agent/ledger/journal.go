@@ -55,6 +55,10 @@ const journalSize = 256 << 10
 
 const journalHeader = 8
 
+// maxJournalSize is the largest journal read: the ledger's grows past its
+// preallocation only while checkpoints fail, by a record at a time.
+const maxJournalSize = 256 << 20
+
 var journalCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // keyJournal in the meta bucket is the sequence of the last journal
@@ -130,10 +134,19 @@ func frameAt(data []byte, off int64) (payload []byte, next int64, ok bool) {
 // journal when a record is damaged but not at the end, or does not
 // decode.
 func readJournal(jpath string, base uint64) (recs []journalRecord, end int64, err error) {
-	data, err := os.ReadFile(jpath)
-	if errors.Is(err, fs.ErrNotExist) {
+	fi, err := os.Stat(jpath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil, 0, nil
+	case err != nil:
+		return nil, 0, err
+	case !fi.Mode().IsRegular():
+		return nil, 0, &CorruptError{Path: jpath, Err: fmt.Errorf("is not a regular file (%s)", fi.Mode().Type())}
+	case fi.Size() > maxJournalSize:
+		// Read whole, it could take the agent's memory.
+		return nil, 0, &CorruptError{Path: jpath, Err: fmt.Errorf("is %d bytes, far more than the ledger ever writes to it (%d preallocated, grown only while checkpoints fail): not a journal this ledger wrote", fi.Size(), journalSize)}
 	}
+	data, err := os.ReadFile(jpath)
 	if err != nil {
 		return nil, 0, err
 	}

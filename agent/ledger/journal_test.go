@@ -397,3 +397,37 @@ func TestJournalOfOperationsTheLedgerNeverWritesIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalThatIsNoFileOrTooLargeIsRefused: Open reads the journal
+// whole, so a directory, or a file far larger than the ledger ever
+// writes, is refused with an error naming it rather than read.
+func TestJournalThatIsNoFileOrTooLargeIsRefused(t *testing.T) {
+	for name, mk := range map[string]func(jpath string) error{
+		"a directory": func(jpath string) error { return os.Mkdir(jpath, 0o700) },
+		"too large": func(jpath string) error {
+			f, err := os.Create(jpath)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			return f.Truncate(maxJournalSize + 1) // sparse: no disk used
+		},
+	} {
+		path := filepath.Join(t.TempDir(), "ledger.db")
+		l := openWithClaims(t, path, "vm-1")
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(JournalPath(path)); err != nil {
+			t.Fatal(err)
+		}
+		if err := mk(JournalPath(path)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Open(path)
+		var ce *CorruptError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), JournalPath(path)) {
+			t.Errorf("%s as the journal: Open = %v, want a CorruptError naming it", name, err)
+		}
+	}
+}
