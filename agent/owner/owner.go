@@ -87,6 +87,9 @@ func (o *Owner) commitAtOnce(ctx context.Context, id string, c ledger.Claim, rec
 // lease ahead of the binding. A GPU that fails is fenced, the reservation
 // dropped and its other GPUs returned to the idle driver.
 func (o *Owner) reserveAndBind(ctx context.Context, id string, req ledger.Request, coordinator string) (ledger.Claim, error) {
+	if err := o.callerGone(ctx, id); err != nil {
+		return ledger.Claim{}, err
+	}
 	lease := time.Duration(o.cfg.ReservationLease)
 	prev, perr := o.ledger.Get(id)
 	c, err := o.ledger.Reserve(id, req, coordinator, o.clk.Now(), lease)

@@ -41,8 +41,11 @@ func (o *Owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 		early.used = true
 		rec, err = early.wait()
 	} else {
-		// Not cancelled with the request: a hold that took effect must be
-		// followed by the ledger commit it allows.
+		if err := o.callerGone(ctx, id); err != nil {
+			return 0, err
+		}
+		// Not cancelled with the request once sent: a hold that took
+		// effect must be followed by the ledger commit it allows.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 		rec, err = o.names().Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digest, recall)
 		cancel()
@@ -54,6 +57,23 @@ func (o *Owner) holdName(ctx context.Context, pending ledger.Claim, recall bool,
 		o.dropUnconfirmed(ctx, pending, err)
 	}
 	return 0, o.holdError(id, err)
+}
+
+// callerGone is the answer to a caller that stopped waiting (its request's
+// context ended: a coordinator that timed out, hung up or was killed), before
+// this server writes anything on its behalf: no reservation, no name hold.
+// A request can wait here behind another of the same ID — the claim's
+// release holds its commit lock — and once that release is answered, the
+// client may already count the ID free: a reservation and hold made for a
+// caller long gone would bring the claim back after its acknowledged
+// release, with nobody to use or release it. A caller still waiting is
+// served; one that retries is a new request.
+func (o *Owner) callerGone(ctx context.Context, id string) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return &api.Error{Code: api.CodeUnavailable,
+		Message: fmt.Sprintf("claim %s: nothing reserved or committed on %s: the caller stopped waiting (%v); retry", id, o.cfg.NodeName, context.Cause(ctx))}
 }
 
 // holdError is this owner's answer for a claim whose ID the registry did
@@ -101,8 +121,11 @@ func digestOf(c ledger.Claim) string {
 // keeps it, for the coordinator's retried commit.
 func (o *Owner) confirmName(ctx context.Context, pending ledger.Claim) error {
 	id := pending.ID
-	// Not cancelled with the request: a confirmation that took effect
-	// must be followed by the ledger commit it allows.
+	if err := o.callerGone(ctx, id); err != nil {
+		return err
+	}
+	// Not cancelled with the request once sent: a confirmation that took
+	// effect must be followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	_, err := o.names().Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
 	cancel()
@@ -295,7 +318,9 @@ func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		}
 	}
 	unlock := o.commitLocks.Lock(id)
-	if c, err := o.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) && (err != nil || c.Live(o.clk.Now())) {
+	if c, err := o.ledger.Get(id); ctx.Err() != nil || !errors.Is(err, ledger.ErrNotFound) && (err != nil || c.Live(o.clk.Now())) {
+		// A coordinator that stopped waiting while this call waited for
+		// the lock gets no hold (callerGone).
 		unlock()
 		return nil
 	}
