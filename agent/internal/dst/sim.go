@@ -73,8 +73,12 @@ type Outcome struct {
 	// (model.go).
 	History []regOp
 	// Checked counts the IDs whose acknowledged state was checked;
-	// Skipped those left out because an abandoned call might land late.
-	Checked, Skipped int
+	// Skipped those left out because an abandoned call might land late;
+	// Revived those of them that a claim whose client gave up (not one
+	// sent beside the release on purpose) brought back after an
+	// acknowledged release: what the owner refuses to do for a caller
+	// that stopped waiting (owner.callerGone) where it still can.
+	Checked, Skipped, Revived int
 	// Known are violations of the kind the hand-back defect made (an
 	// acknowledged claim lost after its moved name was handed back;
 	// docs/names.md, "a hand-back that lapsed"): reported by name,
@@ -92,7 +96,8 @@ type idState struct {
 	items []api.Item // what it was claimed with
 	// abandoned: a call of this kind ended without a definite answer
 	// (timeout, 503) and may still take effect later, after an answer
-	// the client got to a later call (see docs/names.md, "Simulation").
+	// the client got to a later call (see docs/names.md, "Simulation");
+	// "hasty" marks a claim sent beside a release on purpose.
 	abandoned map[string]bool
 }
 
@@ -194,7 +199,7 @@ func run(cfg Config) (out Outcome) {
 	out.Trace = w.traceText()
 	out.RegOps = w.reg.ops
 	out.History = w.reg.history
-	out.Checked, out.Skipped = w.checked, w.lateSkipped
+	out.Checked, out.Skipped, out.Revived = w.checked, w.lateSkipped, w.revived
 	out.ClientOps, out.Acked = int(w.clientOps.Load()), int(w.acked.Load())
 	return out
 }
@@ -378,6 +383,7 @@ func (c *client) upTo(d time.Duration) time.Duration { return time.Duration(c.rn
 // client knows, so the claim counts as abandoned.
 func (c *client) hasty(id string, via int, items []api.Item, delay time.Duration) {
 	c.ids[id].abandoned["claim"] = true
+	c.ids[id].abandoned["hasty"] = true
 	c.w.clientOps.Add(1)
 	go func() {
 		time.Sleep(delay)
@@ -471,6 +477,10 @@ func (w *world) checkFinal(ids map[string]*idState, order []string) {
 			// An abandoned resize cannot place a copy once the name is
 			// released: its move needs the name held.
 			w.lateSkipped++
+			if st.acked == "released" && !st.abandoned["hasty"] && len(holders) > 0 {
+				w.revived++
+				w.logf("final: %s released, and held again on %v by a claim whose client gave up", id, holders)
+			}
 		case st.acked == "claimed":
 			w.checked++
 			if len(holders) == 0 {

@@ -62,6 +62,14 @@ type message struct {
 	reply  chan any
 	answer any
 	isAns  bool
+	// gaveUp: the caller stopped waiting for the answer (its deadline
+	// passed, or its own caller went). The receiver's handler then has
+	// its context cancelled, as the peer API's is when the caller resets
+	// its stream: from the start when the request was delivered after
+	// that, else through cancel once the caller goes on in its turn.
+	// Both guarded by the world's mu.
+	gaveUp bool
+	cancel context.CancelFunc
 }
 
 type delivery struct {
@@ -123,8 +131,9 @@ type world struct {
 	faulty atomic.Bool
 
 	// checked and lateSkipped count the final checks of acknowledged
-	// answers made and left out.
-	checked, lateSkipped int
+	// answers made and left out; revived, the released IDs left out that
+	// an abandoned claim brought back.
+	checked, lateSkipped, revived int
 	// clientOps and acked count the clients' calls and acknowledged
 	// answers, from their goroutines.
 	clientOps, acked atomic.Int64
@@ -202,7 +211,14 @@ func (w *world) call(ctx context.Context, from, gen, to int, desc string, handle
 		return a, true
 	case <-ctx.Done():
 	}
+	w.mu.Lock()
+	m.gaveUp = true
+	cancel := m.cancel
+	w.mu.Unlock()
 	w.resumeInTurn(from, gen, "no answer to "+desc)
+	if cancel != nil {
+		cancel() // in this goroutine's turn: the handler's wake is in the schedule
+	}
 	return nil, false
 }
 
@@ -338,16 +354,27 @@ func (w *world) deliver(d *delivery) {
 		m.reply <- m.answer
 		return
 	}
-	w.logf("%s -> %s: %s", w.name(m.from), w.name(m.to), m.desc)
 	ctx, gen := context.Background(), 0
 	if m.to >= 0 && m.to < len(w.nodes) {
 		ctx, gen = w.nodes[m.to].ctx, w.nodes[m.to].gen
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w.mu.Lock()
+	gaveUp := m.gaveUp
+	m.cancel = cancel
+	w.mu.Unlock()
+	if gaveUp {
+		w.logf("%s -> %s: %s (its caller gave up)", w.name(m.from), w.name(m.to), m.desc)
+		cancel()
+	} else {
+		w.logf("%s -> %s: %s", w.name(m.from), w.name(m.to), m.desc)
 	}
 	// A registry that applied a command may lose its answer with its
 	// leader: drawn here, by the driver, so the schedule stays the seed's.
 	lost := m.to == len(w.nodes) && w.faulty.Load() && w.fate(m).Float64() < w.cfg.RegUncertain
 	go func() {
 		a := m.handle(ctx)
+		cancel()
 		if _, none := a.(noReply); none || lost {
 			return
 		}
