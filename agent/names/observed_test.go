@@ -65,7 +65,7 @@ func TestStorageResultReportsFullDisk(t *testing.T) {
 	disk := testdisk.Mount(t, 2<<20)
 	seen := &storageLog{last: map[string]error{}}
 	reg := soloLeader(t, disk, func(c *Config) { c.StorageResult = seen.report })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := reg.Hold(ctx, Claim("vm-0"), "node-a", "node-a", "r", false); err != nil {
 		t.Fatal(err)
@@ -74,10 +74,16 @@ func TestStorageResultReportsFullDisk(t *testing.T) {
 		t.Fatalf("log append before the disk fills: reported %v (%v), want a success", err, ok)
 	}
 	filler := testdisk.Fill(t, disk)
+	// The zeros the log writes ahead of its records (walPrealloc) take
+	// appends for a while on a full disk: hold and release names until an
+	// append needs room the disk does not have.
 	failed := false
-	for i := 1; i < 200 && !failed; i++ {
+	for i := 1; i < 20000 && !failed; i++ {
 		hctx, hcancel := context.WithTimeout(ctx, time.Second)
-		_, err := reg.Hold(hctx, Claim(fmt.Sprintf("vm-%d", i)), "node-a", "node-a", "r", false)
+		rec, err := reg.Hold(hctx, Claim(fmt.Sprintf("vm-%d", i)), "node-a", "node-a", "r", false)
+		if err == nil {
+			_, err = reg.Release(hctx, Claim(fmt.Sprintf("vm-%d", i)), rec.Token, "node-a")
+		}
 		hcancel()
 		failed = err != nil
 	}

@@ -39,9 +39,19 @@ import (
 // segment is an append that a crash interrupted before its fdatasync
 // returned, so raft was never told it was stored: it is cut off when the
 // log is opened. Anywhere else it is damage, and opening refuses it.
+//
+// The last segment's file is written with zeros ahead of its records
+// (walPrealloc at a time, made durable before the records that use it), so
+// that an append overwrites blocks the file already has: its fdatasync then
+// writes no metadata, where an append that grows the file makes the file
+// system commit its journal, which every such fdatasync on the disk waits
+// for in turn. Zeros end the records as a torn append does, and are cut
+// off the same way when the log is opened; a segment is cut back to its
+// records before the next one starts, so only the last holds zeros.
 type wal struct {
-	dir     string
-	segSize int64 // walSegmentSize; smaller in tests
+	dir      string
+	segSize  int64 // walSegmentSize; smaller in tests
+	prealloc int64 // walPrealloc; smaller in tests
 
 	wmu sync.Mutex // one writer at a time: appends, deletions, rotation
 	mu  sync.RWMutex
@@ -64,12 +74,21 @@ type walSegment struct {
 	first uint64
 	path  string
 	f     *os.File
-	size  int64
+	size  int64 // bytes of records
+	alloc int64 // bytes of the file: zeros from size on
 }
 
 // walSegmentSize is where a segment stops taking appends and the next one
 // starts: about 50,000 registry commands.
 const walSegmentSize = 16 << 20
+
+// walPrealloc is how far past its records the last segment's file is
+// written with zeros at a time: one extra fdatasync every few thousand
+// registry commands.
+const walPrealloc = 1 << 20
+
+// walSync makes an append durable; tests make it fail.
+var walSync = datasync.File
 
 // walHeader is the length, checksum and index in front of each entry.
 const walHeader = 16
@@ -85,7 +104,7 @@ func openWAL(dir string, keepFrom uint64, synced func()) (*wal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("name registry log %s: %w", dir, err)
 	}
-	w := &wal{dir: dir, segSize: walSegmentSize, syncs: synced}
+	w := &wal{dir: dir, segSize: walSegmentSize, prealloc: walPrealloc, syncs: synced}
 	names, err := segmentFiles(dir)
 	if err != nil {
 		return nil, err
@@ -157,8 +176,10 @@ func (w *wal) readSegment(name string, last bool) error {
 			if !last {
 				return fmt.Errorf("name registry log: segment %s is damaged at byte %d: %s; the log cannot be read past it (restore the registry from a voter that has it: remove this agent's names directory, and it joins again)", path, off, why)
 			}
-			// The tail of an append a crash interrupted: never
-			// acknowledged to raft.
+			// The tail of an append a crash interrupted, never
+			// acknowledged to raft, or the zeros written ahead of the
+			// records: cut off, so that no byte of a torn record is
+			// left behind the next append.
 			if err := f.Truncate(off); err != nil {
 				return fmt.Errorf("name registry log: cutting the interrupted append off %s: %w", path, err)
 			}
@@ -171,7 +192,7 @@ func (w *wal) readSegment(name string, last bool) error {
 		off += n
 		want++
 	}
-	seg.size = off
+	seg.size, seg.alloc = off, off
 	if off == 0 && last {
 		// Created, and the process ended before the append it was made
 		// for: named after an index the log may not hold next.
@@ -181,9 +202,6 @@ func (w *wal) readSegment(name string, last bool) error {
 			return fmt.Errorf("name registry log: %w", err)
 		}
 		return nil
-	}
-	if _, err := f.Seek(off, io.SeekStart); err != nil {
-		return fmt.Errorf("name registry log: %s: %w", path, err)
 	}
 	return nil
 }
@@ -276,19 +294,34 @@ func (w *wal) append(logs []*raft.Log) error {
 	}
 	seg := w.tail()
 	if seg == nil || (seg.size > 0 && seg.size+int64(len(buf)) > w.segSize) {
+		if seg != nil {
+			if err := w.seal(seg); err != nil {
+				return err
+			}
+		}
 		var err error
 		if seg, err = w.newSegment(logs[0].Index); err != nil {
 			return err
 		}
 	}
-	if _, err := seg.f.Write(buf); err != nil {
+	if err := w.preallocate(seg, seg.size+int64(len(buf))); err != nil {
+		return err
+	}
+	if _, err := seg.f.WriteAt(buf, seg.size); err != nil {
 		// A short write leaves a torn tail; cut it so the next append
-		// does not land behind it.
-		_ = seg.f.Truncate(seg.size)
-		_, _ = seg.f.Seek(seg.size, io.SeekStart)
+		// does not land in front of it.
+		if terr := seg.f.Truncate(seg.size); terr == nil {
+			seg.alloc = seg.size
+		}
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
 	}
-	if err := datasync.File(seg.f); err != nil {
+	if err := walSync(seg.f); err != nil {
+		// Not stored, as far as raft knows: cut the records off, so that
+		// none of them is read back behind a later append that writes
+		// fewer bytes in their place.
+		if terr := seg.f.Truncate(seg.size); terr == nil {
+			seg.alloc = seg.size
+		}
 		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
 	}
 	w.syncs()
@@ -310,6 +343,46 @@ func (w *wal) tail() *walSegment {
 		return nil
 	}
 	return w.segs[len(w.segs)-1]
+}
+
+// preallocate makes seg's file hold at least end bytes, durably, writing
+// zeros past its records: walPrealloc more than end, or only up to end
+// when the disk has no room for that.
+func (w *wal) preallocate(seg *walSegment, end int64) error {
+	if end <= seg.alloc {
+		return nil
+	}
+	var err error
+	for _, to := range []int64{end + w.prealloc, end} {
+		if _, err = seg.f.WriteAt(make([]byte, to-seg.alloc), seg.alloc); err == nil {
+			if err = datasync.File(seg.f); err == nil {
+				w.syncs()
+				seg.alloc = to
+				return nil
+			}
+		}
+		if terr := seg.f.Truncate(seg.alloc); terr != nil {
+			return fmt.Errorf("name registry log %s: making room for an append: %w (and cutting it back: %v)", seg.path, err, terr)
+		}
+	}
+	return fmt.Errorf("name registry log %s: making room for an append: %w", seg.path, err)
+}
+
+// seal cuts seg's file back to its records, durably, before the next
+// segment starts: zeros are read as the end of the log only in the last.
+func (w *wal) seal(seg *walSegment) error {
+	if seg.alloc == seg.size {
+		return nil
+	}
+	if err := seg.f.Truncate(seg.size); err != nil {
+		return fmt.Errorf("name registry log %s: %w", seg.path, err)
+	}
+	if err := datasync.File(seg.f); err != nil {
+		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+	}
+	w.syncs()
+	seg.alloc = seg.size
+	return nil
 }
 
 // newSegment starts a segment whose first entry is first, durable in the
@@ -415,10 +488,7 @@ func (w *wal) deleteBack(lo uint64) error {
 	if err := cut.seg.f.Truncate(cut.off); err != nil {
 		return fmt.Errorf("name registry log %s: %w", cut.seg.path, err)
 	}
-	if _, err := cut.seg.f.Seek(cut.off, io.SeekStart); err != nil {
-		return fmt.Errorf("name registry log %s: %w", cut.seg.path, err)
-	}
-	cut.seg.size = cut.off
+	cut.seg.size, cut.seg.alloc = cut.off, cut.off
 	if err := cut.seg.f.Sync(); err != nil {
 		return fmt.Errorf("name registry log %s: sync: %w", cut.seg.path, err)
 	}

@@ -2,6 +2,7 @@ package names
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/gpuherd/gpuherd/internal/datasync"
 )
 
 func walLog(i, term uint64) *raft.Log {
@@ -60,6 +63,7 @@ func TestWALAgainstModel(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.log.segSize = 300 // a few entries a segment
+				s.log.prealloc = 64 // zeros ahead, written every few appends
 				return s
 			}
 			s := open()
@@ -145,13 +149,16 @@ func TestWALCutsAnInterruptedAppend(t *testing.T) {
 		if err := s.StoreLogs([]*raft.Log{walLog(1, 1), walLog(2, 1), walLog(3, 1)}); err != nil {
 			t.Fatal(err)
 		}
-		segPath := s.log.tail().path
+		segPath, end := s.log.tail().path, s.log.tail().size
 		s.Close()
-		f, err := os.OpenFile(segPath, os.O_APPEND|os.O_WRONLY, 0)
+		// Where the next append went, over the zeros written ahead.
+		f, err := os.OpenFile(segPath, os.O_WRONLY, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.Write(tail)
+		if _, err := f.WriteAt(tail, end); err != nil {
+			t.Fatal(err)
+		}
 		f.Close()
 
 		s, err = OpenStore(path)
@@ -171,6 +178,102 @@ func TestWALCutsAnInterruptedAppend(t *testing.T) {
 		checkLog(t, s, want, 1, 4)
 		s.Close()
 	}
+}
+
+// TestWALWritesZerosAheadOfItsRecords: the last segment's file holds zeros
+// ahead of its records, so that appends do not grow it (their fdatasync
+// writes no metadata); a segment is cut back to its records when the next
+// starts, and the zeros are cut off when the log is opened.
+func TestWALWritesZerosAheadOfItsRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.db")
+	s, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.log.prealloc = 4096
+	size := func(p string) int64 {
+		t.Helper()
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	first := s.log.tail()
+	if got, want := size(first.path), first.size+4096; got != want {
+		t.Fatalf("segment file after one append: %d bytes, want its %d bytes of records and 4096 of zeros", got, first.size)
+	}
+	grown := size(first.path)
+	for i := uint64(2); i <= 5; i++ {
+		if err := s.StoreLogs([]*raft.Log{walLog(i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := size(first.path); got != grown {
+			t.Fatalf("append of entry %d grew the segment file from %d to %d bytes, inside the zeros written ahead", i, grown, got)
+		}
+	}
+	s.log.segSize = first.size + 1 // the next append starts a segment
+	if err := s.StoreLogs([]*raft.Log{walLog(6, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.log.segs) != 2 {
+		t.Fatalf("%d segments, want 2", len(s.log.segs))
+	}
+	if got := size(first.path); got != first.size {
+		t.Fatalf("the segment before the last keeps %d bytes, want only its %d bytes of records", got, first.size)
+	}
+	last := s.log.tail()
+	lastPath, lastRecords := last.path, last.size
+	if size(lastPath) <= lastRecords {
+		t.Fatal("no zeros ahead of the last segment's records")
+	}
+	s.Close()
+	s, err = OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checkLog(t, s, map[uint64]uint64{1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}, 1, 6)
+	if got := size(lastPath); got != lastRecords {
+		t.Fatalf("after reopening, the last segment holds %d bytes, want its %d bytes of records", got, lastRecords)
+	}
+}
+
+// TestWALFailedSyncIsNeverReadBack: an append whose fdatasync fails was
+// not stored, as raft is told; its records may be on the disk all the
+// same. The next append takes their place, and a restart must not read
+// any of them back behind it (here the failed batch held two entries, the
+// next one only one of the same size).
+func TestWALFailedSyncIsNeverReadBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.db")
+	s, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(1, 1), walLog(2, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	walSync = func(*os.File) error { return errors.New("injected: the disk failed the sync") }
+	err = s.StoreLogs([]*raft.Log{walLog(3, 1), walLog(4, 1)})
+	walSync = datasync.File
+	if err == nil {
+		t.Fatal("append with a failed sync succeeded")
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(3, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]uint64{1: 1, 2: 1, 3: 2}
+	checkLog(t, s, want, 1, 3)
+	s.Close()
+	s, err = OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checkLog(t, s, want, 1, 3)
 }
 
 // TestWALRefusesDamage: a bad record anywhere but the end of the last
