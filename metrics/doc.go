@@ -103,8 +103,9 @@
 //	    All present from the start at 0.
 //	gpuherd_reservations_total{outcome}
 //	    counter: reservation events. outcome: reserved, failed (no GPUs, or
-//	    they would not bind), committed, expired, released, aborted (all
-//	    present from the start at 0).
+//	    they would not bind), committed, expired, released, aborted,
+//	    abandoned (not taken: the coordinator stopped waiting first, a
+//	    timeout or a restart on its side) (all present from the start at 0).
 //	gpuherd_ledger_claims{state}
 //	    gauge: claims in the local ledger; state: reserved, committed.
 //	gpuherd_ledger_file_size_bytes

@@ -47,6 +47,7 @@ const (
 	ReservationExpired   = "expired"   // its lease ran out uncommitted
 	ReservationReleased  = "released"  // it was released before commit
 	ReservationAborted   = "aborted"   // taking it failed half-way and was undone
+	ReservationAbandoned = "abandoned" // not taken: its coordinator stopped waiting first
 )
 
 // Claim-ID lookup paths (Recorder.ClaimLookup):
@@ -72,7 +73,7 @@ func ClaimOutcomes() []string {
 
 // ReservationOutcomes lists every reservation step.
 func ReservationOutcomes() []string {
-	return []string{ReservationReserved, ReservationFailed, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted}
+	return []string{ReservationReserved, ReservationFailed, ReservationCommitted, ReservationExpired, ReservationReleased, ReservationAborted, ReservationAbandoned}
 }
 
 // LookupPaths lists every claim-ID lookup path.

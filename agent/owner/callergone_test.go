@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 )
@@ -83,6 +84,9 @@ func TestReserveOfACallerThatStoppedWaitingTakesNothing(t *testing.T) {
 			}
 			if rec, err := local.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); err == nil {
 				t.Errorf("the registry holds vm-1 again (%+v) after its release, for a caller that stopped waiting", rec)
+			}
+			if !twoStep && o.h.Recorder.Reservations(events.ReservationAbandoned) != 1 {
+				t.Errorf("reservations counted abandoned: %d, want 1", o.h.Recorder.Reservations(events.ReservationAbandoned))
 			}
 		})
 	}

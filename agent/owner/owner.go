@@ -56,7 +56,11 @@ func (o *Owner) Reserve(ctx context.Context, id string, rr api.ReserveRequest) (
 				o.log.Warn("retrying reservation on other GPUs", "claim", id, "attempt", attempt, "err", err)
 				continue
 			}
-			o.rec.Reservation(events.ReservationFailed)
+			if ctx.Err() != nil {
+				o.rec.Reservation(events.ReservationAbandoned) // callerGone
+			} else {
+				o.rec.Reservation(events.ReservationFailed)
+			}
 			return api.Claim{}, o.refusedError(err, refused)
 		}
 		o.rec.Reservation(events.ReservationReserved)
