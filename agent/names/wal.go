@@ -308,20 +308,11 @@ func (w *wal) append(logs []*raft.Log) error {
 		return err
 	}
 	if _, err := seg.f.WriteAt(buf, seg.size); err != nil {
-		// A short write leaves a torn tail; cut it so the next append
-		// does not land in front of it.
-		if terr := seg.f.Truncate(seg.size); terr == nil {
-			seg.alloc = seg.size
-		}
+		seg.cutBack() // a short write leaves a torn tail
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
 	}
 	if err := walSync(seg.f); err != nil {
-		// Not stored, as far as raft knows: cut the records off, so that
-		// none of them is read back behind a later append that writes
-		// fewer bytes in their place.
-		if terr := seg.f.Truncate(seg.size); terr == nil {
-			seg.alloc = seg.size
-		}
+		seg.cutBack() // not stored, as far as raft knows
 		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
 	}
 	w.syncs()
@@ -366,6 +357,16 @@ func (w *wal) preallocate(seg *walSegment, end int64) error {
 		}
 	}
 	return fmt.Errorf("name registry log %s: making room for an append: %w", seg.path, err)
+}
+
+// cutBack cuts seg's file back to its records after an append that
+// failed, so that none of its bytes is read back behind a later append
+// that writes fewer in their place. When even that fails, the bytes stay
+// past the records, where the log's opening cuts a torn tail off.
+func (seg *walSegment) cutBack() {
+	if seg.f.Truncate(seg.size) == nil {
+		seg.alloc = seg.size
+	}
 }
 
 // seal cuts seg's file back to its records, durably, before the next

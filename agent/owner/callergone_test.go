@@ -68,7 +68,8 @@ func TestReserveOfACallerThatStoppedWaitingTakesNothing(t *testing.T) {
 				retried <- err
 			}()
 			if !twoStep {
-				awaitUsers(t, o, "vm-1", 2) // the retry waits for the commit lock
+				// The retry waits for the commit lock.
+				awaitUsers(t, "the commit lock of vm-1", func() int { return o.commitLocks.Users("vm-1") }, 2)
 			}
 			cancel() // its coordinator stops waiting
 			close(reg.proceed)
@@ -89,17 +90,5 @@ func TestReserveOfACallerThatStoppedWaitingTakesNothing(t *testing.T) {
 				t.Errorf("reservations counted abandoned: %d, want 1", o.h.Recorder.Reservations(events.ReservationAbandoned))
 			}
 		})
-	}
-}
-
-// awaitUsers returns once n callers hold or wait for the commit lock of id.
-func awaitUsers(t *testing.T, o *testOwner, id string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for o.commitLocks.Users(id) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d callers at the commit lock of %s", n, id)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

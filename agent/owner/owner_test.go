@@ -65,10 +65,17 @@ func newTestOwner(t *testing.T, profile string, reg Names) *testOwner {
 // (the test holds it).
 func (o *testOwner) awaitLockWaiter(t *testing.T, addr string) {
 	t.Helper()
+	awaitUsers(t, "the device lock of "+addr, func() int { return o.host.DeviceLockUsers(addr) }, 2)
+}
+
+// awaitUsers returns once n callers hold or wait for the lock what names
+// (users counts them).
+func awaitUsers(t *testing.T, what string, users func() int, n int) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for o.host.DeviceLockUsers(addr) < 2 {
+	for users() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("nobody waits for the device lock of %s", addr)
+			t.Fatalf("fewer than %d callers at %s", n, what)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -132,7 +132,7 @@ type world struct {
 
 	// checked and lateSkipped count the final checks of acknowledged
 	// answers made and left out; revived, the released IDs left out that
-	// an abandoned claim brought back.
+	// a claim whose client gave up (not a hasty one) brought back.
 	checked, lateSkipped, revived int
 	// clientOps and acked count the clients' calls and acknowledged
 	// answers, from their goroutines.
