@@ -87,22 +87,35 @@ func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 		}
 		return nameKept
 	}
-	mover, ok := o.names().(NameMover)
-	if !ok {
+	if _, ok := o.names().(NameMover); !ok {
 		o.log.Warn("anti-entropy: the name authority cannot move names; releasing a moved name with no claim instead of handing it back", "claim", r.Name, "moved_from", r.MovedFrom)
 		if o.freeName(ctx, r) {
 			return nameFreed
 		}
 		return nameKept
 	}
-	_, err := mover.Move(ctx, names.Claim(r.Name), r.Token, self, r.MovedFrom, self)
+	if !o.handBack(ctx, r) {
+		return nameKept
+	}
+	return nameHandedBack
+}
+
+// handBack moves name r, held on this server with no claim here and moved
+// here from r.MovedFrom, back to that server, and asks it to take the
+// name onto its copy at once; the hand-back is remembered under r's token
+// (a later pass releases the name only once that server holds no copy).
+// It reports whether the registry took the move back. The registry must
+// move names (NameMover).
+func (o *Owner) handBack(ctx context.Context, r names.Record) bool {
+	self := o.cfg.NodeName
+	_, err := o.names().(NameMover).Move(ctx, names.Claim(r.Name), r.Token, self, r.MovedFrom, self)
 	switch {
 	case err == nil:
 	case errors.Is(err, names.ErrNotFound), errors.Is(err, names.ErrStale), errors.Is(err, names.ErrConflict):
-		return nameKept // released, moved or granted again since the list was read
+		return false // released, moved or granted again since it was read
 	default:
-		o.log.Warn("anti-entropy: handing a moved name with no claim back failed; the next pass retries", "claim", r.Name, "to", r.MovedFrom, "err", err)
-		return nameKept
+		o.log.Warn("handing a moved name with no claim back failed; the anti-entropy pass retries", "claim", r.Name, "to", r.MovedFrom, "err", err)
+		return false
 	}
 	o.ae.mu.Lock()
 	if o.ae.handedBack == nil {
@@ -110,10 +123,10 @@ func (o *Owner) nameWithoutClaim(ctx context.Context, r names.Record) nameOutcom
 	}
 	o.ae.handedBack[r.Name] = r.Token
 	o.ae.mu.Unlock()
-	o.log.Warn("anti-entropy: name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
+	o.log.Warn("name moved here with no claim in this ledger handed back to the server it came from; released by a later pass unless that server takes it",
 		"claim", r.Name, "to", r.MovedFrom, "token", r.Token)
 	o.nudgeOrigin(ctx, r)
-	return nameHandedBack
+	return true
 }
 
 // What the server a name came from answers about its copy.

@@ -11,6 +11,7 @@ import (
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/host"
 	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
 )
 
 // The owner side of the protocol: what this server decides about its own
@@ -229,9 +230,10 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 	// before the ledger commits it (ownernames.go): held in one write, or
 	// confirmed under the token the reservation was made with.
 	named := o.names() != nil && pending.State == ledger.StateReserved && pending.Live(o.clk.Now())
+	var confirmed names.Record // the name confirmed under the reservation's token
 	if named {
 		if pending.NameToken != 0 {
-			if err := o.confirmName(ctx, pending); err != nil {
+			if confirmed, err = o.confirmName(ctx, pending); err != nil {
 				return api.Claim{}, err
 			}
 		} else {
@@ -253,7 +255,7 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 		// reserved again meanwhile (this reservation lapsed, a retry made
 		// another): that placement commits under the same hold.
 		if named && !o.reservedAgain(id, pending) {
-			o.releaseName(ctx, pending)
+			o.undoName(ctx, pending, confirmed)
 		}
 		if errors.Is(err, ledger.ErrLeaseExpired) {
 			o.rec.Reservation(events.ReservationExpired)

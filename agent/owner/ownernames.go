@@ -119,42 +119,65 @@ func digestOf(c ledger.Claim) string {
 // the ID held on another server) drops the reservation, so nothing is
 // committed under a grant that no longer holds; an unavailable registry
 // keeps it, for the coordinator's retried commit.
-func (o *Owner) confirmName(ctx context.Context, pending ledger.Claim) error {
+func (o *Owner) confirmName(ctx context.Context, pending ledger.Claim) (names.Record, error) {
 	id := pending.ID
 	if err := o.callerGone(ctx, id); err != nil {
-		return err
+		return names.Record{}, err
 	}
 	// Not cancelled with the request once sent: a confirmation that took
 	// effect must be followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
-	_, err := o.names().Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
+	rec, err := o.names().Confirm(cctx, names.Claim(id), pending.NameToken, o.cfg.NodeName, nil)
 	cancel()
 	if err == nil {
-		return nil
+		return rec, nil
 	}
 	if names.IsUnavailable(err) {
-		return &api.Error{Code: api.CodeUnavailable,
+		return names.Record{}, &api.Error{Code: api.CodeUnavailable,
 			Message: fmt.Sprintf("claim %s: not committed on %s, its name could not be confirmed: %v", id, o.cfg.NodeName, err)}
 	}
 	var r *names.RefusedError
 	if !errors.As(err, &r) {
-		return fmt.Errorf("claim %s: confirming its name: %w", id, err)
+		return names.Record{}, fmt.Errorf("claim %s: confirming its name: %w", id, err)
 	}
 	o.dropUnconfirmed(ctx, pending, err)
 	switch r.Code {
 	case names.CodeStale, names.CodeExpired, names.CodeNotFound:
-		return &api.Error{Code: api.CodeLeaseExpired,
+		return names.Record{}, &api.Error{Code: api.CodeLeaseExpired,
 			Message: fmt.Sprintf("claim %s: not committed on %s: the name grant it was reserved under (token %d) ended first (%v); acquire the name again", id, o.cfg.NodeName, pending.NameToken, err)}
 	case names.CodeConflict:
 		holder := "another server"
 		if r.Record != nil && r.Record.Owner != "" {
 			holder = r.Record.Owner
 		}
-		return &api.Error{Code: api.CodeConflict,
+		return names.Record{}, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("claim %s is held on %s; not committed on %s", id, holder, o.cfg.NodeName)}
 	}
-	return &api.Error{Code: api.CodeConflict,
+	return names.Record{}, &api.Error{Code: api.CodeConflict,
 		Message: fmt.Sprintf("claim %s: not committed on %s: %v", id, o.cfg.NodeName, err)}
+}
+
+// undoName lets go the name of reservation pending, held on this server
+// for a commit that then failed in the ledger (its lease ran out, or a
+// sweep dropped it, while the registry answered). confirmed is the record
+// the registry answered a confirm with (zero when the name was held in
+// one write). A name that came here by a move (a resize's) is not
+// released: the server it came from held it until the confirm, and its
+// copy is the claim; the name is handed back to it. Any other is released.
+func (o *Owner) undoName(ctx context.Context, pending ledger.Claim, confirmed names.Record) {
+	if confirmed.MovedFrom == "" || confirmed.MovedFrom == o.cfg.NodeName || confirmed.Owner != o.cfg.NodeName {
+		o.releaseName(ctx, pending)
+		return
+	}
+	if _, ok := o.names().(NameMover); !ok {
+		o.releaseName(ctx, pending)
+		return
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
+	defer cancel()
+	if !o.handBack(hctx, confirmed) {
+		o.log.Warn("a moved claim's commit failed after its name was confirmed here; the name stays here for the anti-entropy pass, which hands it back", "claim", pending.ID, "moved_from", confirmed.MovedFrom, "token", confirmed.Token)
+	}
 }
 
 // heldHere checks that the registry holds claim c's ID on this server under
