@@ -3,7 +3,6 @@ package fakekernel
 import (
 	"encoding/binary"
 	"fmt"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,27 +28,54 @@ const (
 
 type node struct {
 	kind     nodeKind
-	children []string        // kindDir
-	list     func() []string // kindDir, when listing it costs: called only by entries
-	link     string          // kindLink: the link text
-	content  []byte          // kindFile, when readable
+	children []string // kindDir
+	list     lister   // kindDir, when listing it costs: called only by entries
+	k        *Kernel  // with list
+	at       []string // with list
+	link     string   // kindLink: the link text
+	content  []byte   // kindFile, when readable
 	readable bool
 	writable bool
 }
+
+// lister computes the entries of the directory at parts p (as the tree
+// function that built its node was given them) from k's state. Listers
+// are top-level functions, so that building a node allocates nothing:
+// resolve builds one for every prefix of every path.
+type lister func(k *Kernel, p []string) []string
 
 func dirNode(children ...string) node { return node{kind: kindDir, children: children} }
 
 // listedDir is a directory whose entries are computed only when listed:
 // resolve walks every prefix of every path and needs only their kinds.
-func listedDir(list func() []string) node { return node{kind: kindDir, list: list} }
+func listedDir(k *Kernel, p []string, list lister) node {
+	return node{kind: kindDir, list: list, k: k, at: p}
+}
 
 // entries lists a directory node.
 func (n node) entries() []string {
 	if n.list != nil {
-		return n.list()
+		return n.list(n.k, n.at)
 	}
 	return n.children
 }
+
+// The fixed directories on every path's way, built once.
+var (
+	rootDir      = dirNode("bus", "class", "devices", "kernel", "module")
+	busDir       = dirNode("pci")
+	busPCIDir    = dirNode("devices", "drivers", "drivers_probe")
+	kernelDir    = dirNode("iommu_groups")
+	groupDir     = dirNode("devices")
+	rootBusesDir = func(k *Kernel, _ []string) []string {
+		var buses []string
+		for _, a := range k.addrs(nil) {
+			buses = append(buses, rootBus(a))
+		}
+		return slices.Compact(buses)
+	}
+)
+
 func linkNode(target string) node { return node{kind: kindLink, link: target} }
 func roFile(content []byte) node  { return node{kind: kindFile, content: content, readable: true} }
 func woFile() node                { return node{kind: kindFile, writable: true} }
@@ -57,6 +83,14 @@ func woFile() node                { return node{kind: kindFile, writable: true} 
 // rootBus names the directory under devices/ that holds a device: one root
 // bus per PCI domain is enough for a flat simulated topology.
 func rootBus(addr string) string { return "pci" + addr[:4] + ":00" }
+
+// onRootBus reports whether bus (a directory name under devices/) is the
+// root bus of the device at addr: rootBus(addr) == bus, without building
+// the name (resolve asks it for every device, for every path through
+// devices/).
+func onRootBus(bus, addr string) bool {
+	return len(bus) == 10 && bus[:3] == "pci" && bus[3:7] == addr[:4] && bus[7:] == ":00"
+}
 
 // deviceDir is the canonical directory of a device, relative to the root.
 func deviceDir(addr string) string { return "devices/" + rootBus(addr) + "/" + addr }
@@ -84,11 +118,10 @@ func (k *Kernel) resolve(op, name string, parts []string, followLast bool) ([]st
 			}
 			last := i == len(parts)
 			if n.kind == kindLink && (!last || followLast) {
-				target := path.Join(strings.Join(parts[:i-1], "/"), n.link)
-				if target == ".." || strings.HasPrefix(target, "../") {
+				var ok bool
+				if parts, ok = followLink(parts, i, n.link); !ok {
 					return nil, node{}, pathErr(op, name, syscall.ENOENT)
 				}
-				parts = append(split(target), parts[i:]...)
 				followed = true
 				break
 			}
@@ -105,11 +138,35 @@ func (k *Kernel) resolve(op, name string, parts []string, followLast bool) ([]st
 	}
 }
 
+// followLink returns parts with its first i elements, the last of which is
+// a link with text link, replaced by where the link points (the link's
+// directory joined with its text, cleaned as path.Join does), in a new
+// slice; false when it points above the root.
+func followLink(parts []string, i int, link string) ([]string, bool) {
+	out := make([]string, 0, i+strings.Count(link, "/")+len(parts)-i)
+	out = append(out, parts[:i-1]...)
+	for rest := link; rest != ""; {
+		var el string
+		el, rest, _ = strings.Cut(rest, "/")
+		switch el {
+		case "", ".":
+		case "..":
+			if len(out) == 0 {
+				return nil, false
+			}
+			out = out[:len(out)-1]
+		default:
+			out = append(out, el)
+		}
+	}
+	return append(out, parts[i:]...), true
+}
+
 // node returns the sysfs node at canonical parts, without following links.
 // k.mu must be held.
 func (k *Kernel) node(p []string) (node, bool) {
 	if len(p) == 0 {
-		return dirNode("bus", "class", "devices", "kernel", "module"), true
+		return rootDir, true
 	}
 	switch p[0] {
 	case "class":
@@ -149,48 +206,31 @@ func (k *Kernel) addrs(keep func(*kdev) bool) []string {
 
 func (k *Kernel) devicesNode(p []string) (node, bool) {
 	if len(p) == 0 {
-		return listedDir(func() []string {
-			var buses []string
-			for _, a := range k.addrs(nil) {
-				buses = append(buses, rootBus(a))
-			}
-			return slices.Compact(buses)
-		}), true
+		return listedDir(k, p, rootBusesDir), true
 	}
-	inBus := func(d *kdev) bool { return rootBus(d.Address) == p[0] }
 	if len(p) == 1 {
 		// Listing the bus costs a sort; a path through it only needs the
 		// device (resolve walks every prefix of every path).
-		if !k.anyDev(inBus) {
+		if !k.anyDev(func(d *kdev) bool { return onRootBus(p[0], d.Address) }) {
 			return node{}, false
 		}
-		return listedDir(func() []string { return k.addrs(inBus) }), true
+		return listedDir(k, p, func(k *Kernel, p []string) []string {
+			return k.addrs(func(d *kdev) bool { return onRootBus(p[0], d.Address) })
+		}), true
 	}
 	d, ok := k.devs[p[1]]
-	if !ok || !inBus(d) {
+	if !ok || !onRootBus(p[0], d.Address) {
 		return node{}, false
+	}
+	if len(p) == 2 {
+		// Listed only when read: every attribute's path goes through it.
+		return listedDir(k, p, func(k *Kernel, p []string) []string { return k.devs[p[1]].attributes() }), true
 	}
 	return k.deviceNode(d, p[2:])
 }
 
 func (k *Kernel) deviceNode(d *kdev, p []string) (node, bool) {
-	if len(p) == 0 {
-		c := []string{"class", "config", "device", "driver_override", "numa_node", "subsystem_device", "subsystem_vendor", "vendor"}
-		if d.Driver != "" {
-			c = append(c, "driver")
-		}
-		if d.IOMMUGroup >= 0 {
-			c = append(c, "iommu_group")
-		}
-		if d.PhysFn != "" {
-			c = append(c, "physfn")
-		}
-		if !d.NoReset {
-			c = append(c, "reset", "reset_method")
-		}
-		return dirNode(c...), true
-	}
-	if len(p) > 1 {
+	if len(p) != 1 {
 		return node{}, false
 	}
 	hex16 := func(v uint16) node { return roFile(fmt.Appendf(nil, "0x%04x\n", v)) }
@@ -233,6 +273,24 @@ func (k *Kernel) deviceNode(d *kdev, p []string) (node, bool) {
 	return node{}, false
 }
 
+// attributes lists the entries of the device's directory.
+func (d *kdev) attributes() []string {
+	c := []string{"class", "config", "device", "driver_override", "numa_node", "subsystem_device", "subsystem_vendor", "vendor"}
+	if d.Driver != "" {
+		c = append(c, "driver")
+	}
+	if d.IOMMUGroup >= 0 {
+		c = append(c, "iommu_group")
+	}
+	if d.PhysFn != "" {
+		c = append(c, "physfn")
+	}
+	if !d.NoReset {
+		c = append(c, "reset", "reset_method")
+	}
+	return c
+}
+
 // config is the device's PCI config space header: enough for lspci-like
 // readers and for the all-ones check, little-endian as the bus is.
 func (d *kdev) config() []byte {
@@ -257,13 +315,13 @@ func (d *kdev) config() []byte {
 
 func (k *Kernel) busNode(p []string) (node, bool) {
 	if len(p) == 0 {
-		return dirNode("pci"), true
+		return busDir, true
 	}
 	if p[0] != "pci" {
 		return node{}, false
 	}
 	if len(p) == 1 {
-		return dirNode("devices", "drivers", "drivers_probe"), true
+		return busPCIDir, true
 	}
 	switch p[1] {
 	case "drivers_probe":
@@ -273,7 +331,7 @@ func (k *Kernel) busNode(p []string) (node, bool) {
 	case "devices":
 		switch len(p) {
 		case 2:
-			return listedDir(func() []string { return k.addrs(nil) }), true
+			return listedDir(k, p, func(k *Kernel, _ []string) []string { return k.addrs(nil) }), true
 		case 3:
 			if _, ok := k.devs[p[2]]; ok {
 				return linkNode("../../../" + deviceDir(p[2])), true
@@ -289,8 +347,8 @@ func (k *Kernel) busNode(p []string) (node, bool) {
 		}
 		switch len(p) {
 		case 3:
-			return listedDir(func() []string {
-				return append([]string{"bind", "unbind"}, k.addrs(func(d *kdev) bool { return d.Driver == drv })...)
+			return listedDir(k, p, func(k *Kernel, p []string) []string {
+				return append([]string{"bind", "unbind"}, k.addrs(func(d *kdev) bool { return d.Driver == p[2] })...)
 			}), true
 		case 4:
 			if p[3] == "bind" || p[3] == "unbind" {
@@ -306,29 +364,31 @@ func (k *Kernel) busNode(p []string) (node, bool) {
 
 func (k *Kernel) kernelNode(p []string) (node, bool) {
 	if len(p) == 0 {
-		return dirNode("iommu_groups"), true
+		return kernelDir, true
 	}
 	if p[0] != "iommu_groups" {
 		return node{}, false
 	}
 	if len(p) == 1 {
-		return listedDir(func() []string { return k.groups(nil) }), true
+		return listedDir(k, p, func(k *Kernel, _ []string) []string { return k.groups(nil) }), true
 	}
 	g, err := parseGroupName(p[1])
 	if err != nil {
 		return node{}, false
 	}
-	inGroup := func(d *kdev) bool { return d.IOMMUGroup == g }
-	if !k.anyDev(inGroup) {
+	if !k.anyDev(func(d *kdev) bool { return d.IOMMUGroup == g }) {
 		return node{}, false
 	}
 	switch {
 	case len(p) == 2:
-		return dirNode("devices"), true
+		return groupDir, true
 	case p[2] != "devices":
 		return node{}, false
 	case len(p) == 3:
-		return listedDir(func() []string { return k.addrs(inGroup) }), true
+		return listedDir(k, p, func(k *Kernel, p []string) []string {
+			g, _ := parseGroupName(p[1])
+			return k.addrs(func(d *kdev) bool { return d.IOMMUGroup == g })
+		}), true
 	case len(p) == 4:
 		if d, ok := k.devs[p[3]]; ok && d.IOMMUGroup == g {
 			return linkNode("../../../../" + deviceDir(p[3])), true
