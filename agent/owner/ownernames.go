@@ -72,6 +72,9 @@ func (o *Owner) callerGone(ctx context.Context, id string) error {
 	if ctx.Err() == nil {
 		return nil
 	}
+	// At debug: a coordinator's timeout or restart is routine, but a run
+	// whose claims came and went oddly is read against these lines.
+	o.log.Debug("request for a claim not served: its caller stopped waiting", "claim", id, "cause", context.Cause(ctx))
 	return &api.Error{Code: api.CodeUnavailable,
 		Message: fmt.Sprintf("claim %s: nothing reserved or committed on %s: the caller stopped waiting (%v); retry", id, o.cfg.NodeName, context.Cause(ctx))}
 }
