@@ -40,8 +40,9 @@ type node struct {
 
 // lister computes the entries of the directory at parts p (as the tree
 // function that built its node was given them) from k's state. Listers
-// are top-level functions, so that building a node allocates nothing:
-// resolve builds one for every prefix of every path.
+// capture nothing (what they need comes as k and p), so that building a
+// node allocates nothing: resolve builds one for every prefix of every
+// path.
 type lister func(k *Kernel, p []string) []string
 
 func dirNode(children ...string) node { return node{kind: kindDir, children: children} }
@@ -62,18 +63,11 @@ func (n node) entries() []string {
 
 // The fixed directories on every path's way, built once.
 var (
-	rootDir      = dirNode("bus", "class", "devices", "kernel", "module")
-	busDir       = dirNode("pci")
-	busPCIDir    = dirNode("devices", "drivers", "drivers_probe")
-	kernelDir    = dirNode("iommu_groups")
-	groupDir     = dirNode("devices")
-	rootBusesDir = func(k *Kernel, _ []string) []string {
-		var buses []string
-		for _, a := range k.addrs(nil) {
-			buses = append(buses, rootBus(a))
-		}
-		return slices.Compact(buses)
-	}
+	rootDir   = dirNode("bus", "class", "devices", "kernel", "module")
+	busDir    = dirNode("pci")
+	busPCIDir = dirNode("devices", "drivers", "drivers_probe")
+	kernelDir = dirNode("iommu_groups")
+	groupDir  = dirNode("devices")
 )
 
 func linkNode(target string) node { return node{kind: kindLink, link: target} }
@@ -206,7 +200,13 @@ func (k *Kernel) addrs(keep func(*kdev) bool) []string {
 
 func (k *Kernel) devicesNode(p []string) (node, bool) {
 	if len(p) == 0 {
-		return listedDir(k, p, rootBusesDir), true
+		return listedDir(k, p, func(k *Kernel, _ []string) []string {
+			var buses []string
+			for _, a := range k.addrs(nil) {
+				buses = append(buses, rootBus(a))
+			}
+			return slices.Compact(buses)
+		}), true
 	}
 	if len(p) == 1 {
 		// Listing the bus costs a sort; a path through it only needs the
