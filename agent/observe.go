@@ -69,7 +69,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		if !c.Live(a.clk.Now()) {
 			continue
 		}
-		if c.State == ledger.StateCommitted {
+		if c.Named() { // a commit awaiting its name counts as reserved
 			snap.Ledger.Committed++
 		} else {
 			snap.Ledger.Reserved++

@@ -11,7 +11,6 @@ import (
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/home"
-	"github.com/gpuherd/gpuherd/agent/ledger"
 )
 
 // How a coordinator finds a claim ID already placed: through the ID's home
@@ -56,7 +55,7 @@ func (co *Coordinator) askHome(ctx context.Context, targets []Target, id string,
 	if !co.servers.Clustered() {
 		return homeAnswer{}, nil
 	}
-	if c, err := co.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+	if c, err := co.ledger.Get(id); err == nil && c.Named() {
 		// This server holds it: no need to ask where.
 		self := targets[0]
 		octx, cancel := context.WithTimeout(ctx, api.OwnerOpTimeout)

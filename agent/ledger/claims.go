@@ -132,7 +132,7 @@ func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 // on this server with at commit (the owner's one-step hold). A claim
 // committed already keeps the token it has.
 func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, error) {
-	return l.commit(id, time.Time{}, token, now)
+	return l.commit(id, time.Time{}, token, now, false)
 }
 
 // CommitReservation is CommitUnder of the reservation of id created at
@@ -141,11 +141,13 @@ func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, err
 // request reserved the ID again) is not the one the caller checked, nor
 // the one whose name it holds, and is left reserved: ErrNotFound.
 func (l *Ledger) CommitReservation(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
-	return l.commit(id, createdAt, token, now)
+	return l.commit(id, createdAt, token, now, false)
 }
 
-// commit is CommitUnder, of the claim created at createdAt unless zero.
-func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
+// commit is CommitUnder, of the claim created at createdAt unless zero;
+// with awaiting, the claim is committed with AwaitingName set
+// (CommitAwaitingName).
+func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time, awaiting bool) (Claim, error) {
 	now = now.UTC()
 	var out Claim
 	err := l.write(func(tx *fileTx, st *state) (bool, error) {
@@ -171,6 +173,7 @@ func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.T
 		if token != 0 {
 			rec.NameToken = token
 		}
+		rec.AwaitingName = awaiting
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}

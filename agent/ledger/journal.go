@@ -250,10 +250,14 @@ func (j *journal) grow(size int64) error {
 	return nil
 }
 
-// append writes ops as the next record and fdatasyncs it. When it fails,
-// the record is not acknowledged: its bytes are wiped (the next append
-// takes its place), and if even that fails the journal takes no more.
-func (j *journal) append(ops []journalOp) error {
+// append writes ops as the next record and, with sync, fdatasyncs it.
+// When it fails, the record is not acknowledged: its bytes are wiped (the
+// next append takes its place), and if even that fails the journal takes
+// no more. A record written without sync is durable once a later one is
+// synced (the fdatasync covers every byte written before it), and a crash
+// before that keeps it or loses it whole: its checksum fails if it was
+// torn, and reading stops there.
+func (j *journal) append(ops []journalOp, sync bool) error {
 	if j.broken != nil {
 		return fmt.Errorf("journal %s is unusable since an earlier write failed (%v): restart the agent", j.path, j.broken)
 	}
@@ -265,7 +269,7 @@ func (j *journal) append(ops []journalOp) error {
 		if testJournalSync != nil {
 			err = testJournalSync()
 		}
-		if err == nil {
+		if err == nil && sync {
 			err = datasync.File(j.f)
 		}
 	}

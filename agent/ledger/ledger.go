@@ -694,7 +694,7 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 		testInFlight()
 	}
 	start := time.Now()
-	err = l.appendJournal(tx.ops)
+	err = l.appendJournal(tx.ops, true)
 	l.writeMu.Lock()
 	next, l.pending = l.pending, nil
 	if err != nil {
@@ -767,9 +767,10 @@ func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *fil
 	return tx, st, -1, nil
 }
 
-// appendJournal appends ops to the journal, fdatasynced, and adds them to
-// what the file lacks. Call with fileMu held.
-func (l *Ledger) appendJournal(ops []journalOp) error {
+// appendJournal appends ops to the journal, fdatasynced unless sync is
+// false (writeUnsynced), and adds them to what the file lacks. Call with
+// fileMu held.
+func (l *Ledger) appendJournal(ops []journalOp, sync bool) error {
 	if !l.marked {
 		// The first record since the file was settled: from now on the
 		// file alone is not the ledger, and an older gpuherd must not
@@ -783,11 +784,13 @@ func (l *Ledger) appendJournal(ops []journalOp) error {
 		l.fdatasyncs.Add(2)
 		l.marked = true
 	}
-	if err := l.journal.append(ops); err != nil {
+	if err := l.journal.append(ops, sync); err != nil {
 		return err
 	}
-	l.syncs.Add(1)
-	l.fdatasyncs.Add(1)
+	if sync {
+		l.syncs.Add(1)
+		l.fdatasyncs.Add(1)
+	}
 	l.overlayMu.Lock()
 	l.unflushed.apply(ops)
 	l.overlayMu.Unlock()
@@ -812,7 +815,7 @@ func (l *Ledger) journalWrite(op string, fn func(tx *fileTx) error) error {
 	}
 	start := time.Now()
 	if err == nil {
-		err = l.appendJournal(tx.ops)
+		err = l.appendJournal(tx.ops, true)
 	}
 	if err != nil {
 		l.released = nil // rebuilt from the file on next use

@@ -6,8 +6,9 @@ import (
 
 // SetNameToken records the name registry's token for committed claim id,
 // written and fsynced: what the owner's anti-entropy pass does after it
-// gave a claim from an older version's ledger its name. The same token
-// again writes nothing. A claim that is not committed fails with
+// gave a claim from an older version's ledger its name, or found the name
+// of a claim awaiting it (CommitAwaitingName) held here; it ends the
+// wait. The same token again, on a claim not awaiting, writes nothing. A claim that is not committed fails with
 // ErrNotFound: only a committed claim holds a name.
 func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 	var out Claim
@@ -17,10 +18,11 @@ func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 			return false, fmt.Errorf("claim %q is not committed: %w on this server", id, ErrNotFound)
 		}
 		out = rec.Claim
-		if rec.NameToken == token {
+		if rec.NameToken == token && !rec.AwaitingName {
 			return false, nil
 		}
 		rec.NameToken = token
+		rec.AwaitingName = false
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}

@@ -52,6 +52,13 @@ type Claim struct {
 	// claim was confirmed under (agent/names); 0 when the server runs
 	// alone or the claim predates the registry.
 	NameToken uint64 `json:"name_token,omitempty"`
+	// AwaitingName marks a committed claim written before the name
+	// registry answered the hold of its ID (CommitAwaitingName): it holds
+	// its GPUs, but it is a claim only once SettleName gives it the token,
+	// and it is undone (UnwindAwaiting) when the registry refused. One
+	// found at Open is settled or undone by the owner against the
+	// registry.
+	AwaitingName bool `json:"awaiting_name,omitempty"`
 }
 
 // GPU is what the ledger needs to know about one GPU of this server; the
@@ -69,6 +76,10 @@ type GPU struct {
 	// smaller is closer); nil when unknown.
 	Distance map[string]int `json:"distance,omitempty"`
 }
+
+// Named reports whether c is a claim whose ID the registry holds, as far
+// as this ledger knows: committed, and not awaiting its name.
+func (c Claim) Named() bool { return c.State == StateCommitted && !c.AwaitingName }
 
 // Live reports whether the claim still holds its GPUs at now: a committed
 // claim always does, a reservation only strictly before ExpiresAt.

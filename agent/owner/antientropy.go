@@ -40,6 +40,9 @@ import (
 //     duplicate;
 //   - a committed claim whose name is moving to this server is confirmed
 //     here: the name comes back to the copy;
+//   - a claim committed ahead of its name (commitahead.go) by a commit
+//     that did not finish is kept when the registry holds its ID here
+//     for its request, and removed otherwise;
 //   - a committed claim whose name is held on another server is a
 //     duplicate. The registry's copy is kept. This copy is released unless
 //     a VM uses it (the ledger's use mark, or a process holding its VFIO
@@ -102,6 +105,8 @@ type AntiEntropyReport struct {
 	Confirmed  []string // claims whose name moving here was confirmed
 	Released   []string // duplicate and leftover copies released
 	Kept       []string // duplicate and leftover copies kept: a VM uses them, first seen, or the holder did not say
+	Settled    []string // claims committed ahead of their name whose name the registry holds here
+	Undone     []string // claims committed ahead of their name whose name it does not: removed
 }
 
 // RunAntiEntropy runs a pass at once, then one every antiEntropyEvery
@@ -176,6 +181,17 @@ func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
 	lostHere := map[string]bool{}
 	for _, id := range slices.Sorted(maps.Keys(claims)) {
 		c := claims[id]
+		if c.AwaitingName {
+			// Committed ahead of its name (commitahead.go): once the
+			// commit in flight, if any, is done, the registry decides.
+			switch settled, undone := o.settleAwaitingInPass(ctx, id); {
+			case settled:
+				rep.Settled = append(rep.Settled, id)
+			case undone:
+				rep.Undone = append(rep.Undone, id)
+			}
+			continue
+		}
 		if c.State != ledger.StateCommitted {
 			continue // being placed: the claim path names it
 		}
@@ -230,10 +246,12 @@ func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
 	o.ae.lostHere = lostHere
 	o.ae.mu.Unlock()
 	o.counters.SetClaimDuplicates(len(dups))
-	if len(rep.Freed)+len(rep.HandedBack)+len(rep.Adopted)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept) > 0 {
+	if len(rep.Freed)+len(rep.HandedBack)+len(rep.Adopted)+len(rep.Confirmed)+len(rep.Released)+len(rep.Kept)+
+		len(rep.Settled)+len(rep.Undone) > 0 {
 		o.log.Info("anti-entropy pass", "names_freed", rep.Freed, "names_handed_back", rep.HandedBack,
 			"names_adopted", rep.Adopted, "moves_confirmed", rep.Confirmed,
-			"duplicates_released", rep.Released, "duplicates_kept", rep.Kept)
+			"duplicates_released", rep.Released, "duplicates_kept", rep.Kept,
+			"awaiting_settled", rep.Settled, "awaiting_undone", rep.Undone)
 	}
 	return rep
 }

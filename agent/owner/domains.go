@@ -51,7 +51,7 @@ func (o *Owner) UseClaim(_ context.Context, id string, req api.UseRequest) (api.
 	}
 	named := o.managedAmong(req.PCIAddresses)
 	c, err := o.ledger.Get(id)
-	if err != nil || c.State != ledger.StateCommitted {
+	if err != nil || !c.Named() {
 		return api.Claim{}, o.notClaimed(id, named, fmt.Sprintf("claim %s is not held on %s", id, o.cfg.NodeName), false)
 	}
 	held := o.functionsOf(c.GPUs)

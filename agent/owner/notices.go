@@ -9,7 +9,6 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/home"
-	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
@@ -185,7 +184,7 @@ func (o *Owner) dirMembership() bool {
 func (o *Owner) dirResyncAll(ctx context.Context) {
 	var ops []api.DirOp
 	for _, c := range o.ledger.List() {
-		if c.State == ledger.StateCommitted {
+		if c.Named() {
 			ops = append(ops, api.DirOp{ID: c.ID, Op: api.DirOpHeld})
 		}
 	}
@@ -209,7 +208,7 @@ func (o *Owner) dirRetry(ctx context.Context) {
 	var ops []api.DirOp
 	for _, id := range slices.Sorted(maps.Keys(ids)) { // in a stable order: logs and the simulation replay
 		op := api.DirOp{ID: id, Op: api.DirOpGone}
-		if c, err := o.ledger.Get(id); err == nil && c.State == ledger.StateCommitted {
+		if c, err := o.ledger.Get(id); err == nil && c.Named() {
 			op.Op = api.DirOpHeld
 		}
 		ops = append(ops, op)

@@ -216,6 +216,13 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 	} else {
 		pending = cur // a retry may have moved it to a newer name grant meanwhile
 	}
+	if pending.AwaitingName && o.names() != nil {
+		// Committed ahead of its name by a commit that did not finish
+		// (commitahead.go): the registry decides whether it stands.
+		if pending, err = o.settleAwaiting(ctx, pending); err != nil {
+			return api.Claim{}, err
+		}
+	}
 	if pending.State == ledger.StateReserved && pending.Live(o.clk.Now()) && !o.boundBy(id, pending) {
 		if err := o.host.LookBeforeBind(id, pending.GPUs); err != nil {
 			return api.Claim{}, o.apiError(err)
@@ -237,37 +244,50 @@ func (o *Owner) commit(ctx context.Context, id string, recall bool, early *early
 				return api.Claim{}, err
 			}
 		} else {
-			token, err := o.holdName(ctx, pending, recall, early)
+			// A new name: held and committed side by side.
+			c, err := o.commitWhileHolding(ctx, pending, recall, early)
 			if err != nil {
 				return api.Claim{}, err
 			}
-			pending.NameToken = token
+			return o.committed(c), nil
 		}
 	}
-	// Only the reservation checked above, whose name was just held: the
-	// ID may have been reserved again since (this one lapsed, or lost its
-	// grant, and a reserve without an early hold, which takes no lock of
-	// the ID before its ledger write, replaced it), and that one has no
+	// Only the reservation checked above, whose name was just confirmed:
+	// the ID may have been reserved again since (this one lapsed, or lost
+	// its grant, and a reserve without an early hold, which takes no lock
+	// of the ID before its ledger write, replaced it), and that one has no
 	// name yet.
 	c, err := o.ledger.CommitReservation(id, pending.CreatedAt, pending.NameToken, o.clk.Now())
 	if err != nil {
-		// The name goes with the failed commit, unless the ID was
-		// reserved again meanwhile (this reservation lapsed, a retry made
-		// another): that placement commits under the same hold.
-		if named && !o.reservedAgain(id, pending) {
-			o.undoName(ctx, pending, confirmed)
-		}
-		if errors.Is(err, ledger.ErrLeaseExpired) {
-			o.rec.Reservation(events.ReservationExpired)
-			o.log.Warn("reservation expired before commit", "claim", id)
-		}
-		return api.Claim{}, o.apiError(err)
+		return api.Claim{}, o.commitFailed(ctx, pending, named, confirmed, err)
 	}
+	return o.committed(c), nil
+}
+
+// committed is the answer to a commit that wrote claim c.
+func (o *Owner) committed(c ledger.Claim) api.Claim {
 	o.rec.Reservation(events.ReservationCommitted)
-	o.log.Info("claimed", "claim", id, "gpus", c.GPUs, "coordinator", c.Coordinator)
-	o.dirNote(id, api.DirOpHeld)
+	o.log.Info("claimed", "claim", c.ID, "gpus", c.GPUs, "coordinator", c.Coordinator)
+	o.dirNote(c.ID, api.DirOpHeld)
 	o.changed()
-	return o.ClaimView(c), nil
+	return o.ClaimView(c)
+}
+
+// commitFailed is the answer to a commit of reservation pending that the
+// ledger refused with err. When named (pending's name was held, its token
+// set, or confirmed for the commit), the name goes with the failed
+// commit, unless the ID was reserved again meanwhile (this reservation
+// lapsed, a retry made another): that placement commits under the same
+// hold.
+func (o *Owner) commitFailed(ctx context.Context, pending ledger.Claim, named bool, confirmed names.Record, err error) error {
+	if named && !o.reservedAgain(pending.ID, pending) {
+		o.undoName(ctx, pending, confirmed)
+	}
+	if errors.Is(err, ledger.ErrLeaseExpired) {
+		o.rec.Reservation(events.ReservationExpired)
+		o.log.Warn("reservation expired before commit", "claim", pending.ID)
+	}
+	return o.apiError(err)
 }
 
 // reservedAgain reports whether the ledger holds id, reserved or

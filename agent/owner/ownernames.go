@@ -32,31 +32,46 @@ import (
 // ID; an unavailable registry keeps it, for the coordinator's retried
 // commit.
 func (o *Owner) holdName(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (uint64, error) {
-	id := pending.ID
-	var (
-		rec names.Record
-		err error
-	)
-	if digest := digestOf(pending); early != nil && early.digest == digest {
-		early.used = true
-		rec, err = early.wait()
-	} else {
-		if err := o.callerGone(ctx, id); err != nil {
+	if !usesEarly(pending, early) {
+		if err := o.callerGone(ctx, pending.ID); err != nil {
 			return 0, err
 		}
-		// Not cancelled with the request once sent: a hold that took
-		// effect must be followed by the ledger commit it allows.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
-		rec, err = o.names().Hold(cctx, names.Claim(id), pending.Coordinator, o.cfg.NodeName, digest, recall)
-		cancel()
 	}
+	rec, err := o.awaitHold(ctx, pending, recall, early)
 	if err == nil {
 		return rec.Token, nil
 	}
+	return 0, o.holdRefused(ctx, pending, err)
+}
+
+// usesEarly reports whether the commit of pending takes the early hold's
+// answer: the hold was sent for the same request.
+func usesEarly(pending ledger.Claim, early *earlyHold) bool {
+	return early != nil && early.digest == digestOf(pending)
+}
+
+// awaitHold returns the registry's answer to the hold of pending's claim
+// ID on this server: the early hold's when it was sent for this request,
+// otherwise one sent now (the caller checked callerGone first).
+func (o *Owner) awaitHold(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (names.Record, error) {
+	if usesEarly(pending, early) {
+		early.used = true
+		return early.wait()
+	}
+	// Not cancelled with the request once sent: a hold that took effect
+	// must be followed by the ledger commit it allows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
+	defer cancel()
+	return o.names().Hold(cctx, names.Claim(pending.ID), pending.Coordinator, o.cfg.NodeName, digestOf(pending), recall)
+}
+
+// holdRefused is the answer to a hold of pending's claim ID that failed
+// with err: a refusal drops the reservation (holdName).
+func (o *Owner) holdRefused(ctx context.Context, pending ledger.Claim, err error) error {
 	if r := (*names.RefusedError)(nil); errors.As(err, &r) {
 		o.dropUnconfirmed(ctx, pending, err)
 	}
-	return 0, o.holdError(id, err)
+	return o.holdError(pending.ID, err)
 }
 
 // callerGone is the answer to a caller that stopped waiting (its request's

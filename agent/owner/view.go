@@ -20,7 +20,9 @@ func (o *Owner) ClaimView(c ledger.Claim) api.Claim {
 		CommittedAt: c.CommittedAt,
 		GPUs:        make([]api.ClaimGPU, 0, len(c.GPUs)),
 	}
-	if c.State == ledger.StateCommitted {
+	if c.Named() {
+		// A claim committed ahead of its name is not a claim until the
+		// registry's answer settles it (commitahead.go).
 		v.State = api.StateClaimed
 	}
 	v.Items = slices.Clone(c.Items)

@@ -37,6 +37,11 @@ type Config struct {
 	NameLease        int64
 	RememberReleased int64
 	RegUncertain     float64
+	// KillAtHold is the chance, while faults run, that an owner is
+	// killed as its hold of a claim ID reaches the registry (half of
+	// those holds then never take effect): its ledger's commit, written
+	// while the hold is answered, is left awaiting its name.
+	KillAtHold float64
 	// BrokenGrants makes the registry acknowledge holds and confirms it
 	// never applies: owners then commit claims whose names they do not
 	// hold, which the checks must catch.
@@ -50,7 +55,7 @@ func DefaultConfig(seed uint64, dir string) Config {
 		Seed: seed, Dir: dir, Nodes: 4, Clients: 4, IDs: 2, Ops: 12,
 		Run: 90_000, Settle: 150_000, MaxDelay: 30, ClientTimeout: 6_000,
 		ReservationLease: 5_000, NameLease: 5_000, RememberReleased: 10_000,
-		RegUncertain: 0.05,
+		RegUncertain: 0.05, KillAtHold: 0.05,
 	}
 }
 
@@ -230,15 +235,7 @@ func (w *world) scheduleFaults(out *Outcome) {
 					return
 				}
 				w.logf("FAULT kill %s for %v", nd.name, dur)
-				nd.kill()
-				w.at(dur, func() {
-					if !nd.alive && w.faulty.Load() {
-						w.logf("FAULT restart %s", nd.name)
-						if err := nd.start(); err != nil {
-							panic(err)
-						}
-					}
-				})
+				w.killFor(nd, dur)
 			case 1: // SIGSTOP past the leases
 				if !nd.alive {
 					return
@@ -277,6 +274,20 @@ func (w *world) scheduleFaults(out *Outcome) {
 			}
 		})
 	}
+}
+
+// killFor kills nd as kill -9 does and restarts it dur later, unless the
+// cluster was healed meanwhile (heal restarts it).
+func (w *world) killFor(nd *node, dur time.Duration) {
+	nd.kill()
+	w.at(dur, func() {
+		if !nd.alive && w.faulty.Load() {
+			w.logf("FAULT restart %s", nd.name)
+			if err := nd.start(); err != nil {
+				panic(err)
+			}
+		}
+	})
 }
 
 func later(a, b time.Time) time.Time {

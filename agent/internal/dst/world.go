@@ -354,6 +354,9 @@ func (w *world) deliver(d *delivery) {
 		m.reply <- m.answer
 		return
 	}
+	if w.killAtHold(m) {
+		return
+	}
 	ctx, gen := context.Background(), 0
 	if m.to >= 0 && m.to < len(w.nodes) {
 		ctx, gen = w.nodes[m.to].ctx, w.nodes[m.to].gen
@@ -383,6 +386,26 @@ func (w *world) deliver(d *delivery) {
 		}
 		w.send(&message{from: m.to, to: m.from, gen: gen, desc: "answer to " + m.desc + ": " + answerText(a), reply: m.reply, answer: a, isAns: true})
 	}()
+}
+
+// killAtHold kills, by the schedule's draw (Config.KillAtHold), the owner
+// whose hold of a claim ID m is as it reaches the registry, and reports
+// whether the hold is lost with it (never applied).
+func (w *world) killAtHold(m *message) bool {
+	if w.cfg.KillAtHold == 0 || m.to != len(w.nodes) || m.from < 0 || m.from >= len(w.nodes) ||
+		!w.faulty.Load() || !strings.HasPrefix(m.desc, "registry hold ") {
+		return false
+	}
+	f := w.fate(m)
+	nd := w.nodes[m.from]
+	if f.Float64() >= w.cfg.KillAtHold || !nd.alive || !w.current(m.from, m.gen) {
+		return false
+	}
+	lost := f.IntN(2) == 0
+	dur := time.Duration(500+f.Int64N(5_000)) * time.Millisecond
+	w.logf("FAULT kill %s as its %s reaches the registry (hold lost: %v), for %v", nd.name, m.desc, lost, dur)
+	w.killFor(nd, dur)
+	return lost
 }
 
 // runUntil drives the schedule up to end: after every step it waits until

@@ -1,0 +1,157 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A commit written ahead of its name (docs/design.md, "A commit written
+// while its name is held"). An owner holds a new claim's ID in the name
+// registry and commits the claim in this ledger; the two writes are
+// durable each on its own disk, and neither needs the other's result to
+// be written. CommitAwaitingName writes the commit while the registry's
+// answer is still on its way; SettleName then records the token without
+// an fdatasync of its own, and UnwindAwaiting takes the commit back when
+// the registry refused. A crash between them leaves a claim that awaits
+// its name: the owner asks the registry whether it holds the ID here
+// under the claim's request, and settles or unwinds it.
+
+// CommitAwaitingName is CommitReservation of the reservation of id made at
+// createdAt, written before the name registry has answered the hold of
+// its ID: the claim is committed, fsynced, with no token and with
+// AwaitingName set. Until SettleName or UnwindAwaiting it holds its GPUs
+// whatever its lease said (it has none any more), and it is not a claim
+// (Claim.Named). The errors are CommitReservation's.
+func (l *Ledger) CommitAwaitingName(id string, createdAt, now time.Time) (Claim, error) {
+	if createdAt.IsZero() {
+		return Claim{}, &ValidationError{Field: "created_at", Reason: "a commit ahead of its name needs the reservation's creation time"}
+	}
+	return l.commit(id, createdAt, 0, now, true)
+}
+
+// SettleName ends the wait of the claim id made at createdAt, committed by
+// CommitAwaitingName, with token, the registry's token for its ID on this
+// server. The record is appended to the journal without an fdatasync: the
+// commit it completes is durable already, the next synced write makes it
+// durable too, and a crash that loses it leaves the claim awaiting, which
+// the owner settles from the registry again. A claim not awaiting, or
+// made at another time, fails with ErrNotFound and is left as it is.
+func (l *Ledger) SettleName(id string, createdAt time.Time, token uint64) (Claim, error) {
+	if token == 0 {
+		return Claim{}, &ValidationError{Field: "name_token", Reason: "a claim's name is settled with the registry's token, never 0"}
+	}
+	var out Claim
+	err := l.writeUnsynced(func(tx *fileTx, st *state) (bool, error) {
+		rec, err := awaitingClaim(st, id, createdAt)
+		if err != nil {
+			return false, err
+		}
+		rec.NameToken = token
+		rec.AwaitingName = false
+		if err := st.putClaim(tx, rec); err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		return true, nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// UnwindAwaiting takes back the commit of the claim id made at createdAt
+// that awaits its name, written and fsynced: the registry did not hold
+// its ID here. With expiresAt after now the claim becomes the reservation
+// it was, under that lease (the coordinator may commit it again once the
+// registry answers); otherwise it is removed. Either way it is returned as
+// it was. A claim not awaiting, or made at another time, fails with
+// ErrNotFound and is left as it is.
+func (l *Ledger) UnwindAwaiting(id string, createdAt, expiresAt, now time.Time) (Claim, error) {
+	var out Claim
+	err := l.write(func(tx *fileTx, st *state) (bool, error) {
+		rec, err := awaitingClaim(st, id, createdAt)
+		if err != nil {
+			return false, err
+		}
+		out = rec.Claim
+		if !expiresAt.After(now) {
+			return true, st.deleteClaim(tx, id)
+		}
+		if tx == nil {
+			return false, errNeedsFile
+		}
+		rec.State = StateReserved
+		rec.AwaitingName = false
+		rec.CommittedAt = time.Time{}
+		rec.ExpiresAt = expiresAt.UTC()
+		return true, st.putClaim(tx, rec)
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// Awaiting lists the claims that await their name, sorted by ID.
+func (l *Ledger) Awaiting() []Claim {
+	var out []Claim
+	for _, c := range l.List() {
+		if c.AwaitingName {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// awaitingClaim is claim id of st when it awaits its name and was made at
+// createdAt; ErrNotFound otherwise.
+func awaitingClaim(st *state, id string, createdAt time.Time) (claimRecord, error) {
+	rec, ok := st.claims[id]
+	switch {
+	case !ok:
+		return claimRecord{}, notFound(id)
+	case !rec.AwaitingName || rec.State != StateCommitted:
+		return claimRecord{}, fmt.Errorf("claim %q does not await its name: %w on this server", id, ErrNotFound)
+	case !rec.CreatedAt.Equal(createdAt):
+		return claimRecord{}, fmt.Errorf("claim %q: the claim made at %s was replaced by one made at %s: %w on this server",
+			id, createdAt.UTC().Format(time.RFC3339Nano), rec.CreatedAt.Format(time.RFC3339Nano), ErrNotFound)
+	}
+	return rec, nil
+}
+
+// writeUnsynced is writeFile for one writer whose record needs no
+// fdatasync of its own (SettleName): it waits for the transaction in
+// flight, if any, then runs fn over the file's state, appends what fn
+// changed to the journal without syncing it, and publishes the result.
+// A writer queued meanwhile runs in the next transaction as usual.
+func (l *Ledger) writeUnsynced(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	l.writeMu.Lock()
+	errs := make([]error, 1)
+	tx, next, _, err := l.runBatch(l.state, []*fileWrite{{fn: fn}}, errs)
+	if err == nil {
+		err = l.appendJournal(tx.ops, false)
+	}
+	switch {
+	case errors.Is(err, errUnchanged):
+		l.writeMu.Unlock()
+		return errs[0]
+	case err != nil:
+		l.released = nil
+		l.writeMu.Unlock()
+		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
+		l.writeErr.Store(&err)
+		l.wrote(OpWrite, err)
+		return err
+	}
+	l.writeErr.Store(nil)
+	next.rev = max(next.rev, l.state.rev+1)
+	l.publish(next)
+	l.writeMu.Unlock()
+	l.wroteOK(OpWrite)
+	l.checkpointIfFull()
+	return errs[0]
+}

@@ -1,0 +1,154 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/events"
+	"github.com/gpuherd/gpuherd/agent/ledger"
+	"github.com/gpuherd/gpuherd/agent/names"
+)
+
+// The commit written while the name is held (docs/protocol.md, "The
+// commit and the hold side by side"). A new claim needs two durable
+// writes: the registry's hold of its ID on this server, and the ledger's
+// commit. Neither needs the other's result to be written, so the owner
+// writes both at once and answers once both are durable: the ledger's
+// commit, written while the hold is on its way, awaits its name
+// (ledger.CommitAwaitingName) until the hold's answer settles it
+// (ledger.SettleName, no fdatasync of its own) or a refusal unwinds it.
+// A claim is answered committed only once settled, so the client sees no
+// difference; what a crash between the two writes leaves, a commit
+// awaiting its name, is settled from the registry (settleAwaiting): kept
+// when the registry holds the ID here for its request, undone otherwise.
+
+// commitWhileHolding commits reservation pending, whose ID has no name on
+// this server yet, while the ID's hold (the early one, or one sent now)
+// is answered. The caller holds the ID's commit lock and the GPUs' device
+// locks; callerGone was not checked yet.
+func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (ledger.Claim, error) {
+	id := pending.ID
+	if !usesEarly(pending, early) {
+		if err := o.callerGone(ctx, id); err != nil {
+			return ledger.Claim{}, err
+		}
+	}
+	type written struct {
+		c   ledger.Claim
+		err error
+	}
+	write := make(chan written, 1)
+	go func() {
+		c, err := o.ledger.CommitAwaitingName(id, pending.CreatedAt, o.clk.Now())
+		write <- written{c, err}
+	}()
+	rec, herr := o.awaitHold(ctx, pending, recall, early)
+	w := <-write
+	switch {
+	case w.err != nil:
+		// The ledger refused the commit (the lease ran out, the
+		// reservation was replaced, the disk failed): as a commit after
+		// the hold that fails.
+		if herr != nil {
+			return ledger.Claim{}, o.holdRefused(ctx, pending, herr)
+		}
+		pending.NameToken = rec.Token
+		return ledger.Claim{}, o.commitFailed(ctx, pending, true, names.Record{}, w.err)
+	case herr != nil:
+		// Written, but not held here: the reservation it was comes back
+		// (for the coordinator's retried commit, when the registry did
+		// not answer), or goes with the refusal (holdRefused).
+		if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, pending.ExpiresAt, o.clk.Now()); err != nil {
+			// Still awaiting its name, and held by nobody: the
+			// anti-entropy pass undoes it (settleAwaiting).
+			o.log.Error("taking back a commit whose claim ID the registry did not hold", "claim", id, "err", err, "hold_err", herr)
+		} else if !pending.ExpiresAt.After(o.clk.Now()) {
+			o.rec.Reservation(events.ReservationExpired)
+			o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
+			o.changed()
+		}
+		return ledger.Claim{}, o.holdRefused(ctx, pending, herr)
+	}
+	c, err := o.ledger.SettleName(id, pending.CreatedAt, rec.Token)
+	if err != nil {
+		// The commit is durable and the name held here: the claim
+		// stands, settled by the next look at it (a retried commit, the
+		// anti-entropy pass). Until then it is not answered as a claim.
+		o.log.Error("recording the name token of a claim committed while its name was held", "claim", id, "token", rec.Token, "err", err)
+		return ledger.Claim{}, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: committed on %s, but its name token could not be recorded: %v; retry", id, o.cfg.NodeName, err)}
+	}
+	return c, nil
+}
+
+// settleAwaiting decides claim c, committed ahead of its name by a commit
+// that did not finish (the agent was killed between the two writes, or a
+// write after them failed), from the registry: the claim stands, with the
+// registry's token, when the registry holds its ID on this server for its
+// request; otherwise the hold never took effect here, nobody was told of
+// the claim, and it is removed and its GPUs returned to the idle driver.
+// A registry that does not answer, or a name still being placed, leaves
+// it awaiting (an error). The caller holds the ID's commit lock and the
+// GPUs' device locks.
+func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Claim, error) {
+	id := c.ID
+	lctx, cancel := context.WithTimeout(ctx, api.NameTimeout)
+	r, err := o.names().Lookup(lctx, names.Claim(id), names.Linearizable)
+	cancel()
+	here := err == nil && r.State == names.StateHeld && r.Owner == o.cfg.NodeName && r.Request == digestOf(c)
+	switch {
+	case here && r.Move == nil:
+		settled, err := o.ledger.SetNameToken(id, r.Token)
+		if err != nil {
+			return c, o.apiError(err)
+		}
+		o.log.Info("claim committed ahead of its name settled: the registry holds its ID here", "claim", id, "token", r.Token, "gpus", c.GPUs)
+		return settled, nil
+	case errors.Is(err, names.ErrNotFound), err == nil && r.State == names.StateHeld && !here:
+		if _, err := o.ledger.UnwindAwaiting(id, c.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
+			return c, o.apiError(err)
+		}
+		holder := "nowhere"
+		if err == nil {
+			holder = r.Owner
+		}
+		o.log.Warn("claim committed ahead of its name undone: the registry does not hold its ID here; GPUs freed",
+			"claim", id, "gpus", c.GPUs, "name_held", holder)
+		o.rec.Reservation(events.ReservationAborted)
+		o.host.ToIdleLocked(context.WithoutCancel(ctx), "claim "+id+" never held its name", c.GPUs, "")
+		o.changed()
+		return ledger.Claim{}, &api.Error{Code: api.CodeNotFound,
+			Message: fmt.Sprintf("claim %s: its commit on %s was written ahead of its name, which the registry does not hold here; dropped", id, o.cfg.NodeName)}
+	case err != nil:
+		return c, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: committed on %s ahead of its name, which the registry could not confirm: %v; retry", id, o.cfg.NodeName, err)}
+	default:
+		return c, &api.Error{Code: api.CodeUnavailable,
+			Message: fmt.Sprintf("claim %s: committed on %s ahead of its name, which the registry has %s on %s; retry", id, o.cfg.NodeName, r.State, r.Owner)}
+	}
+}
+
+// settleAwaitingInPass is settleAwaiting for the anti-entropy pass, which
+// holds no lock: it takes the ID's commit lock (a commit in flight
+// finishes first) and the GPUs' device locks, and reports whether the
+// claim was settled or undone.
+func (o *Owner) settleAwaitingInPass(ctx context.Context, id string) (settled, undone bool) {
+	defer o.commitLocks.Lock(id)()
+	c, err := o.ledger.Get(id)
+	if err != nil || !c.AwaitingName {
+		return false, false // settled or undone by the commit in flight
+	}
+	defer o.host.LockGPUs(c.GPUs...)()
+	after, err := o.settleAwaiting(ctx, c)
+	switch {
+	case err == nil:
+		return true, false
+	case api.IsCode(err, api.CodeNotFound) && after.ID == "":
+		return false, true
+	}
+	o.log.Warn("anti-entropy: a claim committed ahead of its name is not decided yet", "claim", id, "err", err)
+	return false, false
+}
