@@ -28,8 +28,8 @@ import (
 // up to its Timing.Hold for a leader before it answers unavailable.
 
 // placeNamed places a claim on the registry path. The owner that commits
-// it holds the ID in the registry first, in one write (owner.holdName),
-// and that write is the check: most claims are of new IDs, so the claim is
+// it holds the ID in the registry, in one write beside its ledger's commit
+// (owner.commitWhileHolding), and that write is the check: most claims are of new IDs, so the claim is
 // placed at once, without reading the registry before. When the ID is held
 // or being placed already (a retry of a placed claim, through whichever
 // agent), the owner's hold is refused, the owner drops its reservation
@@ -45,7 +45,7 @@ import (
 func (at *attempt) placeNamed(ctx context.Context) (api.Claim, error) {
 	digest := owner.RequestDigest(at.rr)
 	// Where the ID last ran: without any_node (and no server named), the
-	// registry refuses to hold it anywhere else (owner.holdName with
+	// registry refuses to hold it anywhere else (owner.awaitHold with
 	// recall), and the owner sends the claim back there: nothing to wait
 	// for here. With any_node, that server is only tried first, a hint
 	// kept by the ID's home (memory only), asked while the name is looked

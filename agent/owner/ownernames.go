@@ -18,31 +18,11 @@ import (
 )
 
 // The owner's side of the name registry (docs/names.md, "Fencing"): a
-// reservation is committed only once the registry holds its claim ID on
-// this server (holdName: the claim path's one registry write), or, for a
-// reservation made under a token (a resize's move), confirmed the token;
-// and a released claim lets its name go once the ledger has let its GPUs
-// go.
-
-// holdName asks the registry to hold the claim ID of the reservation
-// pending on this server for its request, and returns the token it is
-// held under. The caller holds the reservation's device locks. A refusal
-// (the ID held on another server or under another request, being placed
-// the two-step way, or lost) drops the reservation and names who has the
-// ID; an unavailable registry keeps it, for the coordinator's retried
-// commit.
-func (o *Owner) holdName(ctx context.Context, pending ledger.Claim, recall bool, early *earlyHold) (uint64, error) {
-	if !usesEarly(pending, early) {
-		if err := o.callerGone(ctx, pending.ID); err != nil {
-			return 0, err
-		}
-	}
-	rec, err := o.awaitHold(ctx, pending, recall, early)
-	if err == nil {
-		return rec.Token, nil
-	}
-	return 0, o.holdRefused(ctx, pending, err)
-}
+// reservation is a claim only once the registry holds its claim ID on
+// this server (awaitHold, the claim path's one registry write, while the
+// ledger's commit is written: commitahead.go), or, for a reservation made
+// under a token (a resize's move), confirmed the token; and a released
+// claim lets its name go once the ledger has let its GPUs go.
 
 // usesEarly reports whether the commit of pending takes the early hold's
 // answer: the hold was sent for the same request.
@@ -66,7 +46,11 @@ func (o *Owner) awaitHold(ctx context.Context, pending ledger.Claim, recall bool
 }
 
 // holdRefused is the answer to a hold of pending's claim ID that failed
-// with err: a refusal drops the reservation (holdName).
+// with err: a refusal (the ID held on another server or under another
+// request, being placed the two-step way, or lost) drops the reservation
+// and names who has the ID; an unavailable registry keeps it, for the
+// coordinator's retried commit. The caller holds the reservation's device
+// locks.
 func (o *Owner) holdRefused(ctx context.Context, pending ledger.Claim, err error) error {
 	if r := (*names.RefusedError)(nil); errors.As(err, &r) {
 		o.dropUnconfirmed(ctx, pending, err)
@@ -279,7 +263,7 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewh
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	defer cancel()
 	// Where it ran is remembered with the release: a claim of the ID
-	// without any_node comes back here (owner.holdName with recall).
+	// without any_node comes back here (owner.awaitHold with recall).
 	_, err := o.names().ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
 	var r *names.RefusedError
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
@@ -376,7 +360,7 @@ func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 	go func() {
 		defer close(h.done)
 		close(started)
-		// Not cancelled with the request, as in holdName.
+		// Not cancelled with the request, as in awaitHold.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 		defer cancel()
 		h.rec, h.err = o.names().Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
