@@ -183,6 +183,12 @@
 //	    its ledger (a release that could not reach the registry), released.
 //	gpuherd_anti_entropy_skipped_total
 //	    counter: passes skipped because the name registry did not answer.
+//	gpuherd_claim_awaiting_name_settled_total
+//	    counter: claims committed ahead of their name by a commit a crash
+//	    cut short, kept because the registry holds their ID here.
+//	gpuherd_claim_awaiting_name_undone_total
+//	    counter: such claims removed, their GPUs freed, because the
+//	    registry does not hold their ID here (no client was told of them).
 //
 // # Gossip
 //

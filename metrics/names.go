@@ -12,6 +12,8 @@ type nameEvents struct {
 	adopted    prometheus.Counter
 	freed      prometheus.Counter
 	skipped    prometheus.Counter
+	settled    prometheus.Counter
+	undone     prometheus.Counter
 }
 
 func newNameEvents() *nameEvents {
@@ -36,11 +38,19 @@ func newNameEvents() *nameEvents {
 			Namespace: namespace, Name: "anti_entropy_skipped_total",
 			Help: "Anti-entropy passes skipped because the name registry did not answer.",
 		}),
+		settled: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "claim_awaiting_name_settled_total",
+			Help: "Claims committed ahead of their name by a commit that did not finish (a crash between the ledger's commit and the hold's answer) that the registry holds on this server: kept, under its token.",
+		}),
+		undone: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "claim_awaiting_name_undone_total",
+			Help: "Claims committed ahead of their name by a commit that did not finish whose name the registry does not hold here: removed, their GPUs freed (no client was told of them).",
+		}),
 	}
 }
 
 func (e *nameEvents) collectors() []prometheus.Collector {
-	return []prometheus.Collector{e.duplicates, e.released, e.adopted, e.freed, e.skipped}
+	return []prometheus.Collector{e.duplicates, e.released, e.adopted, e.freed, e.skipped, e.settled, e.undone}
 }
 
 // SetClaimDuplicates sets how many duplicate copies this server holds now.
@@ -54,6 +64,16 @@ func (m *Metrics) ClaimNameAdopted() { m.names.adopted.Inc() }
 
 // ClaimNameFreed counts a name released because the ledger had no claim.
 func (m *Metrics) ClaimNameFreed() { m.names.freed.Inc() }
+
+// ClaimAwaitingDecided counts a claim committed ahead of its name decided
+// from the registry: kept, or undone.
+func (m *Metrics) ClaimAwaitingDecided(kept bool) {
+	if kept {
+		m.names.settled.Inc()
+	} else {
+		m.names.undone.Inc()
+	}
+}
 
 // AntiEntropySkipped counts a pass skipped while the registry was down.
 func (m *Metrics) AntiEntropySkipped() { m.names.skipped.Inc() }

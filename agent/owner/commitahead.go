@@ -105,6 +105,7 @@ func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Clai
 		if err != nil {
 			return c, o.apiError(err)
 		}
+		o.counters.ClaimAwaitingDecided(true)
 		o.log.Info("claim committed ahead of its name settled: the registry holds its ID here", "claim", id, "token", r.Token, "gpus", c.GPUs)
 		return settled, nil
 	case errors.Is(err, names.ErrNotFound), err == nil && r.State == names.StateHeld && !here:
@@ -117,6 +118,7 @@ func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Clai
 		}
 		o.log.Warn("claim committed ahead of its name undone: the registry does not hold its ID here; GPUs freed",
 			"claim", id, "gpus", c.GPUs, "name_held", holder)
+		o.counters.ClaimAwaitingDecided(false)
 		o.rec.Reservation(events.ReservationAborted)
 		o.host.ToIdleLocked(context.WithoutCancel(ctx), "claim "+id+" never held its name", c.GPUs, "")
 		o.changed()

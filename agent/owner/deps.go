@@ -87,6 +87,9 @@ type Counters interface {
 	ClaimNameFreed()
 	ClaimNameAdopted()
 	ClaimDuplicateReleased()
+	// ClaimAwaitingDecided counts a commit awaiting its name decided from
+	// the registry (commitahead.go): kept, or undone.
+	ClaimAwaitingDecided(kept bool)
 }
 
 // Deps is what the owner uses, by name.

@@ -22,11 +22,12 @@ const (
 // counters is a fake of the anti-entropy counters.
 type counters struct{}
 
-func (counters) SetClaimDuplicates(int)  {}
-func (counters) AntiEntropySkipped()     {}
-func (counters) ClaimNameFreed()         {}
-func (counters) ClaimNameAdopted()       {}
-func (counters) ClaimDuplicateReleased() {}
+func (counters) SetClaimDuplicates(int)    {}
+func (counters) AntiEntropySkipped()       {}
+func (counters) ClaimNameFreed()           {}
+func (counters) ClaimNameAdopted()         {}
+func (counters) ClaimDuplicateReleased()   {}
+func (counters) ClaimAwaitingDecided(bool) {}
 
 // alone is the server of a test owner: in no cluster, never drained.
 type alone struct{ h *hosttest.Host }

@@ -85,7 +85,7 @@ func (n *node) start() error {
 	n.owner = owner.New(owner.Deps{
 		Config: owner.Config{NodeName: n.name, ReservationLease: lease,
 			RememberReleased: time.Duration(w.cfg.RememberReleased) * time.Millisecond},
-		Ledger: l, Host: h, Home: n.home, Clock: clk, Recorder: &hosttest.Recorder{}, Counters: nopCounters{}, Log: quiet,
+		Ledger: l, Host: h, Home: n.home, Clock: clk, Recorder: &hosttest.Recorder{}, Counters: counters{w}, Log: quiet,
 		Names: func() owner.Names { return names }, Server: server{view}, ClaimLocks: &claimLocks, Random: random,
 	})
 	n.coord = claim.New(claim.Deps{
@@ -130,13 +130,22 @@ func (n *node) kill() {
 	}
 }
 
-type nopCounters struct{}
+// counters are the owners' metrics: only the decisions on commits
+// awaiting their name are counted, for the run's summary.
+type counters struct{ w *world }
 
-func (nopCounters) SetClaimDuplicates(int)  {}
-func (nopCounters) AntiEntropySkipped()     {}
-func (nopCounters) ClaimNameFreed()         {}
-func (nopCounters) ClaimNameAdopted()       {}
-func (nopCounters) ClaimDuplicateReleased() {}
+func (counters) SetClaimDuplicates(int)  {}
+func (counters) AntiEntropySkipped()     {}
+func (counters) ClaimNameFreed()         {}
+func (counters) ClaimNameAdopted()       {}
+func (counters) ClaimDuplicateReleased() {}
+func (c counters) ClaimAwaitingDecided(kept bool) {
+	if kept {
+		c.w.awaitingKept.Add(1)
+	} else {
+		c.w.awaitingUndone.Add(1)
+	}
+}
 
 // view is one process's view of the cluster: the servers gossip would
 // show it (every other server whose process answered gossip lately, with

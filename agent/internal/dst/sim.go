@@ -84,6 +84,10 @@ type Outcome struct {
 	// acknowledged release: what the owner refuses to do for a caller
 	// that stopped waiting (owner.callerGone) where it still can.
 	Checked, Skipped, Revived int
+	// AwaitingKept and AwaitingUndone count the commits awaiting their
+	// name that restarted owners kept (the registry held the ID there) and
+	// undid.
+	AwaitingKept, AwaitingUndone int
 	// Known are violations of the kind the hand-back defect made (an
 	// acknowledged claim lost after its moved name was handed back;
 	// docs/names.md, "a hand-back that lapsed"): reported by name,
@@ -206,6 +210,7 @@ func run(cfg Config) (out Outcome) {
 	out.History = w.reg.history
 	out.Checked, out.Skipped, out.Revived = w.checked, w.lateSkipped, w.revived
 	out.ClientOps, out.Acked = int(w.clientOps.Load()), int(w.acked.Load())
+	out.AwaitingKept, out.AwaitingUndone = int(w.awaitingKept.Load()), int(w.awaitingUndone.Load())
 	return out
 }
 

@@ -137,6 +137,10 @@ type world struct {
 	// clientOps and acked count the clients' calls and acknowledged
 	// answers, from their goroutines.
 	clientOps, acked atomic.Int64
+	// awaitingKept and awaitingUndone count the owners' decisions on
+	// commits awaiting their name (a crash between the ledger's commit
+	// and the hold's answer: Config.KillAtHold).
+	awaitingKept, awaitingUndone atomic.Int64
 
 	traceMu sync.Mutex
 	trace   []string
