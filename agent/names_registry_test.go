@@ -22,6 +22,8 @@ type testNames struct {
 	down atomic.Bool
 	// lookups and holds count the calls of every agent, answered or not.
 	lookups, holds atomic.Int64
+	// beforeConfirm, when set, runs as a confirm (or a move's) arrives.
+	beforeConfirm func()
 }
 
 var _ NameAuthority = (*testNames)(nil)
@@ -72,6 +74,9 @@ func (n *testNames) Acquire(ctx context.Context, key names.Key, caller, owner, r
 }
 
 func (n *testNames) Confirm(ctx context.Context, key names.Key, token uint64, owner string, members []string) (names.Record, error) {
+	if n.beforeConfirm != nil {
+		n.beforeConfirm()
+	}
 	if err := n.unavailable(names.OpConfirm, key); err != nil {
 		return names.Record{}, err
 	}

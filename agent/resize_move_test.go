@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/groups"
+	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
 	"github.com/gpuherd/gpuherd/agent/owner"
 )
@@ -23,6 +24,9 @@ func (n *testNames) Move(ctx context.Context, key names.Key, token uint64, from,
 var _ groups.Requester = (*testNames)(nil)
 
 func (n *testNames) ConfirmMove(ctx context.Context, key names.Key, token uint64, owner, caller string) (names.Record, error) {
+	if n.beforeConfirm != nil {
+		n.beforeConfirm()
+	}
 	if err := n.unavailable(names.OpConfirm, key); err != nil {
 		return names.Record{}, err
 	}
@@ -162,5 +166,42 @@ func TestReleaseLetGoReadsTheRegistryOnce(t *testing.T) {
 	}
 	if r, err := n.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); !errors.Is(err, names.ErrNotFound) {
 		t.Errorf("the name after the release: %+v, %v; want it free", r, err)
+	}
+}
+
+// A move whose reservation on the new server is gone before its commit
+// (that server was paused past the lease and its sweep dropped it)
+// changes nothing and says so retryably: "not found" would tell the
+// client the claim is gone (a chaos run's group resize answered
+// not_found for a group that existed).
+func TestClaimMoveWhoseReservationWentIsRetryable(t *testing.T) {
+	_, n, ag := namedAgents(t, nil, "l40s-4", "a100-pcie-4")
+	a, b := ag[0], ag[1]
+	ctx := context.Background()
+	c, err := a.Claim(ctx, "vm-1", api.ClaimRequest{GPUs: []api.Item{{Model: "L40S", Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nameClaim(t, n, "vm-1", "a")
+	dropped := false
+	n.beforeConfirm = func() {
+		if cur, err := b.ledger.Get("vm-1"); err == nil && cur.State == ledger.StateReserved && !dropped {
+			dropped = true
+			if _, err := b.ledger.AbortReservation("vm-1", cur.CreatedAt); err != nil {
+				t.Errorf("dropping b's reservation: %v", err)
+			}
+		}
+	}
+	_, err = a.Resize(ctx, "vm-1", api.ResizeRequest{GPUs: []api.Item{{Model: "A100 80GB", Count: 1}}})
+	n.beforeConfirm = nil
+	if !dropped {
+		t.Fatal("the move's commit never asked to confirm with b's reservation in place")
+	}
+	if e := apiErr(t, err); e.Code != api.CodeUnavailable {
+		t.Fatalf("move whose reservation went before its commit: %+v", e)
+	}
+	now, err := a.Lookup(ctx, "vm-1")
+	if err != nil || now.Node != "a" || !now.CommittedAt.Equal(c.CommittedAt) {
+		t.Fatalf("vm-1 after the failed move: %+v, %v", now, err)
 	}
 }

@@ -94,6 +94,14 @@ func (at *attempt) move(ctx context.Context, from Target, ranked []string, byNam
 		}
 		if err != nil {
 			at.abortReservation(ctx, t)
+			if api.IsCode(err, api.CodeNotFound) {
+				// The reservation the move made on t is gone (t was
+				// paused or slow past its lease, and its sweep dropped
+				// it): the claim is still on from, as it was. "Not
+				// found" would tell the client the claim is gone.
+				return api.Claim{}, &api.Error{Code: api.CodeUnavailable,
+					Message: fmt.Sprintf("moving claim %s from %s to %s: the reservation on %s was gone before its commit (%v); nothing changed: retry the resize", at.id, from.name, t.name, t.name, err)}
+			}
 			return api.Claim{}, api.Annotate(err, "moving claim %[2]s from %[3]s to %[4]s: the commit failed, nothing changed: %[1]s", at.id, from.name, t.name)
 		}
 		if named {
