@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// A commit written ahead of its name (docs/design.md, "A commit written
-// while its name is held"). An owner holds a new claim's ID in the name
+// A commit written ahead of its name (docs/design.md, "A commit awaiting
+// its name"). An owner holds a new claim's ID in the name
 // registry and commits the claim in this ledger; the two writes are
 // durable each on its own disk, and neither needs the other's result to
 // be written. CommitAwaitingName writes the commit while the registry's

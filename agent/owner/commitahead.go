@@ -13,7 +13,7 @@ import (
 )
 
 // The commit written while the name is held (docs/protocol.md, "The
-// commit and the hold side by side"). A new claim needs two durable
+// commit is written while the hold is answered"). A new claim needs two durable
 // writes: the registry's hold of its ID on this server, and the ledger's
 // commit. Neither needs the other's result to be written, so the owner
 // writes both at once and answers once both are durable: the ledger's
