@@ -21,8 +21,10 @@ import (
 // createdAt, written before the name registry has answered the hold of
 // its ID: the claim is committed, fsynced, with no token and with
 // AwaitingName set. Until SettleName or UnwindAwaiting it holds its GPUs
-// whatever its lease said (it has none any more), and it is not a claim
-// (Claim.Named). The errors are CommitReservation's.
+// whatever its lease says (the sweep leaves it), and it is not a claim
+// (Claim.Named). It keeps its reservation's ExpiresAt, the time by which
+// its owner decides it, and listings show it reserved until then. The
+// errors are CommitReservation's.
 func (l *Ledger) CommitAwaitingName(id string, createdAt, now time.Time) (Claim, error) {
 	if createdAt.IsZero() {
 		return Claim{}, &ValidationError{Field: "created_at", Reason: "a commit ahead of its name needs the reservation's creation time"}
@@ -49,6 +51,7 @@ func (l *Ledger) SettleName(id string, createdAt time.Time, token uint64) (Claim
 		}
 		rec.NameToken = token
 		rec.AwaitingName = false
+		rec.ExpiresAt = time.Time{}
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}
@@ -94,7 +97,8 @@ func (l *Ledger) UnwindAwaiting(id string, createdAt, expiresAt, now time.Time) 
 	return copyClaim(out), nil
 }
 
-// Awaiting lists the claims that await their name, sorted by ID.
+// Awaiting lists the claims that await their name, sorted by ID: what a
+// pass that cannot reach the registry leaves undecided.
 func (l *Ledger) Awaiting() []Claim {
 	var out []Claim
 	for _, c := range l.List() {

@@ -34,6 +34,9 @@ func TestCommitAwaitingNameThenSettled(t *testing.T) {
 	if err != nil || c.State != StateCommitted || !c.AwaitingName || c.NameToken != 0 || c.Named() {
 		t.Fatalf("CommitAwaitingName = %+v, %v; want committed, awaiting its name", c, err)
 	}
+	if !c.ExpiresAt.Equal(r.ExpiresAt) {
+		t.Fatalf("awaiting its name, the claim expires at %s; want its reservation's deadline %s, by which its owner decides it", c.ExpiresAt, r.ExpiresAt)
+	}
 	if got := l.Fdatasyncs() - syncs; got != 1 {
 		t.Fatalf("the commit ahead of its name cost %d fdatasyncs, want 1", got)
 	}
@@ -61,6 +64,9 @@ func TestCommitAwaitingNameThenSettled(t *testing.T) {
 	c, err = l.SettleName("vm-1", r.CreatedAt, 7)
 	if err != nil || !c.Named() || c.NameToken != 7 || c.AwaitingName {
 		t.Fatalf("SettleName = %+v, %v; want a claim under token 7", c, err)
+	}
+	if !c.ExpiresAt.IsZero() {
+		t.Fatalf("settled, the claim still expires at %s; a claim has no deadline", c.ExpiresAt)
 	}
 	if got := l.Fdatasyncs() - syncs; got != 0 {
 		t.Fatalf("settling cost %d fdatasyncs, want 0", got)
@@ -115,7 +121,7 @@ func TestSettleLostToPowerCutLeavesTheCommitAwaiting(t *testing.T) {
 		t.Fatalf("after the power cut: %+v, %v; want the commit awaiting its name on 2 GPUs", c, err)
 	}
 	// What the owner does once the registry says the name is held here.
-	if c, err = l.SetNameToken("vm-1", 9); err != nil || !c.Named() || c.NameToken != 9 {
+	if c, err = l.SetNameToken("vm-1", 9); err != nil || !c.Named() || c.NameToken != 9 || !c.ExpiresAt.IsZero() {
 		t.Fatalf("SetNameToken = %+v, %v; want the claim under token 9", c, err)
 	}
 	l = reopen(t, l)

@@ -168,7 +168,11 @@ func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.T
 			return true, leaseExpired(rec.Claim, now)
 		}
 		rec.State = StateCommitted
-		rec.ExpiresAt = time.Time{}
+		if !awaiting {
+			// Awaiting its name, it keeps its reservation's deadline:
+			// the owner decides it by then (commitahead.go).
+			rec.ExpiresAt = time.Time{}
+		}
 		rec.CommittedAt = now
 		if token != 0 {
 			rec.NameToken = token

@@ -2,14 +2,16 @@ package ledger
 
 import (
 	"fmt"
+	"time"
 )
 
 // SetNameToken records the name registry's token for committed claim id,
 // written and fsynced: what the owner's anti-entropy pass does after it
 // gave a claim from an older version's ledger its name, or found the name
 // of a claim awaiting it (CommitAwaitingName) held here; it ends the
-// wait. The same token again, on a claim not awaiting, writes nothing. A claim that is not committed fails with
-// ErrNotFound: only a committed claim holds a name.
+// wait. The same token again, on a claim not awaiting, writes nothing. A
+// claim that is not committed fails with ErrNotFound: only a committed
+// claim holds a name.
 func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 	var out Claim
 	err := l.write(func(tx *fileTx, st *state) (bool, error) {
@@ -23,6 +25,7 @@ func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 		}
 		rec.NameToken = token
 		rec.AwaitingName = false
+		rec.ExpiresAt = time.Time{} // the deadline of a claim that awaited its name
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}
