@@ -107,18 +107,33 @@ type AntiEntropyReport struct {
 	Kept       []string // duplicate and leftover copies kept: a VM uses them, first seen, or the holder did not say
 	Settled    []string // claims committed ahead of their name whose name the registry holds here
 	Undone     []string // claims committed ahead of their name whose name it does not: removed
+	Undecided  []string // claims committed ahead of their name that the registry could not decide yet
 }
+
+// undecidedRetry is the first wait before a pass asks again about a claim
+// committed ahead of its name that the registry could not decide; it
+// doubles up to antiEntropyEvery while the registry stays silent.
+const undecidedRetry = 500 * time.Millisecond
 
 // RunAntiEntropy runs a pass at once, then one every antiEntropyEvery
 // (± a fifth, so that owners started together do not ask together),
-// until ctx ends.
+// until ctx ends. While a claim committed ahead of its name is undecided
+// (a crash between its two writes, then a registry that did not answer),
+// it holds its GPUs and is listed as a reservation past its deadline: the
+// next pass comes sooner, from undecidedRetry on.
 func (o *Owner) RunAntiEntropy(ctx context.Context) {
 	if o.names() == nil {
 		return
 	}
+	retry := undecidedRetry
 	for {
-		o.AntiEntropyPass(ctx)
-		t := o.clk.NewTimer(o.jitter(antiEntropyEvery*4/5, antiEntropyEvery*6/5))
+		wait := o.jitter(antiEntropyEvery*4/5, antiEntropyEvery*6/5)
+		if rep := o.AntiEntropyPass(ctx); len(rep.Undecided) > 0 {
+			wait, retry = min(wait, retry), min(2*retry, antiEntropyEvery)
+		} else {
+			retry = undecidedRetry
+		}
+		t := o.clk.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -143,7 +158,11 @@ func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
 	// a reservation in the ledger read after it, and is left alone.
 	listing, err := o.names().List(ctx, names.Filter{Kind: names.KindClaim, Owner: self}, names.Linearizable)
 	if err != nil {
-		return o.antiEntropySkipped(err)
+		rep = o.antiEntropySkipped(err)
+		for _, c := range o.ledger.Awaiting() {
+			rep.Undecided = append(rep.Undecided, c.ID)
+		}
+		return rep
 	}
 	held := map[string]names.Record{}
 	for _, r := range listing.Records {
@@ -184,11 +203,13 @@ func (o *Owner) AntiEntropyPass(ctx context.Context) AntiEntropyReport {
 		if c.AwaitingName {
 			// Committed ahead of its name (commitahead.go): once the
 			// commit in flight, if any, is done, the registry decides.
-			switch settled, undone := o.settleAwaitingInPass(ctx, id); {
-			case settled:
+			switch o.settleAwaitingInPass(ctx, id) {
+			case awaitingSettled:
 				rep.Settled = append(rep.Settled, id)
-			case undone:
+			case awaitingUndone:
 				rep.Undone = append(rep.Undone, id)
+			case awaitingUndecided:
+				rep.Undecided = append(rep.Undecided, id)
 			}
 			continue
 		}

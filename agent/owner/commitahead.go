@@ -45,19 +45,29 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 		c, err := o.ledger.CommitAwaitingName(id, pending.CreatedAt, o.clk.Now())
 		write <- written{c, err}
 	}()
-	rec, herr := o.awaitHold(ctx, pending, recall, early)
+	hold := make(chan heldName, 1)
+	go func() {
+		rec, err := o.awaitHold(ctx, pending, recall, early)
+		hold <- heldName{rec, err}
+	}()
 	w := <-write
-	switch {
-	case w.err != nil:
+	if w.err != nil {
 		// The ledger refused the commit (the lease ran out, the
 		// reservation was replaced, the disk failed): as a commit after
 		// the hold that fails.
-		if herr != nil {
-			return ledger.Claim{}, o.holdRefused(ctx, pending, herr)
+		h := <-hold
+		if h.err != nil {
+			return ledger.Claim{}, o.holdRefused(ctx, pending, h.err)
 		}
-		pending.NameToken = rec.Token
+		pending.NameToken = h.rec.Token
 		return ledger.Claim{}, o.commitFailed(ctx, pending, true, names.Record{}, w.err)
-	case herr != nil:
+	}
+	h, err := o.awaitHoldByDeadline(ctx, pending, hold)
+	if err != nil {
+		return ledger.Claim{}, err
+	}
+	rec, herr := h.rec, h.err
+	if herr != nil {
 		// Written, but not held here: the reservation it was comes back
 		// (for the coordinator's retried commit, when the registry did
 		// not answer), or goes with the refusal (holdRefused).
@@ -82,6 +92,52 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 			Message: fmt.Sprintf("claim %s: committed on %s, but its name token could not be recorded: %v; retry", id, o.cfg.NodeName, err)}
 	}
 	return c, nil
+}
+
+// heldName is the answer to the hold of a claim ID.
+type heldName struct {
+	rec names.Record
+	err error
+}
+
+// awaitHoldByDeadline waits for the answer to the hold of pending's ID
+// while its commit, written, awaits its name; it is decided by the
+// reservation's deadline, as the reservation it was would have been. A
+// hold still unanswered then is not waited for with the GPUs taken: the
+// commit is taken back and its GPUs go to the idle driver, as the sweep
+// drops a reservation whose lease ran out; once the hold answers, a name
+// it took here is let go, and the commit fails with the lease expired.
+// The caller holds the ID's commit lock and the GPUs' device locks.
+func (o *Owner) awaitHoldByDeadline(ctx context.Context, pending ledger.Claim, hold <-chan heldName) (heldName, error) {
+	t := o.clk.NewTimer(pending.ExpiresAt.Sub(o.clk.Now()))
+	select {
+	case h := <-hold:
+		t.Stop()
+		return h, nil
+	case <-t.C():
+	}
+	select {
+	case h := <-hold:
+		return h, nil // answered as the lease ran out
+	default:
+	}
+	id := pending.ID
+	if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
+		// Still written: the hold's answer decides it after all.
+		o.log.Error("taking back a commit whose lease ran out before the name registry answered", "claim", id, "err", err)
+		return <-hold, nil
+	}
+	o.log.Warn("reservation expired while the name registry held its ID: commit taken back, GPUs freed", "claim", id, "gpus", pending.GPUs)
+	o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
+	o.changed()
+	h := <-hold
+	lapsed := fmt.Errorf("claim %q: %w at %s, before the name registry answered the hold of its ID; its GPUs are free again: reserve anew",
+		id, ledger.ErrLeaseExpired, pending.ExpiresAt.Format(time.RFC3339Nano))
+	if h.err != nil {
+		return h, o.commitFailed(ctx, pending, false, names.Record{}, lapsed)
+	}
+	pending.NameToken = h.rec.Token
+	return h, o.commitFailed(ctx, pending, true, names.Record{}, lapsed)
 }
 
 // settleAwaiting decides claim c, committed ahead of its name by a commit
@@ -133,24 +189,33 @@ func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Clai
 	}
 }
 
+// What a pass did with a claim committed ahead of its name.
+type awaitingOutcome int
+
+const (
+	awaitingGone      awaitingOutcome = iota // decided by the commit in flight
+	awaitingSettled                          // kept: its name is held here
+	awaitingUndone                           // removed: it is not
+	awaitingUndecided                        // the registry did not say
+)
+
 // settleAwaitingInPass is settleAwaiting for the anti-entropy pass, which
 // holds no lock: it takes the ID's commit lock (a commit in flight
-// finishes first) and the GPUs' device locks, and reports whether the
-// claim was settled or undone.
-func (o *Owner) settleAwaitingInPass(ctx context.Context, id string) (settled, undone bool) {
+// finishes first) and the GPUs' device locks.
+func (o *Owner) settleAwaitingInPass(ctx context.Context, id string) awaitingOutcome {
 	defer o.commitLocks.Lock(id)()
 	c, err := o.ledger.Get(id)
 	if err != nil || !c.AwaitingName {
-		return false, false // settled or undone by the commit in flight
+		return awaitingGone
 	}
 	defer o.host.LockGPUs(c.GPUs...)()
 	after, err := o.settleAwaiting(ctx, c)
 	switch {
 	case err == nil:
-		return true, false
+		return awaitingSettled
 	case api.IsCode(err, api.CodeNotFound) && after.ID == "":
-		return false, true
+		return awaitingUndone
 	}
 	o.log.Warn("anti-entropy: a claim committed ahead of its name is not decided yet", "claim", id, "err", err)
-	return false, false
+	return awaitingUndecided
 }

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -164,6 +165,69 @@ func TestCommitTakenBackWhenTheHoldFails(t *testing.T) {
 	})
 }
 
+// Awaiting its name, a commit is listed as the reservation it was, under
+// its deadline, and it is decided by then: a hold still unanswered when
+// the lease ends takes the commit back and frees its GPUs, as the sweep
+// drops a reservation, and the name the late hold took is let go. A
+// reservation is never listed past its deadline while its owner runs.
+func TestCommitAwaitingItsNameDecidedByItsDeadline(t *testing.T) {
+	for _, held := range []bool{true, false} {
+		name := "hold answered late"
+		if !held {
+			name = "hold failed late"
+		}
+		t.Run(name, func(t *testing.T) {
+			o, reg := newOverlapOwner(t)
+			ctx := context.Background()
+			rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}, Coordinator: "a"}
+			r, err := o.Reserve(ctx, "vm-1", rr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg.before = func() {
+				awaitAwaiting(t, o.ledger, "vm-1")
+				lc, err := o.ledger.Get("vm-1")
+				if v := o.ClaimView(lc); err != nil || v.State != api.StateReserved || !v.ExpiresAt.Equal(r.ExpiresAt) {
+					t.Errorf("awaiting its name, the claim is listed as %+v, %v; want reserved until %s", v, err, r.ExpiresAt)
+				}
+				o.h.Clock.Set(r.ExpiresAt)
+				awaitGone(t, o.ledger, "vm-1")
+				reg.down = !held
+			}
+			c, err := o.Commit(ctx, "vm-1")
+			if !api.IsCode(err, api.CodeLeaseExpired) {
+				t.Fatalf("commit whose hold answered after the lease = %+v, %v; want lease expired", c, err)
+			}
+			reg.down = false
+			if rec, err := reg.Lookup(ctx, names.Claim("vm-1"), names.Linearizable); err == nil {
+				t.Fatalf("the name is %+v after the commit was taken back; want it let go", rec)
+			}
+			if free := o.ledger.Free(o.clk.Now())[l40s]; free != 4 {
+				t.Fatalf("free L40S = %d; want 4", free)
+			}
+			if c, err := o.Commit(ctx, "vm-1"); !api.IsCode(err, api.CodeNotFound) {
+				t.Fatalf("commit again = %+v, %v; want not found", c, err)
+			}
+		})
+	}
+}
+
+// awaitGone returns once the ledger no longer holds claim id, or fails the
+// test (from any goroutine) after 10 s.
+func awaitGone(t *testing.T, l *ledger.Ledger, id string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := l.Get(id); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the ledger still holds %s after its deadline", id)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // What a crash between the two writes leaves, a commit awaiting its name,
 // is decided from the registry, by the anti-entropy pass or a retried
 // commit: kept under the registry's token when it holds the ID here for
@@ -240,8 +304,8 @@ func TestCommitAwaitingItsNameDecidedByTheRegistry(t *testing.T) {
 			} else {
 				rep := o.AntiEntropyPass(ctx)
 				switch {
-				case tc.down && len(rep.Settled)+len(rep.Undone) > 0:
-					t.Fatalf("pass with the registry's lookups down: %+v; want nothing decided", rep)
+				case tc.down && (len(rep.Settled)+len(rep.Undone) > 0 || !slices.Equal(rep.Undecided, []string{"vm-1"})):
+					t.Fatalf("pass with the registry's lookups down: %+v; want vm-1 undecided", rep)
 				case tc.stands && (len(rep.Settled) != 1 || len(rep.Undone) != 0):
 					t.Fatalf("pass: %+v; want vm-1 settled", rep)
 				case !tc.stands && !tc.down && (len(rep.Undone) != 1 || len(rep.Settled) != 0):
@@ -278,5 +342,54 @@ func TestCommitAwaitingItsNameDecidedByTheRegistry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A commit awaiting its name that a pass could not decide holds its GPUs
+// past its deadline: the passes ask again from undecidedRetry on, doubling,
+// not a whole antiEntropyEvery later, and go back to their pace once it is
+// decided.
+func TestUndecidedCommitAskedAgainSoon(t *testing.T) {
+	o, reg := newOverlapOwner(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := o.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}, Coordinator: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := o.ledger.Get("vm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.ledger.CommitAwaitingName("vm-1", r.CreatedAt, o.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	reg.down = true
+	done := make(chan struct{})
+	go func() { defer close(done); o.RunAntiEntropy(ctx) }()
+	defer func() { cancel(); <-done }()
+	clk := o.h.Clock
+	// next waits for the n-th pass and for the timer of the next one, and
+	// says when that one comes.
+	next := func(n int) time.Duration {
+		t.Helper()
+		awaitUsers(t, "pass", func() int { return int(o.AntiEntropyPasses()) }, n)
+		awaitUsers(t, "the next pass's timer", clk.Pending, 1)
+		d, _ := clk.Next()
+		return d
+	}
+	if d := next(1); d != undecidedRetry {
+		t.Fatalf("undecided after the first pass, the next comes in %v; want %v", d, undecidedRetry)
+	}
+	clk.Advance(undecidedRetry)
+	if d := next(2); d != 2*undecidedRetry {
+		t.Fatalf("undecided after the second pass, the next comes in %v; want %v", d, 2*undecidedRetry)
+	}
+	reg.down = false
+	clk.Advance(2 * undecidedRetry)
+	if d := next(3); d < antiEntropyEvery*4/5 {
+		t.Fatalf("decided, the next pass comes in %v; want the pace, at least %v", d, antiEntropyEvery*4/5)
+	}
+	if c, err := o.ledger.Get("vm-1"); err == nil {
+		t.Fatalf("the ledger keeps %+v after the registry answered that it holds the ID nowhere", c)
 	}
 }

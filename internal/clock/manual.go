@@ -58,6 +58,18 @@ func (m *Manual) Pending() int {
 	return len(m.timers)
 }
 
+// Next is how long from now the earliest timer or ticker fires; false
+// when none waits.
+func (m *Manual) Next() (time.Duration, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.timers) == 0 {
+		return 0, false
+	}
+	m.sortLocked()
+	return m.timers[0].at.Sub(m.now), true
+}
+
 func (m *Manual) sortLocked() {
 	sort.Slice(m.timers, func(i, j int) bool {
 		a, b := m.timers[i], m.timers[j]
