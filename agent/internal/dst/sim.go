@@ -480,6 +480,12 @@ func (w *world) checkFinal(ids map[string]*idState, order []string) {
 					w.violation("claim %s still reserved on %s after every lease passed", id, nd.name)
 					continue
 				}
+				if c.AwaitingName {
+					// Its owner asks the registry at start and again
+					// from half a second on: the settle phase is
+					// several passes long.
+					w.violation("claim %s still awaits its name on %s after the cluster healed", id, nd.name)
+				}
 				holders = append(holders, nd.name)
 				held = c
 			}
