@@ -43,17 +43,46 @@ func (r *gatedHold) Lookup(ctx context.Context, key names.Key, mode names.ReadMo
 // its name, or fails the test (from any goroutine: it does not stop the
 // caller) after 10 s.
 func awaitAwaiting(t *testing.T, l *ledger.Ledger, id string) {
+	awaitLedger(t, l, id, "the ledger's commit of "+id+" was not written while its hold was unanswered",
+		func(c ledger.Claim, err error) bool { return err == nil && c.AwaitingName })
+}
+
+// awaitGone returns once the ledger no longer holds claim id, or fails the
+// test (from any goroutine) after 10 s.
+func awaitGone(t *testing.T, l *ledger.Ledger, id string) {
+	awaitLedger(t, l, id, "the ledger still holds "+id+" after its deadline",
+		func(_ ledger.Claim, err error) bool { return err != nil })
+}
+
+// awaitLedger returns once done holds for what the ledger has under id,
+// or fails the test with failure after 10 s.
+func awaitLedger(t *testing.T, l *ledger.Ledger, id, failure string, done func(ledger.Claim, error) bool) {
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := l.Get(id); err == nil && c.AwaitingName {
-			return
-		}
+	for !done(l.Get(id)) {
 		if time.Now().After(deadline) {
-			t.Errorf("the ledger's commit of %s was not written while its hold was unanswered", id)
+			t.Error(failure)
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// killedCommit leaves what a commit killed between its two writes leaves:
+// a reservation of items under id, bound, committed ahead of its name. It
+// returns the reservation.
+func (o *testOwner) killedCommit(t *testing.T, id string, items []api.Item) ledger.Claim {
+	t.Helper()
+	if _, err := o.Reserve(context.Background(), id, api.ReserveRequest{Items: items, Coordinator: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := o.ledger.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.ledger.CommitAwaitingName(id, r.CreatedAt, o.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // newOverlapOwner is a test owner whose free GPUs stay on vfio-pci (the
@@ -171,12 +200,12 @@ func TestCommitTakenBackWhenTheHoldFails(t *testing.T) {
 // drops a reservation, and the name the late hold took is let go. A
 // reservation is never listed past its deadline while its owner runs.
 func TestCommitAwaitingItsNameDecidedByItsDeadline(t *testing.T) {
-	for _, held := range []bool{true, false} {
-		name := "hold answered late"
-		if !held {
-			name = "hold failed late"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		held bool
+	}{{"hold answered late", true}, {"hold failed late", false}} {
+		held := tc.held
+		t.Run(tc.name, func(t *testing.T) {
 			o, reg := newOverlapOwner(t)
 			ctx := context.Background()
 			rr := api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}, Coordinator: "a"}
@@ -209,22 +238,6 @@ func TestCommitAwaitingItsNameDecidedByItsDeadline(t *testing.T) {
 				t.Fatalf("commit again = %+v, %v; want not found", c, err)
 			}
 		})
-	}
-}
-
-// awaitGone returns once the ledger no longer holds claim id, or fails the
-// test (from any goroutine) after 10 s.
-func awaitGone(t *testing.T, l *ledger.Ledger, id string) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := l.Get(id); err != nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("the ledger still holds %s after its deadline", id)
-			return
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -282,23 +295,15 @@ func TestCommitAwaitingItsNameDecidedByTheRegistry(t *testing.T) {
 			if tc.held != nil {
 				token = tc.held(ctx, reg.Registry)
 			}
-			// The killed commit's write: reserved, bound, committed ahead
-			// of its name.
-			if _, err := o.Reserve(ctx, "vm-1", api.ReserveRequest{Items: items, Coordinator: "a"}); err != nil {
-				t.Fatal(err)
-			}
-			r, err := o.ledger.Get("vm-1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := o.ledger.CommitAwaitingName("vm-1", r.CreatedAt, o.clk.Now()); err != nil {
-				t.Fatal(err)
-			}
+			r := o.killedCommit(t, "vm-1", items)
 			if v, err := o.Lookup(ctx, "vm-1"); err != nil || v.State != api.StateReserved {
 				t.Fatalf("Lookup of the undecided commit = %+v, %v; want it shown reserved, not claimed", v, err)
 			}
 			reg.down = tc.down
-			var answer api.Claim
+			var (
+				answer api.Claim
+				err    error
+			)
 			if tc.retry {
 				answer, err = o.Commit(ctx, "vm-1")
 			} else {
@@ -353,16 +358,7 @@ func TestUndecidedCommitAskedAgainSoon(t *testing.T) {
 	o, reg := newOverlapOwner(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := o.Reserve(ctx, "vm-1", api.ReserveRequest{Items: []api.Item{{Model: l40s, Count: 2}}, Coordinator: "a"}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := o.ledger.Get("vm-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := o.ledger.CommitAwaitingName("vm-1", r.CreatedAt, o.clk.Now()); err != nil {
-		t.Fatal(err)
-	}
+	o.killedCommit(t, "vm-1", []api.Item{{Model: l40s, Count: 2}})
 	reg.down = true
 	done := make(chan struct{})
 	go func() { defer close(done); o.RunAntiEntropy(ctx) }()
