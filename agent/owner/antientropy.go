@@ -127,8 +127,11 @@ func (o *Owner) RunAntiEntropy(ctx context.Context) {
 	}
 	retry := undecidedRetry
 	for {
+		rep := o.AntiEntropyPass(ctx)
+		// Drawn after the pass, as ever: the draw's place among the
+		// owner's other draws is part of the simulation's schedule.
 		wait := o.jitter(antiEntropyEvery*4/5, antiEntropyEvery*6/5)
-		if rep := o.AntiEntropyPass(ctx); len(rep.Undecided) > 0 {
+		if len(rep.Undecided) > 0 {
 			wait, retry = min(wait, retry), min(2*retry, antiEntropyEvery)
 		} else {
 			retry = undecidedRetry
