@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
 	"github.com/gpuherd/gpuherd/agent/events"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/names"
+	"github.com/gpuherd/gpuherd/internal/clock"
 )
 
 // The commit written while the name is held (docs/protocol.md, "The
@@ -41,32 +43,39 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 		err error
 	}
 	write := make(chan written, 1)
+	lapse := &deadlineLapse{done: make(chan struct{})}
 	go func() {
 		c, err := o.ledger.CommitAwaitingName(id, pending.CreatedAt, o.clk.Now())
+		if err == nil {
+			o.armLapse(ctx, lapse, pending)
+		}
 		write <- written{c, err}
 	}()
-	hold := make(chan heldName, 1)
-	go func() {
-		rec, err := o.awaitHold(ctx, pending, recall, early)
-		hold <- heldName{rec, err}
-	}()
+	// The hold is awaited on this goroutine, as the answer's critical
+	// path: the write is nearly always done by then.
+	rec, herr := o.awaitHold(ctx, pending, recall, early)
 	w := <-write
 	if w.err != nil {
 		// The ledger refused the commit (the lease ran out, the
 		// reservation was replaced, the disk failed): as a commit after
 		// the hold that fails.
-		h := <-hold
-		if h.err != nil {
-			return ledger.Claim{}, o.holdRefused(ctx, pending, h.err)
+		if herr != nil {
+			return ledger.Claim{}, o.holdRefused(ctx, pending, herr)
 		}
-		pending.NameToken = h.rec.Token
+		pending.NameToken = rec.Token
 		return ledger.Claim{}, o.commitFailed(ctx, pending, true, names.Record{}, w.err)
 	}
-	h, err := o.awaitHoldByDeadline(ctx, pending, hold)
-	if err != nil {
-		return ledger.Claim{}, err
+	if lapse.taken() {
+		// The reservation's deadline came first: the commit was taken
+		// back, and the hold's answer only decides what to let go.
+		lapsed := fmt.Errorf("claim %q: %w at %s, before the name registry answered the hold of its ID; its GPUs are free again: reserve anew",
+			id, ledger.ErrLeaseExpired, pending.ExpiresAt.Format(time.RFC3339Nano))
+		if herr != nil {
+			return ledger.Claim{}, o.commitFailed(ctx, pending, false, names.Record{}, lapsed)
+		}
+		pending.NameToken = rec.Token
+		return ledger.Claim{}, o.commitFailed(ctx, pending, true, names.Record{}, lapsed)
 	}
-	rec, herr := h.rec, h.err
 	if herr != nil {
 		// Written, but not held here: the reservation it was comes back
 		// (for the coordinator's retried commit, when the registry did
@@ -94,50 +103,54 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 	return c, nil
 }
 
-// heldName is the answer to the hold of a claim ID.
-type heldName struct {
-	rec names.Record
-	err error
+// deadlineLapse is the reservation's deadline for a commit awaiting its
+// name: a commit is decided by then, as the reservation it was would have
+// been. A hold still unanswered at the deadline does not keep the GPUs:
+// the commit is taken back and its GPUs go to the idle driver, as the
+// sweep drops a reservation whose lease ran out; once the hold answers, a
+// name it took here is let go, and the commit fails with the lease
+// expired. The timer runs beside the hold's wait, so that the wait stays
+// on the committing goroutine.
+type deadlineLapse struct {
+	// state: 0 while the hold is awaited; 1 once its answer came first;
+	// 2 once the deadline did.
+	state atomic.Int32
+	timer clock.Timer
+	done  chan struct{} // closed once the deadline's work is done
+	gone  bool          // the commit was taken back (read after done)
 }
 
-// awaitHoldByDeadline waits for the answer to the hold of pending's ID
-// while its commit, written, awaits its name; it is decided by the
-// reservation's deadline, as the reservation it was would have been. A
-// hold still unanswered then is not waited for with the GPUs taken: the
-// commit is taken back and its GPUs go to the idle driver, as the sweep
-// drops a reservation whose lease ran out; once the hold answers, a name
-// it took here is let go, and the commit fails with the lease expired.
-// The caller holds the ID's commit lock and the GPUs' device locks.
-func (o *Owner) awaitHoldByDeadline(ctx context.Context, pending ledger.Claim, hold <-chan heldName) (heldName, error) {
-	t := o.clk.NewTimer(pending.ExpiresAt.Sub(o.clk.Now()))
-	select {
-	case h := <-hold:
-		t.Stop()
-		return h, nil
-	case <-t.C():
+// armLapse starts the deadline of the written commit of pending. The
+// caller holds the ID's commit lock and the GPUs' device locks until the
+// hold's answer, and so for as long as the timer's function can run.
+func (o *Owner) armLapse(ctx context.Context, l *deadlineLapse, pending ledger.Claim) {
+	l.timer = o.clk.AfterFunc(pending.ExpiresAt.Sub(o.clk.Now()), func() {
+		if !l.state.CompareAndSwap(0, 2) {
+			return
+		}
+		defer close(l.done)
+		id := pending.ID
+		if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
+			// Still written: the hold's answer decides it after all.
+			o.log.Error("taking back a commit whose lease ran out before the name registry answered", "claim", id, "err", err)
+			return
+		}
+		o.log.Warn("reservation expired while the name registry held its ID: commit taken back, GPUs freed", "claim", id, "gpus", pending.GPUs)
+		o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
+		o.changed()
+		l.gone = true
+	})
+}
+
+// taken reports, once the hold has answered, whether the deadline came
+// first and took the commit back; it waits for that work to end.
+func (l *deadlineLapse) taken() bool {
+	if l.state.CompareAndSwap(0, 1) {
+		l.timer.Stop()
+		return false
 	}
-	select {
-	case h := <-hold:
-		return h, nil // answered as the lease ran out
-	default:
-	}
-	id := pending.ID
-	if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
-		// Still written: the hold's answer decides it after all.
-		o.log.Error("taking back a commit whose lease ran out before the name registry answered", "claim", id, "err", err)
-		return <-hold, nil
-	}
-	o.log.Warn("reservation expired while the name registry held its ID: commit taken back, GPUs freed", "claim", id, "gpus", pending.GPUs)
-	o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
-	o.changed()
-	h := <-hold
-	lapsed := fmt.Errorf("claim %q: %w at %s, before the name registry answered the hold of its ID; its GPUs are free again: reserve anew",
-		id, ledger.ErrLeaseExpired, pending.ExpiresAt.Format(time.RFC3339Nano))
-	if h.err != nil {
-		return h, o.commitFailed(ctx, pending, false, names.Record{}, lapsed)
-	}
-	pending.NameToken = h.rec.Token
-	return h, o.commitFailed(ctx, pending, true, names.Record{}, lapsed)
+	<-l.done
+	return l.gone
 }
 
 // settleAwaiting decides claim c, committed ahead of its name by a commit
