@@ -49,9 +49,7 @@ func (l *Ledger) SettleName(id string, createdAt time.Time, token uint64) (Claim
 		if err != nil {
 			return false, err
 		}
-		rec.NameToken = token
-		rec.AwaitingName = false
-		rec.ExpiresAt = time.Time{}
+		rec.named(token)
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}
@@ -107,6 +105,14 @@ func (l *Ledger) Awaiting() []Claim {
 		}
 	}
 	return out
+}
+
+// named ends the wait of a claim committed ahead of its name, if it
+// waited, under token: a claim has no deadline.
+func (r *claimRecord) named(token uint64) {
+	r.NameToken = token
+	r.AwaitingName = false
+	r.ExpiresAt = time.Time{}
 }
 
 // awaitingClaim is claim id of st when it awaits its name and was made at

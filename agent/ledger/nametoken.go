@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"time"
 )
 
 // SetNameToken records the name registry's token for committed claim id,
@@ -23,9 +22,7 @@ func (l *Ledger) SetNameToken(id string, token uint64) (Claim, error) {
 		if rec.NameToken == token && !rec.AwaitingName {
 			return false, nil
 		}
-		rec.NameToken = token
-		rec.AwaitingName = false
-		rec.ExpiresAt = time.Time{} // the deadline of a claim that awaited its name
+		rec.named(token)
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}

@@ -80,14 +80,12 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 		// Written, but not held here: the reservation it was comes back
 		// (for the coordinator's retried commit, when the registry did
 		// not answer), or goes with the refusal (holdRefused).
-		if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, pending.ExpiresAt, o.clk.Now()); err != nil {
+		if removed, err := o.takeBack(ctx, pending, pending.ExpiresAt, "reservation "+id+" expired"); err != nil {
 			// Still awaiting its name, and held by nobody: the
 			// anti-entropy pass undoes it (settleAwaiting).
 			o.log.Error("taking back a commit whose claim ID the registry did not hold", "claim", id, "err", err, "hold_err", herr)
-		} else if !pending.ExpiresAt.After(o.clk.Now()) {
+		} else if removed {
 			o.rec.Reservation(events.ReservationExpired)
-			o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
-			o.changed()
 		}
 		return ledger.Claim{}, o.holdRefused(ctx, pending, herr)
 	}
@@ -101,6 +99,23 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 			Message: fmt.Sprintf("claim %s: committed on %s, but its name token could not be recorded: %v; retry", id, o.cfg.NodeName, err)}
 	}
 	return c, nil
+}
+
+// takeBack takes back commit c, awaiting its name
+// (ledger.UnwindAwaiting): to the reservation it was while until is ahead,
+// removed otherwise, when its GPUs go to the idle driver (for reason). It
+// reports whether c was removed. The caller holds the GPUs' device locks.
+func (o *Owner) takeBack(ctx context.Context, c ledger.Claim, until time.Time, reason string) (removed bool, err error) {
+	now := o.clk.Now()
+	if _, err := o.ledger.UnwindAwaiting(c.ID, c.CreatedAt, until, now); err != nil {
+		return false, err
+	}
+	if until.After(now) {
+		return false, nil
+	}
+	o.host.ToIdleLocked(context.WithoutCancel(ctx), reason, c.GPUs, "")
+	o.changed()
+	return true, nil
 }
 
 // deadlineLapse is the reservation's deadline for a commit awaiting its
@@ -130,14 +145,12 @@ func (o *Owner) armLapse(ctx context.Context, l *deadlineLapse, pending ledger.C
 		}
 		defer close(l.done)
 		id := pending.ID
-		if _, err := o.ledger.UnwindAwaiting(id, pending.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
+		if _, err := o.takeBack(ctx, pending, time.Time{}, "reservation "+id+" expired"); err != nil {
 			// Still written: the hold's answer decides it after all.
 			o.log.Error("taking back a commit whose lease ran out before the name registry answered", "claim", id, "err", err)
 			return
 		}
 		o.log.Warn("reservation expired while the name registry held its ID: commit taken back, GPUs freed", "claim", id, "gpus", pending.GPUs)
-		o.host.ToIdleLocked(context.WithoutCancel(ctx), "reservation "+id+" expired", pending.GPUs, "")
-		o.changed()
 		l.gone = true
 	})
 }
@@ -178,7 +191,7 @@ func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Clai
 		o.log.Info("claim committed ahead of its name settled: the registry holds its ID here", "claim", id, "token", r.Token, "gpus", c.GPUs)
 		return settled, nil
 	case errors.Is(err, names.ErrNotFound), err == nil && r.State == names.StateHeld && !here:
-		if _, err := o.ledger.UnwindAwaiting(id, c.CreatedAt, time.Time{}, o.clk.Now()); err != nil {
+		if _, err := o.takeBack(ctx, c, time.Time{}, "claim "+id+" never held its name"); err != nil {
 			return c, o.apiError(err)
 		}
 		holder := "nowhere"
@@ -189,8 +202,6 @@ func (o *Owner) settleAwaiting(ctx context.Context, c ledger.Claim) (ledger.Clai
 			"claim", id, "gpus", c.GPUs, "name_held", holder)
 		o.counters.ClaimAwaitingDecided(false)
 		o.rec.Reservation(events.ReservationAborted)
-		o.host.ToIdleLocked(context.WithoutCancel(ctx), "claim "+id+" never held its name", c.GPUs, "")
-		o.changed()
 		return ledger.Claim{}, &api.Error{Code: api.CodeNotFound,
 			Message: fmt.Sprintf("claim %s: its commit on %s was written ahead of its name, which the registry does not hold here; dropped", id, o.cfg.NodeName)}
 	case err != nil:
