@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
@@ -44,7 +43,7 @@ func (l *Ledger) SettleName(id string, createdAt time.Time, token uint64) (Claim
 		return Claim{}, &ValidationError{Field: "name_token", Reason: "a claim's name is settled with the registry's token, never 0"}
 	}
 	var out Claim
-	err := l.writeUnsynced(func(tx *fileTx, st *state) (bool, error) {
+	_, err := l.writeUnsynced(func(tx *fileTx, st *state) (bool, error) {
 		rec, err := awaitingClaim(st, id, createdAt)
 		if err != nil {
 			return false, err
@@ -129,39 +128,4 @@ func awaitingClaim(st *state, id string, createdAt time.Time) (claimRecord, erro
 			id, createdAt.UTC().Format(time.RFC3339Nano), rec.CreatedAt.Format(time.RFC3339Nano), ErrNotFound)
 	}
 	return rec, nil
-}
-
-// writeUnsynced is writeFile for one writer whose record needs no
-// fdatasync of its own (SettleName): it waits for the transaction in
-// flight, if any, then runs fn over the file's state, appends what fn
-// changed to the journal without syncing it, and publishes the result.
-// A writer queued meanwhile runs in the next transaction as usual.
-func (l *Ledger) writeUnsynced(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
-	l.fileMu.Lock()
-	defer l.fileMu.Unlock()
-	l.writeMu.Lock()
-	errs := make([]error, 1)
-	tx, next, _, err := l.runBatch(l.state, []*fileWrite{{fn: fn}}, errs)
-	if err == nil {
-		err = l.appendJournal(tx.ops, false)
-	}
-	switch {
-	case errors.Is(err, errUnchanged):
-		l.writeMu.Unlock()
-		return errs[0]
-	case err != nil:
-		l.released = nil
-		l.writeMu.Unlock()
-		err = fmt.Errorf("ledger %s: write not acknowledged: %w", l.path, err)
-		l.writeErr.Store(&err)
-		l.wrote(OpWrite, err)
-		return err
-	}
-	l.writeErr.Store(nil)
-	next.rev = max(next.rev, l.state.rev+1)
-	l.publish(next)
-	l.writeMu.Unlock()
-	l.wroteOK(OpWrite)
-	l.checkpointIfFull()
-	return errs[0]
 }

@@ -264,9 +264,17 @@ func (l *Ledger) AbortReservation(id string, now time.Time) (Claim, error) {
 // release is Release, or AbortReservation with reservationOnly; keep, when
 // not negative, as in ReleaseRemembering.
 func (l *Ledger) release(id string, now time.Time, reservationOnly bool, keep time.Duration) (Claim, error) {
-	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *fileTx, st *state) (bool, error) {
+	if err := l.write(l.releasing(id, now.UTC(), reservationOnly, keep, &out)); err != nil {
+		return Claim{}, err
+	}
+	return copyClaim(out), nil
+}
+
+// releasing is release's change, for a write: it sets *out to the claim
+// released.
+func (l *Ledger) releasing(id string, now time.Time, reservationOnly bool, keep time.Duration, out *Claim) func(tx *fileTx, st *state) (bool, error) {
+	return func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		if !ok {
 			return false, notFound(id)
@@ -285,13 +293,9 @@ func (l *Ledger) release(id string, now time.Time, reservationOnly bool, keep ti
 				return false, fmt.Errorf("remember released claim %s: %w", id, err)
 			}
 		}
-		out = rec.Claim
+		*out = rec.Claim
 		return true, nil
-	})
-	if err != nil {
-		return Claim{}, err
 	}
-	return copyClaim(out), nil
 }
 
 // Expire removes every reservation whose lease has passed at now and

@@ -12,8 +12,6 @@ import (
 	"strconv"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/gpuherd/gpuherd/internal/datasync"
 )
 
 // The journal is where the claims' writes go first. A bbolt transaction
@@ -92,6 +90,14 @@ type journal struct {
 	pre  int64  // the preallocated size
 	off  int64  // where the next record goes
 	seq  uint64 // the last record's sequence (the file's, right after a checkpoint)
+	// synced is the last record known durable: fdatasynced, stored in
+	// the file by a checkpoint, or read back at Open. Records after it
+	// were written without an fdatasync (writeUnsynced) and wait for the
+	// next one (sync, or a synced append).
+	synced uint64
+	// datasync makes the file's written bytes durable (datasync.File;
+	// WithDatasync).
+	datasync func(*os.File) error
 	// broken is set when an append failed and its bytes could not be
 	// wiped: the journal's end is then unknown, and it takes no more.
 	broken error
@@ -209,7 +215,7 @@ func damagedBefore(data []byte, off int64, prev uint64) error {
 
 // openJournal opens the journal at jpath for appending after off, the end
 // of its last record, creating and preallocating it if needed.
-func openJournal(jpath string, off int64, seq uint64, pre int64) (*journal, error) {
+func openJournal(jpath string, off int64, seq uint64, pre int64, sync func(*os.File) error) (*journal, error) {
 	f, err := os.OpenFile(jpath, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
@@ -219,7 +225,7 @@ func openJournal(jpath string, off int64, seq uint64, pre int64) (*journal, erro
 		f.Close()
 		return nil, err
 	}
-	j := &journal{path: jpath, f: f, size: fi.Size(), pre: pre, off: off, seq: seq}
+	j := &journal{path: jpath, f: f, size: fi.Size(), pre: pre, off: off, seq: seq, synced: seq, datasync: sync}
 	j.preallocate()
 	return j, nil
 }
@@ -270,7 +276,7 @@ func (j *journal) append(ops []journalOp, sync bool) error {
 			err = testJournalSync()
 		}
 		if err == nil && sync {
-			err = datasync.File(j.f)
+			err = j.datasync(j.f)
 		}
 	}
 	if err != nil {
@@ -280,6 +286,25 @@ func (j *journal) append(ops []journalOp, sync bool) error {
 	j.off += int64(len(buf))
 	j.size = max(j.size, j.off)
 	j.seq++
+	if sync {
+		j.synced = j.seq
+	}
+	return nil
+}
+
+// sync makes every record appended so far durable with one fdatasync.
+// When it fails, the records written since the last durable one may be
+// lost or kept, and nothing says which: the journal takes no more, and
+// the agent must be restarted to read back what the disk has.
+func (j *journal) sync() error {
+	if j.broken != nil {
+		return fmt.Errorf("journal %s is unusable since an earlier write failed (%v): restart the agent", j.path, j.broken)
+	}
+	if err := j.datasync(j.f); err != nil {
+		j.broken = err
+		return fmt.Errorf("journal %s: %w", j.path, err)
+	}
+	j.synced = j.seq
 	return nil
 }
 
@@ -293,7 +318,7 @@ func (j *journal) wipe(n int) {
 		_, err = j.f.WriteAt(make([]byte, min(int64(n), j.size-j.off)), j.off)
 	}
 	if err == nil {
-		err = datasync.File(j.f)
+		err = j.datasync(j.f)
 	}
 	if err != nil {
 		j.broken = err
@@ -308,6 +333,7 @@ func (j *journal) full() bool { return j.off >= j.pre*3/4 }
 // records left are numbered at or below the file's sequence.
 func (j *journal) reset() {
 	j.off = 0
+	j.synced = j.seq
 	j.preallocate()
 }
 

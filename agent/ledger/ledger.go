@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -37,6 +38,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/gpuherd/gpuherd/internal/datasync"
 )
 
 // DefaultLockTimeout is how long Open waits for another process to let go
@@ -53,6 +56,7 @@ type options struct {
 	writeResult func(op string, err error)
 	writeTime   func(op string, d time.Duration)
 	journalSize int64
+	datasync    func(*os.File) error
 }
 
 // Write operations, as WithWriteResult names them.
@@ -78,6 +82,18 @@ func WithWriteResult(fn func(op string, err error)) Option {
 // call the ledger.
 func WithWriteTime(fn func(op string, d time.Duration)) Option {
 	return func(o *options) { o.writeTime = fn }
+}
+
+// WithDatasync replaces how the journal makes what it wrote durable
+// (datasync.File, an fdatasync). fn is called with the journal's file for
+// every durable write; it is for tests that must hold a write between its
+// bytes and its fdatasync, or fail the fdatasync, as a disk can.
+func WithDatasync(fn func(*os.File) error) Option {
+	return func(o *options) {
+		if fn != nil {
+			o.datasync = fn
+		}
+	}
 }
 
 // WithMaxGPUs sets the most GPUs one claim may hold (default DefaultMaxGPUs).
@@ -192,7 +208,7 @@ func (l *Ledger) took(op string, start time.Time) {
 // match the GPUs' models): it never starts empty over existing data, nor
 // serves from a file that would hand one GPU to two VMs.
 func Open(path string, opts ...Option) (*Ledger, error) {
-	o := options{maxGPUs: DefaultMaxGPUs, lockTimeout: DefaultLockTimeout, journalSize: journalSize}
+	o := options{maxGPUs: DefaultMaxGPUs, lockTimeout: DefaultLockTimeout, journalSize: journalSize, datasync: datasync.File}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -219,7 +235,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 	seq, err := fileJournalSeq(db)
 	if err == nil {
 		var j *journal
-		if j, err = openJournal(JournalPath(path), 0, seq, o.journalSize); err == nil {
+		if j, err = openJournal(JournalPath(path), 0, seq, o.journalSize, o.datasync); err == nil {
 			return &Ledger{
 				path:        path,
 				db:          db,

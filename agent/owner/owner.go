@@ -334,11 +334,13 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	unlockID := o.commitLocks.Lock(id)
 	why := "release " + id
 	letGo, elsewhere := false, false
-	c, scan, unlock, err := o.host.ReleaseLocked(id, why, func() (ledger.Claim, error) {
+	var written ledger.Unsynced
+	c, scan, unlock, err := o.host.ReleaseLocked(id, why, func() (c ledger.Claim, err error) {
 		if reservationOnly {
 			return o.ledger.AbortReservation(id, o.clk.Now())
 		}
-		return o.ledger.ReleaseRemembering(id, o.clk.Now(), time.Duration(o.cfg.RememberReleased))
+		c, written, err = o.ledger.ReleaseUnsynced(id, o.clk.Now(), time.Duration(o.cfg.RememberReleased))
+		return c, err
 	})
 	if err != nil {
 		unlockID()
@@ -349,10 +351,11 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	unlock()
 	if c.State == ledger.StateReserved {
 		o.rec.Reservation(events.ReservationAborted)
+		err = written.Durable()
 	} else {
 		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
-		letGo, elsewhere = o.releasedName(ctx, c)
+		letGo, elsewhere, err = o.releaseNameWhileSynced(ctx, c, written)
 	}
 	unlockID()
 	o.log.Info("released", "claim", id, "gpus", c.GPUs)
@@ -360,6 +363,13 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	o.host.ToIdleScanned(ctx, why, c.GPUs, "", scan)
 	unlock()
 	o.changed()
+	if err != nil {
+		// The release is published, its GPUs back on the idle driver, but
+		// its record is not known durable and the ledger takes no more
+		// writes: not acknowledged. The caller retries once the agent is
+		// restarted and has read back what its disk holds.
+		return api.Claim{}, o.apiError(err)
+	}
 	view := o.ClaimView(c)
 	view.NameReleased, view.NameElsewhere = letGo, elsewhere
 	return view, nil

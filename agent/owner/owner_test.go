@@ -44,9 +44,9 @@ type testOwner struct {
 	h *hosttest.Host
 }
 
-func newTestOwner(t *testing.T, profile string, reg Names) *testOwner {
+func newTestOwner(t *testing.T, profile string, reg Names, opts ...ledger.Option) *testOwner {
 	t.Helper()
-	h := hosttest.New(t, profile)
+	h := hosttest.New(t, profile, opts...)
 	o := New(Deps{
 		Config:     Config{NodeName: "gpu-1", ReservationLease: 30 * time.Second, RememberReleased: time.Hour},
 		Ledger:     h.Ledger,

@@ -284,6 +284,24 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewh
 	return err == nil, false
 }
 
+// releaseNameWhileSynced lets the name of claim c go (releasedName) while
+// the ledger's release of c, written, is made durable: the two writes go
+// to different disks and neither needs the other's result, as a claim's
+// commit and its hold (docs/protocol.md, "Release"). The release is
+// answered once both are done. A crash between them leaves either the
+// name held with no claim here, which the anti-entropy pass lets go, or,
+// only if the machine lost its page cache, a claim whose name is gone: a
+// leftover, which the pass releases.
+func (o *Owner) releaseNameWhileSynced(ctx context.Context, c ledger.Claim, written ledger.Unsynced) (letGo, elsewhere bool, err error) {
+	if o.names() == nil || c.NameToken == 0 {
+		return false, false, written.Durable()
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- written.Durable() }()
+	letGo, elsewhere = o.releasedName(ctx, c)
+	return letGo, elsewhere, <-synced
+}
+
 // noteNameRelease logs what became of a name release.
 func (o *Owner) noteNameRelease(c ledger.Claim, err error) {
 	switch {

@@ -56,7 +56,8 @@ func (h *Host) Changed() {
 
 // New builds a host on the simulated machine profile, discovered, assessed
 // and reconciled (free GPUs on no driver), as an agent's start leaves it.
-func New(t testing.TB, profile string) *Host {
+// Its ledger is opened with opts.
+func New(t testing.TB, profile string, opts ...ledger.Option) *Host {
 	t.Helper()
 	dir := t.TempDir()
 	p, err := sim.Load(profile)
@@ -67,7 +68,7 @@ func New(t testing.TB, profile string) *Host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := ledger.Open(filepath.Join(dir, "ledger.db"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.db"), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

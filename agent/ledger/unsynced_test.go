@@ -1,0 +1,186 @@
+package ledger
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A release written ahead of its fdatasync is a release at once: the claim
+// is gone and its GPUs free for every reader and writer, remembered as
+// released, and the write costs no fdatasync until Durable, which costs
+// one; a process killed before Durable keeps it.
+func TestReleaseUnsyncedThenDurable(t *testing.T) {
+	l := newLedger(t)
+	committed(t, l, "vm-0", req(Item{Model: l40s, Count: 1})) // the file marked journalled: two fdatasyncs once
+	c := committed(t, l, "vm-1", req(Item{Model: h100, Count: 8}))
+	syncs := l.Fdatasyncs()
+	rel, u, err := l.ReleaseUnsynced("vm-1", t0.Add(time.Minute), time.Hour)
+	if err != nil || rel.ID != "vm-1" || len(rel.GPUs) != 8 {
+		t.Fatalf("ReleaseUnsynced = %+v, %v; want vm-1's 8 GPUs released", rel, err)
+	}
+	if got := l.Fdatasyncs() - syncs; got != 0 {
+		t.Fatalf("the release written ahead cost %d fdatasyncs before Durable; want 0", got)
+	}
+	if _, err := l.Get("vm-1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after the release = %v; want not found", err)
+	}
+	if _, ok, err := l.Recall("vm-1", t0.Add(time.Minute), time.Hour); err != nil || !ok {
+		t.Fatalf("Recall after the release = %v, %v; want it remembered", ok, err)
+	}
+	// Its GPUs are free at once: a new claim takes them, and its commit's
+	// fdatasync makes the release durable before it.
+	r := mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 8}), t0.Add(time.Minute))
+	if !sameGPUs(r.GPUs, c.GPUs) {
+		t.Fatalf("the new reservation took %v; want the released %v", r.GPUs, c.GPUs)
+	}
+	if err := u.Durable(); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Fdatasyncs() - syncs; got != 1 {
+		t.Fatalf("Durable cost %d fdatasyncs; want 1", got)
+	}
+	if err := u.Durable(); err != nil || l.Fdatasyncs()-syncs != 1 {
+		t.Fatalf("Durable again = %v, %d fdatasyncs in all; want nothing more", err, l.Fdatasyncs()-syncs)
+	}
+	l = reopen(t, l)
+	if _, err := l.Get("vm-1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after reopen = %v; want not found", err)
+	}
+
+	// Killed before Durable: the page cache keeps the record.
+	committed(t, l, "vm-3", req(Item{Model: l40s, Count: 1}))
+	if _, _, err := l.ReleaseUnsynced("vm-3", t0.Add(time.Minute), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	l = reopen(t, l)
+	if _, err := l.Get("vm-3"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a release killed before Durable, after reopen = %v; want not found", err)
+	}
+}
+
+func sameGPUs(a, b []string) bool {
+	return strings.Join(a, ",") == strings.Join(b, ",")
+}
+
+// A later write's fdatasync, or a checkpoint, makes a release written
+// ahead durable: Durable then costs nothing.
+func TestReleaseUnsyncedMadeDurableByLaterWrites(t *testing.T) {
+	l := newLedger(t)
+	committed(t, l, "vm-0", req(Item{Model: l40s, Count: 1}))
+	committed(t, l, "vm-1", req(Item{Model: h100, Count: 2}))
+	_, u, err := l.ReleaseUnsynced("vm-1", t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed(t, l, "vm-2", req(Item{Model: h100, Count: 2})) // synced: covers the release
+	syncs := l.Fdatasyncs()
+	if err := u.Durable(); err != nil || l.Fdatasyncs() != syncs {
+		t.Fatalf("Durable after a synced write = %v, %d more fdatasyncs; want none", err, l.Fdatasyncs()-syncs)
+	}
+
+	committed(t, l, "vm-3", req(Item{Model: h100, Count: 1}))
+	_, u, err = l.ReleaseUnsynced("vm-3", t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.fileMu.Lock()
+	err = l.checkpoint(false)
+	l.fileMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncs = l.Fdatasyncs()
+	if err := u.Durable(); err != nil || l.Fdatasyncs() != syncs {
+		t.Fatalf("Durable after a checkpoint = %v, %d more fdatasyncs; want none", err, l.Fdatasyncs()-syncs)
+	}
+	l = reopen(t, l)
+	for id, want := range map[string]bool{"vm-0": true, "vm-1": false, "vm-2": true, "vm-3": false} {
+		if _, err := l.Get(id); (err == nil) != want {
+			t.Errorf("after reopen, Get(%s) = %v; want held %v", id, err, want)
+		}
+	}
+}
+
+// A reservation's release touches no file: nothing to make durable.
+func TestReleaseUnsyncedOfAReservation(t *testing.T) {
+	l := newLedger(t)
+	mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
+	syncs := l.Fdatasyncs()
+	c, u, err := l.ReleaseUnsynced("vm-1", t0, time.Hour)
+	if err != nil || c.State != StateReserved || u != (Unsynced{}) {
+		t.Fatalf("ReleaseUnsynced of a reservation = %+v, %+v, %v; want it released, nothing to sync", c, u, err)
+	}
+	if err := u.Durable(); err != nil || l.Fdatasyncs() != syncs {
+		t.Fatalf("Durable = %v, %d fdatasyncs; want none", err, l.Fdatasyncs()-syncs)
+	}
+	if _, _, err := l.ReleaseUnsynced("vm-1", t0, time.Hour); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ReleaseUnsynced of an unknown claim = %v; want not found", err)
+	}
+}
+
+// A power cut before the release's fdatasync loses the release whole: the
+// claim is back as it was committed, on its GPUs, never a torn journal nor
+// GPUs held twice.
+func TestReleaseUnsyncedLostToPowerCut(t *testing.T) {
+	l := newLedger(t)
+	c := committed(t, l, "vm-1", req(Item{Model: l40s, Count: 2}))
+	jpath := JournalPath(l.Path())
+	synced, err := os.ReadFile(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.ReleaseUnsynced("vm-1", t0, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jpath, synced, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l = openAt(t, l.Path())
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.Get("vm-1")
+	if err != nil || got.State != StateCommitted || !sameGPUs(got.GPUs, c.GPUs) {
+		t.Fatalf("after the power cut: %+v, %v; want the claim committed on %v", got, err, c.GPUs)
+	}
+}
+
+// An fdatasync that fails leaves the write unacknowledged and the journal
+// closed to writes, with an error that names the ledger and says what to
+// do; the store reports the failure.
+func TestReleaseUnsyncedWhoseSyncFails(t *testing.T) {
+	var fail bool
+	var reported error
+	l := newLedger(t,
+		WithDatasync(func(f *os.File) error {
+			if fail {
+				return errors.New("input/output error")
+			}
+			return f.Sync()
+		}),
+		WithWriteResult(func(_ string, err error) { reported = err }))
+	committed(t, l, "vm-1", req(Item{Model: l40s, Count: 2}))
+	_, u, err := l.ReleaseUnsynced("vm-1", t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail = true
+	err = u.Durable()
+	if err == nil || !strings.Contains(err.Error(), "not acknowledged") || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("Durable with a failing fdatasync = %v; want the write not acknowledged, with the disk's error", err)
+	}
+	if reported == nil {
+		t.Error("the failed fdatasync was not reported to the write observer")
+	}
+	fail = false
+	mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 1}), t0)
+	if _, err := l.Commit("vm-2", t0); err == nil || !strings.Contains(err.Error(), "restart the agent") {
+		t.Fatalf("a commit after the failed fdatasync = %v; want the journal closed, restart the agent", err)
+	}
+}
