@@ -15,8 +15,8 @@ import (
 // a claim of one GPU through a coordinator that owns nothing (with the name
 // registry: acquire, reserve, commit with the owner's confirmation; without
 // it: the ID's home vouching, reserve and commit), one fsync on the owner,
-// then its release through the owner. It reports the claims' p50 besides
-// the mean of a claim and a release. tools/cmd/gpuherd-bench measures the
+// then its release through the owner. It reports the claims' p50 and the
+// releases' besides the mean of a claim and a release. tools/cmd/gpuherd-bench measures the
 // same at 10 to 100 agents; this one is for profiles (-cpuprofile).
 func BenchmarkClusterClaimRelease(b *testing.B) {
 	for _, registry := range []bool{true, false} {
@@ -45,7 +45,7 @@ func BenchmarkClusterClaimRelease(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			var took []time.Duration
+			var took, released []time.Duration
 			for i := 0; b.Loop(); i++ {
 				id := fmt.Sprintf("vm-%d", i)
 				start := time.Now()
@@ -54,12 +54,16 @@ func BenchmarkClusterClaimRelease(b *testing.B) {
 				if err != nil || c.Node != "b" {
 					b.Fatalf("claim %s: %+v, %v", id, c, err)
 				}
+				start = time.Now()
 				if _, err := owner.Release(ctx, id); err != nil {
 					b.Fatal(err)
 				}
+				released = append(released, time.Since(start))
 			}
 			slices.Sort(took)
+			slices.Sort(released)
 			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "claim-p50-ms")
+			b.ReportMetric(float64(released[len(released)/2].Microseconds())/1000, "release-p50-ms")
 		})
 	}
 }

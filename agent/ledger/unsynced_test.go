@@ -122,11 +122,15 @@ func TestReleaseUnsyncedOfAReservation(t *testing.T) {
 }
 
 // A power cut before the release's fdatasync loses the release whole: the
-// claim is back as it was committed, on its GPUs, never a torn journal nor
-// GPUs held twice.
+// claim is back as it was committed, on its GPUs and under its name token
+// (a leftover once its name is gone, which the owner's anti-entropy pass
+// releases), never a torn journal nor GPUs held twice.
 func TestReleaseUnsyncedLostToPowerCut(t *testing.T) {
 	l := newLedger(t)
-	c := committed(t, l, "vm-1", req(Item{Model: l40s, Count: 2}))
+	r := req(Item{Model: l40s, Count: 2})
+	r.NameToken = 41
+	mustReserve(t, l, "vm-1", r, t0)
+	c := mustCommit(t, l, "vm-1", t0)
 	jpath := JournalPath(l.Path())
 	synced, err := os.ReadFile(jpath)
 	if err != nil {
@@ -146,8 +150,8 @@ func TestReleaseUnsyncedLostToPowerCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := l.Get("vm-1")
-	if err != nil || got.State != StateCommitted || !sameGPUs(got.GPUs, c.GPUs) {
-		t.Fatalf("after the power cut: %+v, %v; want the claim committed on %v", got, err, c.GPUs)
+	if err != nil || got.State != StateCommitted || !sameGPUs(got.GPUs, c.GPUs) || got.NameToken != 41 {
+		t.Fatalf("after the power cut: %+v, %v; want the claim committed on %v under token 41", got, err, c.GPUs)
 	}
 }
 
