@@ -54,6 +54,7 @@ func TestSimulation(t *testing.T) {
 		ops, acked, regOps, faults, checked, skipped, revived, undecided int
 		known                                                            []uint64
 		awaitingKept, awaitingUndone                                     int
+		killedAtRelease, releasesLost                                    int
 	)
 	strict := os.Getenv("DST_STRICT") == "1"
 	t.Run("schedules", func(t *testing.T) {
@@ -82,6 +83,7 @@ func TestSimulation(t *testing.T) {
 					ops, acked, regOps, faults = ops+out.ClientOps, acked+out.Acked, regOps+out.RegOps, faults+out.Faults
 					checked, skipped, revived = checked+out.Checked, skipped+out.Skipped, revived+out.Revived
 					awaitingKept, awaitingUndone = awaitingKept+out.AwaitingKept, awaitingUndone+out.AwaitingUndone
+					killedAtRelease, releasesLost = killedAtRelease+out.KilledAtRelease, releasesLost+out.ReleasesLost
 					if res == porcupine.Unknown {
 						undecided++
 					}
@@ -103,8 +105,8 @@ func TestSimulation(t *testing.T) {
 		}
 	})
 	el := time.Since(start)
-	t.Logf("%d schedules in %v (%.1f schedules/s, %d side by side): %d client calls (%d acknowledged claims/releases), %d registry commands applied, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late; %d released IDs claimed again by one whose client gave up); %d registry histories linearizable, %d undecided in 2 s; %d commits awaiting their name after a crash kept, %d undone; the open defect in %d schedules %v",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, ops, acked, regOps, faults, checked, skipped, revived, n-undecided, undecided, awaitingKept, awaitingUndone, len(known), known)
+	t.Logf("%d schedules in %v (%.1f schedules/s, %d side by side): %d client calls (%d acknowledged claims/releases), %d registry commands applied, %d faults; final state checked for %d IDs, %d left out (an abandoned call could land late; %d released IDs claimed again by one whose client gave up); %d registry histories linearizable, %d undecided in 2 s; %d commits awaiting their name after a crash kept, %d undone; %d nodes killed as a name's release reached the registry (%d of those releases lost); the open defect in %d schedules %v",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, ops, acked, regOps, faults, checked, skipped, revived, n-undecided, undecided, awaitingKept, awaitingUndone, killedAtRelease, releasesLost, len(known), known)
 }
 
 // TestSimulationCatchesCommitWithoutName proves the checks can fail: a

@@ -42,6 +42,11 @@ type Config struct {
 	// those holds then never take effect): its ledger's commit, written
 	// while the hold is answered, is left awaiting its name.
 	KillAtHold float64
+	// KillAtRelease is the same chance for a name's release: the node is
+	// killed as it reaches the registry (half of those releases then never
+	// take effect). An owner's ledger has written the claim's release by
+	// then, its fdatasync overlapping the registry's write.
+	KillAtRelease float64
 	// BrokenGrants makes the registry acknowledge holds and confirms it
 	// never applies: owners then commit claims whose names they do not
 	// hold, which the checks must catch.
@@ -55,7 +60,7 @@ func DefaultConfig(seed uint64, dir string) Config {
 		Seed: seed, Dir: dir, Nodes: 4, Clients: 4, IDs: 2, Ops: 12,
 		Run: 90_000, Settle: 150_000, MaxDelay: 30, ClientTimeout: 6_000,
 		ReservationLease: 5_000, NameLease: 5_000, RememberReleased: 10_000,
-		RegUncertain: 0.05, KillAtHold: 0.05,
+		RegUncertain: 0.05, KillAtHold: 0.05, KillAtRelease: 0.05,
 	}
 }
 
@@ -88,6 +93,10 @@ type Outcome struct {
 	// name that restarted owners kept (the registry held the ID there) and
 	// undid.
 	AwaitingKept, AwaitingUndone int
+	// KilledAtRelease counts the nodes killed as a name's release reached
+	// the registry (Config.KillAtRelease); ReleasesLost, those releases
+	// that never took effect.
+	KilledAtRelease, ReleasesLost int
 	// Known are violations of the kind the hand-back defect made (an
 	// acknowledged claim lost after its moved name was handed back;
 	// docs/names.md, "a hand-back that lapsed"): reported by name,
@@ -211,6 +220,7 @@ func run(cfg Config) (out Outcome) {
 	out.Checked, out.Skipped, out.Revived = w.checked, w.lateSkipped, w.revived
 	out.ClientOps, out.Acked = int(w.clientOps.Load()), int(w.acked.Load())
 	out.AwaitingKept, out.AwaitingUndone = int(w.awaitingKept.Load()), int(w.awaitingUndone.Load())
+	out.KilledAtRelease, out.ReleasesLost = w.killedAtRelease, w.releasesLost
 	return out
 }
 

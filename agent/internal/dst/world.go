@@ -141,6 +141,9 @@ type world struct {
 	// commits awaiting their name (a crash between the ledger's commit
 	// and the hold's answer: Config.KillAtHold).
 	awaitingKept, awaitingUndone atomic.Int64
+	// killedAtRelease and releasesLost count Config.KillAtRelease's
+	// kills and the releases they lost; the driver's alone.
+	killedAtRelease, releasesLost int
 
 	traceMu sync.Mutex
 	trace   []string
@@ -358,7 +361,7 @@ func (w *world) deliver(d *delivery) {
 		m.reply <- m.answer
 		return
 	}
-	if w.killAtHold(m) {
+	if w.killAtNameWrite(m) {
 		return
 	}
 	ctx, gen := context.Background(), 0
@@ -392,22 +395,38 @@ func (w *world) deliver(d *delivery) {
 	}()
 }
 
-// killAtHold kills, by the schedule's draw (Config.KillAtHold), the owner
-// whose hold of a claim ID m is as it reaches the registry, and reports
-// whether the hold is lost with it (never applied).
-func (w *world) killAtHold(m *message) bool {
-	if w.cfg.KillAtHold == 0 || m.to != len(w.nodes) || m.from < 0 || m.from >= len(w.nodes) ||
-		!w.faulty.Load() || !strings.HasPrefix(m.desc, "registry hold ") {
+// killAtNameWrite kills, by the schedule's draw, the node whose hold
+// (Config.KillAtHold) or release (Config.KillAtRelease) of a claim ID m
+// is as it reaches the registry, and reports whether that write is lost
+// with it (never applied).
+func (w *world) killAtNameWrite(m *message) bool {
+	if m.to != len(w.nodes) || m.from < 0 || m.from >= len(w.nodes) || !w.faulty.Load() {
+		return false
+	}
+	chance, release := 0.0, false
+	switch {
+	case strings.HasPrefix(m.desc, "registry hold "):
+		chance = w.cfg.KillAtHold
+	case strings.HasPrefix(m.desc, "registry release "):
+		chance, release = w.cfg.KillAtRelease, true
+	}
+	if chance == 0 {
 		return false
 	}
 	f := w.fate(m)
 	nd := w.nodes[m.from]
-	if f.Float64() >= w.cfg.KillAtHold || !nd.alive || !w.current(m.from, m.gen) {
+	if f.Float64() >= chance || !nd.alive || !w.current(m.from, m.gen) {
 		return false
 	}
 	lost := f.IntN(2) == 0
 	dur := time.Duration(500+f.Int64N(5_000)) * time.Millisecond
-	w.logf("FAULT kill %s as its %s reaches the registry (hold lost: %v), for %v", nd.name, m.desc, lost, dur)
+	w.logf("FAULT kill %s as its %s reaches the registry (lost: %v), for %v", nd.name, m.desc, lost, dur)
+	if release {
+		w.killedAtRelease++
+		if lost {
+			w.releasesLost++
+		}
+	}
 	w.killFor(nd, dur)
 	return lost
 }
