@@ -22,8 +22,11 @@ import (
 // AwaitingName set. Until SettleName or UnwindAwaiting it holds its GPUs
 // whatever its lease says (the sweep leaves it), and it is not a claim
 // (Claim.Named). It keeps its reservation's ExpiresAt, the time by which
-// its owner decides it, and listings show it reserved until then. The
-// errors are CommitReservation's.
+// its owner decides it, and listings show it reserved until then: so it
+// is published as soon as its record is written, and the call returns
+// once the record is durable (writeDurable), its fdatasync shared with
+// any other writer's that comes first. The errors are
+// CommitReservation's.
 func (l *Ledger) CommitAwaitingName(id string, createdAt, now time.Time) (Claim, error) {
 	if createdAt.IsZero() {
 		return Claim{}, &ValidationError{Field: "created_at", Reason: "a commit ahead of its name needs the reservation's creation time"}

@@ -150,7 +150,14 @@ func (l *Ledger) CommitReservation(id string, createdAt time.Time, token uint64,
 func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time, awaiting bool) (Claim, error) {
 	now = now.UTC()
 	var out Claim
-	err := l.write(func(tx *fileTx, st *state) (bool, error) {
+	write := l.write
+	if awaiting {
+		// Listed as the reservation it was until its name settles it,
+		// it may be published before its record is durable: written
+		// ahead, its fdatasync shared with any writer's that comes first.
+		write = l.writeDurable
+	}
+	err := write(func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		switch {
 		case !ok:

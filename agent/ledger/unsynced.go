@@ -83,6 +83,30 @@ func (l *Ledger) ReleaseUnsynced(id string, now time.Time, keep time.Duration) (
 	return copyClaim(out), Unsynced{l: l, seq: seq}, nil
 }
 
+// writeDurable is writeFile for a change that may be published before
+// its record is durable (a commit awaiting its name, listed as the
+// reservation it was): the record is appended without an fdatasync, the
+// change published, and the call returns once the record is durable,
+// with one fdatasync or with a later writer's, whichever comes first.
+// Where fn changed nothing and answers success, what it read may be such
+// a write not yet durable: the journal is made durable up to its last
+// record first. A refusal, or a write that failed, is answered as it is.
+func (l *Ledger) writeDurable(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
+	seq, err := l.writeUnsynced(fn)
+	if seq == 0 {
+		if err != nil {
+			return err
+		}
+		l.fileMu.Lock()
+		seq = l.journal.seq
+		l.fileMu.Unlock()
+	}
+	if serr := l.syncThrough(seq); serr != nil {
+		return serr
+	}
+	return err
+}
+
 // writeUnsynced is writeFile for one writer whose record is not synced
 // before it returns: it waits for the transaction in flight, if any, then
 // runs fn over the file's state, appends what fn changed to the journal

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -186,5 +187,72 @@ func TestReleaseUnsyncedWhoseSyncFails(t *testing.T) {
 	mustReserve(t, l, "vm-2", req(Item{Model: l40s, Count: 1}), t0)
 	if _, err := l.Commit("vm-2", t0); err == nil || !strings.Contains(err.Error(), "restart the agent") {
 		t.Fatalf("a commit after the failed fdatasync = %v; want the journal closed, restart the agent", err)
+	}
+}
+
+// A commit awaiting its name is published before its fdatasync returns
+// (it is listed as the reservation it was until its name settles it), and
+// CommitAwaitingName returns only once it is durable. Another writer's
+// fdatasync that comes first makes it durable: its own then costs none.
+func TestCommitAwaitingNamePublishedBeforeItsSync(t *testing.T) {
+	gate := make(chan struct{})
+	var held atomic.Bool
+	l := newLedger(t, WithDatasync(func(f *os.File) error {
+		if held.CompareAndSwap(true, false) {
+			<-gate
+		}
+		return f.Sync()
+	}))
+	committed(t, l, "vm-0", req(Item{Model: l40s, Count: 1}))
+	r := mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 4}), t0)
+	held.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.CommitAwaitingName("vm-1", r.CreatedAt, t0)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := l.Get("vm-1"); err == nil && c.AwaitingName {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(gate)
+			t.Fatal("the commit awaiting its name was not published while its fdatasync waited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("CommitAwaitingName returned (%v) before its record was durable", err)
+	default:
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Written ahead of another writer's fdatasync: carried by it.
+	r2 := mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 2}), t0)
+	committed(t, l, "vm-3", req(Item{Model: l40s, Count: 1}))
+	_, u, err := l.ReleaseUnsynced("vm-3", t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncs := l.Fdatasyncs()
+	if _, err := l.CommitAwaitingName("vm-2", r2.CreatedAt, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Durable(); err != nil || l.Fdatasyncs()-syncs != 1 {
+		t.Fatalf("a release and a commit written one after the other cost %d fdatasyncs (%v); want 1", l.Fdatasyncs()-syncs, err)
+	}
+	l = reopen(t, l)
+	for id, awaiting := range map[string]bool{"vm-1": true, "vm-2": true} {
+		if c, err := l.Get(id); err != nil || c.AwaitingName != awaiting {
+			t.Errorf("after reopen, %s: %+v, %v; want committed awaiting its name", id, c, err)
+		}
+	}
+	if _, err := l.Get("vm-3"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after reopen, vm-3: %v; want released", err)
 	}
 }
