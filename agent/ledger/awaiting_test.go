@@ -22,6 +22,31 @@ func reopen(t *testing.T, l *Ledger) *Ledger {
 	return l
 }
 
+// powerCut runs write, which must sync nothing, on l and leaves l's
+// files as a power cut right after it would: the journal as it was at its
+// last fdatasync, before write. It returns the ledger opened again on
+// them, on the same inventory.
+func powerCut(t *testing.T, l *Ledger, write func()) *Ledger {
+	t.Helper()
+	jpath := JournalPath(l.Path())
+	synced, err := os.ReadFile(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write()
+	if err := l.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jpath, synced, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l = openAt(t, l.Path())
+	if err := l.SetInventory(server()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // A commit written ahead of its name holds its GPUs as a commit (no lease,
 // durable) without being a claim, until its token settles it: the settling
 // record costs no fdatasync, and a process killed after it keeps it.
@@ -97,25 +122,11 @@ func TestSettleLostToPowerCutLeavesTheCommitAwaiting(t *testing.T) {
 	if _, err := l.CommitAwaitingName("vm-1", r.CreatedAt, t0); err != nil {
 		t.Fatal(err)
 	}
-	jpath := JournalPath(l.Path())
-	synced, err := os.ReadFile(jpath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.SettleName("vm-1", r.CreatedAt, 9); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Abandon(); err != nil {
-		t.Fatal(err)
-	}
-	// The disk as it was at the last fdatasync.
-	if err := os.WriteFile(jpath, synced, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l = openAt(t, l.Path())
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
+	l = powerCut(t, l, func() {
+		if _, err := l.SettleName("vm-1", r.CreatedAt, 9); err != nil {
+			t.Fatal(err)
+		}
+	})
 	c, err := l.Get("vm-1")
 	if err != nil || c.State != StateCommitted || !c.AwaitingName || c.NameToken != 0 || len(c.GPUs) != 2 {
 		t.Fatalf("after the power cut: %+v, %v; want the commit awaiting its name on 2 GPUs", c, err)

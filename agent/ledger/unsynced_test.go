@@ -132,24 +132,11 @@ func TestReleaseUnsyncedLostToPowerCut(t *testing.T) {
 	r.NameToken = 41
 	mustReserve(t, l, "vm-1", r, t0)
 	c := mustCommit(t, l, "vm-1", t0)
-	jpath := JournalPath(l.Path())
-	synced, err := os.ReadFile(jpath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := l.ReleaseUnsynced("vm-1", t0, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Abandon(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(jpath, synced, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l = openAt(t, l.Path())
-	if err := l.SetInventory(server()); err != nil {
-		t.Fatal(err)
-	}
+	l = powerCut(t, l, func() {
+		if _, _, err := l.ReleaseUnsynced("vm-1", t0, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	})
 	got, err := l.Get("vm-1")
 	if err != nil || got.State != StateCommitted || !sameGPUs(got.GPUs, c.GPUs) || got.NameToken != 41 {
 		t.Fatalf("after the power cut: %+v, %v; want the claim committed on %v under token 41", got, err, c.GPUs)
