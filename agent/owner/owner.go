@@ -350,8 +350,8 @@ func (o *Owner) abort(ctx context.Context, id string, reservationOnly bool) (api
 	// take a while, and GPUs a VM still holds are kept back already.
 	unlock()
 	if c.State == ledger.StateReserved {
+		// Released in memory alone: nothing to make durable.
 		o.rec.Reservation(events.ReservationAborted)
-		err = written.Durable()
 	} else {
 		o.rec.Reservation(events.ReservationReleased)
 		o.dirNote(id, api.DirOpGone)
