@@ -135,3 +135,33 @@ func TestMonotonicIgnoresWallStepsWhileRunning(t *testing.T) {
 		t.Fatalf("clock went from %v to %v after a wall step of -1h; want it to keep running", t0, t1)
 	}
 }
+
+// A timer made, or reset, with no time left fires at once, as the
+// runtime's do: a caller that arms a deadline already passed (the clock
+// was moved meanwhile) is not left waiting for the clock's next move.
+func TestManualTimerWithNoTimeLeftFiresAtOnce(t *testing.T) {
+	m := NewManual(time.Unix(0, 0))
+	tm := m.NewTimer(0)
+	select {
+	case <-tm.C():
+	default:
+		t.Fatal("a timer of 0 did not fire at once")
+	}
+	ran := make(chan struct{})
+	m.AfterFunc(-time.Second, func() { close(ran) })
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a function due a second ago did not run without a move of the clock")
+	}
+	late := m.NewTimer(time.Hour)
+	late.Reset(0)
+	select {
+	case <-late.C():
+	default:
+		t.Fatal("a timer reset to 0 did not fire at once")
+	}
+	if n := m.Pending(); n != 0 {
+		t.Fatalf("%d timers still pending; want none", n)
+	}
+}

@@ -7,7 +7,8 @@ import (
 )
 
 // Manual is a clock that moves only when told to (Advance, Set): its timers
-// and tickers fire as it passes their times, in time order. Tests and the
+// and tickers fire as it passes their times, in time order; a timer made
+// or reset with no time left fires at once. Tests and the
 // simulation use it.
 type Manual struct {
 	mu     sync.Mutex
@@ -98,6 +99,13 @@ func (m *Manual) nextDue(t time.Time) *manualTimer {
 func (m *Manual) add(t *manualTimer, d time.Duration) {
 	m.seq++
 	t.seq, t.at, t.armed = m.seq, m.now.Add(d), true
+	if d <= 0 && t.every == 0 {
+		// Due already: it fires now, as the runtime's timers do, not
+		// at the clock's next move.
+		t.armed = false
+		t.fire(m)
+		return
+	}
 	m.timers = append(m.timers, t)
 }
 
