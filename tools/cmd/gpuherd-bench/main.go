@@ -55,6 +55,7 @@ type options struct {
 	out      string
 	keep     bool
 	child    bool
+	rankers  bool   // the bench coordinator's rows beside the agents' replays
 	tputProf string // CPU profile of the agents' throughput test
 	cost     costConfig
 	model    modelConfig
@@ -86,6 +87,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG plots")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
 	flag.BoolVar(&o.child, "child", true, "measure one agent in a process of its own at the largest size")
+	flag.BoolVar(&o.rankers, "rankers", true, "replay the traces through the bench coordinator's rankings (best fit, first fit, random on the gossip view) too, at the focus size; false replays only the agents'")
 	flag.StringVar(&cost, "cost", "10,100,1000", "sizes (servers) at which the messages and fsyncs per claim, get and release are counted")
 	flag.IntVar(&o.cost.ops, "cost-ops", 50, "claims (each followed by a get and a release) per cost size")
 	flag.DurationVar(&o.cost.quiet, "cost-quiet", 200*time.Millisecond, "an operation's window closes once nothing it caused moved for this long")
@@ -482,7 +484,7 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 		if !mesh {
 			allocs = []allocator{va}
 		}
-		if n == o.focus {
+		if n == o.focus && o.rankers {
 			allocs = append(allocs, va,
 				newViewAlloc("bench coordinator (first fit)", c, firstFit, benchFiles),
 				newViewAlloc("bench coordinator (random)", c, randomFit, benchFiles))
