@@ -24,14 +24,34 @@ import (
 // (Claim.Named). It keeps its reservation's ExpiresAt, the time by which
 // its owner decides it, and listings show it reserved until then: so it
 // is published as soon as its record is written, and the call returns
-// once the record is durable (writeDurable), its fdatasync shared with
-// any other writer's that comes first. The errors are
-// CommitReservation's.
+// once the record is durable, its fdatasync shared with any other
+// writer's that comes first. The errors are CommitReservation's.
 func (l *Ledger) CommitAwaitingName(id string, createdAt, now time.Time) (Claim, error) {
-	if createdAt.IsZero() {
-		return Claim{}, &ValidationError{Field: "created_at", Reason: "a commit ahead of its name needs the reservation's creation time"}
+	c, written, err := l.CommitAwaitingNameAhead(id, createdAt, now)
+	if err != nil {
+		return Claim{}, err
 	}
-	return l.commit(id, createdAt, 0, now, true)
+	if err := written.Durable(); err != nil {
+		return Claim{}, err
+	}
+	return c, nil
+}
+
+// CommitAwaitingNameAhead is CommitAwaitingName returning once the
+// commit is written and published, before it is durable: the caller
+// answers for it only after written.Durable, and may delay that call
+// while the registry's answer is on its way, for a later writer's
+// fdatasync to cover the record first.
+func (l *Ledger) CommitAwaitingNameAhead(id string, createdAt, now time.Time) (c Claim, written Unsynced, err error) {
+	if createdAt.IsZero() {
+		return Claim{}, Unsynced{}, &ValidationError{Field: "created_at", Reason: "a commit ahead of its name needs the reservation's creation time"}
+	}
+	var out Claim
+	written, err = l.writeAhead(committing(id, createdAt.UTC(), 0, now.UTC(), true, &out))
+	if err != nil {
+		return Claim{}, Unsynced{}, err
+	}
+	return copyClaim(out), written, nil
 }
 
 // SettleName ends the wait of the claim id made at createdAt, committed by

@@ -132,7 +132,7 @@ func (l *Ledger) Commit(id string, now time.Time) (Claim, error) {
 // on this server with at commit (the owner's one-step hold). A claim
 // committed already keeps the token it has.
 func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, error) {
-	return l.commit(id, time.Time{}, token, now, false)
+	return l.commit(id, time.Time{}, token, now)
 }
 
 // CommitReservation is CommitUnder of the reservation of id created at
@@ -141,23 +141,24 @@ func (l *Ledger) CommitUnder(id string, token uint64, now time.Time) (Claim, err
 // request reserved the ID again) is not the one the caller checked, nor
 // the one whose name it holds, and is left reserved: ErrNotFound.
 func (l *Ledger) CommitReservation(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
-	return l.commit(id, createdAt, token, now, false)
+	return l.commit(id, createdAt, token, now)
 }
 
-// commit is CommitUnder, of the claim created at createdAt unless zero;
-// with awaiting, the claim is committed with AwaitingName set
-// (CommitAwaitingName).
-func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time, awaiting bool) (Claim, error) {
-	now = now.UTC()
+// commit is CommitUnder, of the claim created at createdAt unless zero.
+func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.Time) (Claim, error) {
 	var out Claim
-	write := l.write
-	if awaiting {
-		// Listed as the reservation it was until its name settles it,
-		// it may be published before its record is durable: written
-		// ahead, its fdatasync shared with any writer's that comes first.
-		write = l.writeDurable
+	if err := l.write(committing(id, createdAt.UTC(), token, now.UTC(), false, &out)); err != nil {
+		return Claim{}, err
 	}
-	err := write(func(tx *fileTx, st *state) (bool, error) {
+	return copyClaim(out), nil
+}
+
+// committing is the change that commits the reservation id made at
+// createdAt (any, when zero) under token, answering the claim in out; with
+// awaiting, the claim is committed with AwaitingName set
+// (CommitAwaitingName) and keeps its reservation's deadline.
+func committing(id string, createdAt time.Time, token uint64, now time.Time, awaiting bool, out *Claim) func(tx *fileTx, st *state) (bool, error) {
+	return func(tx *fileTx, st *state) (bool, error) {
 		rec, ok := st.claims[id]
 		switch {
 		case !ok:
@@ -166,7 +167,7 @@ func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.T
 			return false, fmt.Errorf("claim %q: the reservation made at %s was replaced by one made at %s: %w on this server",
 				id, createdAt.UTC().Format(time.RFC3339Nano), rec.CreatedAt.Format(time.RFC3339Nano), ErrNotFound)
 		case rec.State == StateCommitted:
-			out = rec.Claim
+			*out = rec.Claim
 			return false, nil
 		case !rec.Live(now):
 			if err := st.deleteClaim(tx, id); err != nil {
@@ -188,13 +189,9 @@ func (l *Ledger) commit(id string, createdAt time.Time, token uint64, now time.T
 		if err := st.putClaim(tx, rec); err != nil {
 			return false, err
 		}
-		out = rec.Claim
+		*out = rec.Claim
 		return true, nil
-	})
-	if err != nil {
-		return Claim{}, err
 	}
-	return copyClaim(out), nil
 }
 
 // Extend renews the live reservation id so that it lasts at least until

@@ -83,28 +83,31 @@ func (l *Ledger) ReleaseUnsynced(id string, now time.Time, keep time.Duration) (
 	return copyClaim(out), Unsynced{l: l, seq: seq}, nil
 }
 
-// writeDurable is writeFile for a change that may be published before
-// its record is durable (a commit awaiting its name, listed as the
-// reservation it was): the record is appended without an fdatasync, the
-// change published, and the call returns once the record is durable,
-// with one fdatasync or with a later writer's, whichever comes first.
-// Where fn changed nothing and answers success, what it read may be such
-// a write not yet durable: the journal is made durable up to its last
-// record first. A refusal, or a write that failed, is answered as it is.
-func (l *Ledger) writeDurable(fn func(tx *fileTx, st *state) (changed bool, err error)) error {
+// writeAhead is writeFile for a change that may be published before its
+// record is durable (a commit awaiting its name, listed as the reservation
+// it was): the record is appended without an fdatasync and the change
+// published, and the caller makes it durable (Unsynced.Durable) before it
+// answers for it. Where fn changed nothing and answers success, what it
+// read may be such a write not yet durable: the Unsynced returned then
+// covers the journal up to its last record. A refusal, or a write that
+// failed, is answered as it is, made durable first when fn changed
+// something all the same (a lapsed reservation dropped).
+func (l *Ledger) writeAhead(fn func(tx *fileTx, st *state) (changed bool, err error)) (Unsynced, error) {
 	seq, err := l.writeUnsynced(fn)
-	if seq == 0 {
-		if err != nil {
-			return err
-		}
+	switch {
+	case seq == 0 && err != nil:
+		return Unsynced{}, err
+	case seq == 0:
 		l.fileMu.Lock()
 		seq = l.journal.seq
 		l.fileMu.Unlock()
+	case err != nil:
+		if serr := l.syncThrough(seq); serr != nil {
+			return Unsynced{}, serr
+		}
+		return Unsynced{}, err
 	}
-	if serr := l.syncThrough(seq); serr != nil {
-		return serr
-	}
-	return err
+	return Unsynced{l: l, seq: seq}, nil
 }
 
 // writeUnsynced is writeFile for one writer whose record is not synced

@@ -243,3 +243,57 @@ func TestCommitAwaitingNamePublishedBeforeItsSync(t *testing.T) {
 		t.Errorf("after reopen, vm-3: %v; want released", err)
 	}
 }
+
+// CommitAwaitingNameAhead publishes a commit awaiting its name without an
+// fdatasync: the caller makes it durable later, and the first of several
+// such commits to be made durable covers the others. A commit already
+// written answers what it read, durable once the journal is; a lapsed
+// reservation is refused as CommitAwaitingName refuses it, with nothing
+// left to make durable.
+func TestCommitAwaitingNameAhead(t *testing.T) {
+	l := newLedger(t)
+	committed(t, l, "vm-0", req(Item{Model: l40s, Count: 1})) // the file's first write
+	r1 := mustReserve(t, l, "vm-1", req(Item{Model: h100, Count: 2}), t0)
+	r2 := mustReserve(t, l, "vm-2", req(Item{Model: h100, Count: 2}), t0)
+	syncs := l.Fdatasyncs()
+	c1, u1, err := l.CommitAwaitingNameAhead("vm-1", r1.CreatedAt, t0)
+	if err != nil || !c1.AwaitingName || c1.State != StateCommitted {
+		t.Fatalf("vm-1 written ahead: %+v, %v; want committed awaiting its name", c1, err)
+	}
+	_, u2, err := l.CommitAwaitingNameAhead("vm-2", r2.CreatedAt, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Fdatasyncs() - syncs; n != 0 {
+		t.Fatalf("two commits written ahead cost %d fdatasyncs; want 0 until made durable", n)
+	}
+	if c, err := l.Get("vm-2"); err != nil || !c.AwaitingName {
+		t.Fatalf("vm-2 before it is durable: %+v, %v; want published, awaiting its name", c, err)
+	}
+	if err := u2.Durable(); err != nil {
+		t.Fatal(err)
+	}
+	if err := u1.Durable(); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Fdatasyncs() - syncs; n != 1 {
+		t.Fatalf("two commits made durable cost %d fdatasyncs; want 1, the second covered by the first", n)
+	}
+	again, u, err := l.CommitAwaitingNameAhead("vm-1", r1.CreatedAt, t0)
+	if err != nil || again.State != StateCommitted {
+		t.Fatalf("vm-1 again: %+v, %v; want its commit answered", again, err)
+	}
+	if err := u.Durable(); err != nil || l.Fdatasyncs()-syncs != 1 {
+		t.Fatalf("the repeated commit cost %d fdatasyncs in all (%v); want none of its own", l.Fdatasyncs()-syncs, err)
+	}
+	r3 := mustReserve(t, l, "vm-3", req(Item{Model: h100, Count: 1}), t0)
+	if _, u, err := l.CommitAwaitingNameAhead("vm-3", r3.CreatedAt, r3.ExpiresAt.Add(time.Second)); !errors.Is(err, ErrLeaseExpired) || u != (Unsynced{}) {
+		t.Fatalf("a lapsed reservation written ahead: %+v, %v; want ErrLeaseExpired and nothing to make durable", u, err)
+	}
+	l = reopen(t, l)
+	for _, id := range []string{"vm-1", "vm-2"} {
+		if c, err := l.Get(id); err != nil || !c.AwaitingName {
+			t.Errorf("after reopen, %s: %+v, %v; want committed awaiting its name", id, c, err)
+		}
+	}
+}
