@@ -44,8 +44,12 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 	}
 	write := make(chan written, 1)
 	lapse := &deadlineLapse{done: make(chan struct{})}
+	answered, done := o.beside()
 	go func() {
-		c, err := o.ledger.CommitAwaitingName(id, pending.CreatedAt, o.clk.Now())
+		c, ahead, err := o.ledger.CommitAwaitingNameAhead(id, pending.CreatedAt, o.clk.Now())
+		if err == nil {
+			err = o.durableBeside(ahead, answered)
+		}
 		if err == nil {
 			o.armLapse(ctx, lapse, pending)
 		}
@@ -54,6 +58,7 @@ func (o *Owner) commitWhileHolding(ctx context.Context, pending ledger.Claim, re
 	// The hold is awaited on this goroutine, as the answer's critical
 	// path: the write is nearly always done by then.
 	rec, herr := o.awaitHold(ctx, pending, recall, early)
+	done()
 	w := <-write
 	if w.err != nil {
 		// The ledger refused the commit (the lease ran out, the

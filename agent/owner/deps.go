@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -142,7 +143,11 @@ type Owner struct {
 	// check them again (see Commit).
 	bound   sync.Map
 	notices *dirNotices // what the homes are owed (notices.go)
-	ae      antiEntropy // the pass over names and ledger (antientropy.go)
+	// nameTime is how long registry writes take from here lately, for
+	// the ledger's fdatasyncs written beside them (syncwindow.go).
+	nameTime nameWriteTime
+	besides  atomic.Int32 // records waiting beside a registry write (durableBeside)
+	ae       antiEntropy  // the pass over names and ledger (antientropy.go)
 }
 
 // New builds the owner over d.

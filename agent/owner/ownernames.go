@@ -42,7 +42,9 @@ func (o *Owner) awaitHold(ctx context.Context, pending ledger.Claim, recall bool
 	// must be followed by the ledger commit it allows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 	defer cancel()
-	return o.names().Hold(cctx, names.Claim(pending.ID), pending.Coordinator, o.cfg.NodeName, digestOf(pending), recall)
+	return timedName(o, func() (names.Record, error) {
+		return o.names().Hold(cctx, names.Claim(pending.ID), pending.Coordinator, o.cfg.NodeName, digestOf(pending), recall)
+	})
 }
 
 // holdRefused is the answer to a hold of pending's claim ID that failed
@@ -264,7 +266,9 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewh
 	defer cancel()
 	// Where it ran is remembered with the release: a claim of the ID
 	// without any_node comes back here (owner.awaitHold with recall).
-	_, err := o.names().ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
+	_, err := timedName(o, func() (names.Record, error) {
+		return o.names().ReleaseRemembering(rctx, names.Claim(c.ID), c.NameToken, o.cfg.NodeName, time.Duration(o.cfg.RememberReleased))
+	})
 	var r *names.RefusedError
 	if !errors.Is(err, names.ErrStale) || !errors.As(err, &r) || r.Record == nil ||
 		r.Record.State != names.StateHeld || r.Record.Owner != o.cfg.NodeName || r.Record.Move != nil || r.Record.Token < c.NameToken {
@@ -287,7 +291,8 @@ func (o *Owner) releasedName(ctx context.Context, c ledger.Claim) (letGo, elsewh
 // releaseNameWhileSynced lets the name of claim c go (releasedName) while
 // the ledger's release of c, written, is made durable: the two writes go
 // to different disks and neither needs the other's result, as a claim's
-// commit and its hold (docs/protocol.md, "Release"). The release is
+// commit and its hold (docs/protocol.md, "Release"); the fdatasync waits
+// a little for another writer's first (durableBeside). The release is
 // answered once both are done. A crash between them leaves either the
 // name held with no claim here, which the anti-entropy pass lets go, or,
 // only if the machine lost its page cache, a claim whose name is gone: a
@@ -297,8 +302,10 @@ func (o *Owner) releaseNameWhileSynced(ctx context.Context, c ledger.Claim, writ
 		return false, false, written.Durable()
 	}
 	synced := make(chan error, 1)
-	go func() { synced <- written.Durable() }()
+	answered, done := o.beside()
+	go func() { synced <- o.durableBeside(written, answered) }()
 	letGo, elsewhere = o.releasedName(ctx, c)
+	done()
 	return letGo, elsewhere, <-synced
 }
 
@@ -381,7 +388,9 @@ func (o *Owner) holdEarly(ctx context.Context, id string, rr api.ReserveRequest,
 		// Not cancelled with the request, as in awaitHold.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), api.NameTimeout)
 		defer cancel()
-		h.rec, h.err = o.names().Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
+		h.rec, h.err = timedName(o, func() (names.Record, error) {
+			return o.names().Hold(cctx, names.Claim(id), rr.Coordinator, o.cfg.NodeName, h.digest, rr.Recall)
+		})
 	}()
 	<-started
 	return h
