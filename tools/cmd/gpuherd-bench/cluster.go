@@ -312,16 +312,18 @@ func (c *cluster) stop() {
 	c.by = map[string]*node{}
 }
 
-// capacity is each server's total GPUs per model, from its own ledger.
+// capacity is each server's GPUs per model, from its own ledger.
 type capacity map[string]map[string]int
 
+// capacity is what each server can hand out per model: its healthy GPUs
+// that can be passed through, from its own ledger.
 func (c *cluster) capacity() capacity {
 	out := capacity{}
 	for _, nd := range c.nodes {
 		ms, _ := nd.a.Members(context.Background())
 		for _, m := range ms {
 			if m.Self {
-				out[nd.name] = modelsOf(m, func(x api.ModelAvailability) int { return x.Total })
+				out[nd.name] = usable(m)
 			}
 		}
 	}
@@ -343,10 +345,15 @@ func (c *cluster) truthFree() capacity {
 	return out
 }
 
-func modelsOf(m api.Member, f func(api.ModelAvailability) int) map[string]int {
+// usable is what member m can hand out per model: its healthy GPUs that
+// can be passed through, not its total. A GPU that cannot (the mixed
+// profile's L40S that shares its IOMMU group with a host NVMe drive) is
+// no capacity for the oracle or the etcd allocator either: counted, it
+// gave them ten L40S the agents never had.
+func usable(m api.Member) map[string]int {
 	out := map[string]int{}
 	for _, x := range m.Models {
-		out[x.Model] = f(x)
+		out[x.Model] = x.Healthy
 	}
 	return out
 }

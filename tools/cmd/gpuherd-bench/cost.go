@@ -642,11 +642,11 @@ func isUnavailable(err error) bool {
 	return errors.As(err, &e) && e.Code == api.CodeUnavailable
 }
 
-// capacity is each server's total GPUs per model.
+// capacity is each server's usable GPUs per model.
 func (c *costCluster) capacity() capacity {
 	out := capacity{}
 	for _, m := range c.self() {
-		out[m.Name] = modelsOf(m, func(x api.ModelAvailability) int { return x.Total })
+		out[m.Name] = usable(m)
 	}
 	return out
 }

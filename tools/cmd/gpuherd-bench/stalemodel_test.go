@@ -22,7 +22,7 @@ func benchMix() capacity {
 		case 3:
 			capa[s] = map[string]int{"RTX": 2}
 		case 4:
-			capa[s] = map[string]int{"H100": 2, "L40S": 2, "RTX": 1}
+			capa[s] = map[string]int{"H100": 2, "L40S": 1, "RTX": 1}
 		}
 	}
 	return capa
