@@ -24,7 +24,16 @@ type FSM struct {
 	// copy would differ from the others' if it went on, so it answers
 	// nothing from then on and keeps its log for a newer version to apply.
 	halted error
+	// durable, when set, waits until this server's copy of a log entry
+	// is on disk (Store.WaitDurable): the leader's are written ahead, and
+	// nothing is applied, so nothing read or answered, before they are.
+	durable func(index uint64) error
 }
+
+// notDurable is what Apply answers for a command applied while this
+// server's copy of it could not be made durable: the registry answers it
+// as unavailable, and uncertain.
+type notDurable struct{ err error }
 
 // NewFSM returns an empty registry state machine.
 func NewFSM(log *slog.Logger) *FSM {
@@ -42,7 +51,17 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	return f.applyCommand(l.Index, l.Data)
+	var err error
+	if f.durable != nil {
+		err = f.durable(l.Index)
+	}
+	// Applied either way: the entry is committed, and this copy of the
+	// state must stay the others'.
+	res := f.applyCommand(l.Index, l.Data)
+	if err != nil {
+		return notDurable{err}
+	}
+	return res
 }
 
 func (f *FSM) applyCommand(idx uint64, data []byte) Result {

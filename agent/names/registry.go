@@ -88,6 +88,7 @@ func Open(cfg Config) (*Registry, error) {
 		if cfg.StorageResult != nil || cfg.StorageTime != nil {
 			o := observer{report: cfg.StorageResult, time: cfg.StorageTime}
 			logs, stable, snaps = observedLog{st, o}, observedStable{st, o}, observedSnapshots{fs, o.reported}
+			st.reportAheadSyncs(func(start time.Time, err error) { o.done(StorageLog, "sync", start, err) })
 		}
 	}
 	rc := raft.DefaultConfig()
@@ -110,12 +111,26 @@ func Open(cfg Config) (*Registry, error) {
 		r.closeStore()
 		return nil, err
 	}
-	ra, err := raft.NewRaft(rc, r.fsm, logs, stable, snaps, cfg.Transport)
+	// The leader's log appends are written ahead, beside the
+	// replication, where the commit index its followers hear can be held
+	// to its durable log (durableCommits) and its state machine waits for
+	// its own copy (FSM.durable): docs/names.md, "Durability".
+	trans := cfg.Transport
+	full, ahead := trans.(transportWithAll)
+	ahead = ahead && r.store != nil
+	if ahead {
+		trans = durableCommits{Transport: full, durable: r.store.durableIndex}
+		r.fsm.durable = r.store.WaitDurable
+	}
+	ra, err := raft.NewRaft(rc, r.fsm, logs, stable, snaps, trans)
 	if err != nil {
 		r.closeStore()
 		return nil, fmt.Errorf("name registry: start raft: %w", err)
 	}
 	r.raft = ra
+	if ahead {
+		r.store.writeAheadWhile(func() bool { return ra.State() == raft.Leader })
+	}
 	if cfg.Role == RoleVoter && !existing {
 		if err := r.bootstrap(cfg.Servers, VotersID(cfg.Servers)); err != nil {
 			r.Close()
@@ -661,11 +676,14 @@ func (r *Registry) Serve(ctx context.Context, req Request) Response {
 	if resp, ok := r.wait(ctx, f, true); !ok {
 		return resp
 	}
-	res, ok := f.Response().(Result)
-	if !ok {
-		return r.unavailable("the leader applied no result", false)
+	switch res := f.Response().(type) {
+	case Result:
+		return Response{Result: &res}
+	case notDurable:
+		r.cfg.Logger.Error("name registry: the leader's log failed on its disk", "err", res.err)
+		return r.unavailable("the registry's leader could not make its log durable: "+res.err.Error(), true)
 	}
-	return Response{Result: &res}
+	return r.unavailable("the leader applied no result", false)
 }
 
 // command builds the log command of a write, stamped with this leader's
@@ -833,6 +851,14 @@ func (r *Registry) changeServers(ctx context.Context, req Request) Response {
 	}
 	if resp, ok := r.wait(ctx, f, true); !ok {
 		return resp
+	}
+	// Raft answers a configuration change once committed, which may be
+	// before the leader's copy of it is durable (its log is written
+	// ahead): the answer waits for that too.
+	if r.store != nil {
+		if err := r.store.WaitDurable(f.Index()); err != nil {
+			return r.unavailable("the registry's leader could not make its log durable: "+err.Error(), true)
+		}
 	}
 	return Response{Result: &Result{Code: CodeOK}}
 }

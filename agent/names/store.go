@@ -15,7 +15,8 @@ import (
 )
 
 // Store is raft's log and stable store. The log is a write-ahead log of
-// its own (wal.go: one write and one fdatasync per append); the stable
+// its own (wal.go: one write and one fdatasync per append, the leader's
+// synced beside its replication); the stable
 // values (term, vote) and the log's first index after a compaction are in
 // one bbolt file, each write one fsynced transaction. What raft was told
 // is stored survives kill -9.
@@ -30,6 +31,9 @@ type Store struct {
 	path    string
 	log     *wal
 	commits atomic.Uint64
+	// leading says whether this server leads raft (set once raft runs):
+	// its appends are then written ahead (wal.appendAhead).
+	leading atomic.Pointer[func() bool]
 }
 
 var (
@@ -195,8 +199,41 @@ func (s *Store) GetLog(index uint64, l *raft.Log) error { return s.log.get(index
 // StoreLog writes one entry.
 func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
-// StoreLogs appends entries, synced before it returns.
-func (s *Store) StoreLogs(logs []*raft.Log) error { return s.log.append(logs) }
+// StoreLogs appends entries, synced before it returns; the leader's are
+// written ahead instead, made durable while raft sends them to the
+// followers (wal.appendAhead), and WaitDurable waits for them.
+//
+// Raft stores the leader's entries from its leader loop and a follower's
+// from the loop that handles the leader's calls, which makes the server a
+// follower before it stores anything: so leading, read here, is the role
+// the entries are stored in. A follower never writes ahead: it tells the
+// leader an entry is stored only once it is durable.
+func (s *Store) StoreLogs(logs []*raft.Log) error {
+	if leading := s.leading.Load(); leading != nil && (*leading)() {
+		return s.log.appendAhead(logs)
+	}
+	return s.log.append(logs)
+}
+
+// writeAheadWhile makes the appends made while leading answers true
+// written ahead.
+func (s *Store) writeAheadWhile(leading func() bool) { s.leading.Store(&leading) }
+
+// reportAheadSyncs tells report of each fdatasync of entries written
+// ahead: they are not part of an append's time.
+func (s *Store) reportAheadSyncs(report func(start time.Time, err error)) {
+	s.log.wmu.Lock()
+	s.log.aheadSynced = report
+	s.log.wmu.Unlock()
+}
+
+// durableIndex is the index up to which the log is on disk.
+func (s *Store) durableIndex() uint64 { return s.log.durableIndex() }
+
+// WaitDurable waits until the log's entry at index is on disk; it fails
+// when the disk failed the sync of entries written ahead (the log then
+// takes no more appends).
+func (s *Store) WaitDurable(index uint64) error { return s.log.waitDurable(index) }
 
 // DeleteRange removes the entries from min to max, both included. A
 // compaction (from the front) records the new first index before any

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -48,6 +49,18 @@ import (
 // for in turn. Zeros end the records as a torn append does, and are cut
 // off the same way when the log is opened; a segment is cut back to its
 // records before the next one starts, so only the last holds zeros.
+//
+// The leader's appends are written ahead (appendAhead): written, readable
+// at once, and made durable by a goroutine of their own, so that raft
+// sends them to the followers while the leader's fdatasync runs, as etcd's
+// leader does, instead of after it. Raft counts the leader's own copy from
+// the write on, so an entry may commit on a follower's durable copy and the
+// leader's written one; the registry's state machine applies nothing
+// before the leader's copy is durable too (waitDurable), and the followers
+// hear a commit index no higher than that (durableCommits), so whatever
+// is applied or answered rests on a majority's durable copies, as before.
+// The followers' appends stay synchronous: a follower tells the leader an
+// entry is stored only once it is durable.
 type wal struct {
 	dir      string
 	segSize  int64 // walSegmentSize; smaller in tests
@@ -62,6 +75,34 @@ type wal struct {
 	segs []*walSegment
 	// syncs counts fdatasyncs and directory syncs.
 	syncs func()
+	// sync makes appended records durable (datasync.File); tests make it
+	// fail or wait. Set with wmu held.
+	sync func(*os.File) error
+	// aheadSynced, when set (with wmu held), is told of each fdatasync
+	// of entries written ahead: when it started, and how it ended.
+	aheadSynced func(start time.Time, err error)
+
+	// What the entries written ahead still lack (appendAhead). smu
+	// guards these; durableNow signals when durable, syncErr or closed
+	// change. Lock order: wmu, then smu.
+	smu        sync.Mutex
+	durableNow *sync.Cond
+	// durable: every entry up to this index is on disk.
+	durable uint64
+	// gen counts the cuts from the back and the removals of every
+	// segment: a sync that started before one covers nothing after it.
+	gen uint64
+	// syncing: a goroutine runs syncAhead.
+	syncing bool
+	// syncErr is a failed fdatasync of entries written ahead: whether
+	// the disk kept them is unknown, so the log takes no more appends
+	// and the entries are never reported durable.
+	syncErr error
+	closed  bool
+	bg      sync.WaitGroup
+	// syncMu is held through syncAhead's fdatasync, and by a deletion
+	// before it closes or cuts a file: never while waiting for wmu.
+	syncMu sync.Mutex
 }
 
 type walEntry struct {
@@ -87,9 +128,6 @@ const walSegmentSize = 16 << 20
 // registry commands.
 const walPrealloc = 1 << 20
 
-// walSync makes an append durable; tests make it fail.
-var walSync = datasync.File
-
 // walHeader is the length, checksum and index in front of each entry.
 const walHeader = 16
 
@@ -104,7 +142,8 @@ func openWAL(dir string, keepFrom uint64, synced func()) (*wal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("name registry log %s: %w", dir, err)
 	}
-	w := &wal{dir: dir, segSize: walSegmentSize, prealloc: walPrealloc, syncs: synced}
+	w := &wal{dir: dir, segSize: walSegmentSize, prealloc: walPrealloc, syncs: synced, sync: datasync.File}
+	w.durableNow = sync.NewCond(&w.smu)
 	names, err := segmentFiles(dir)
 	if err != nil {
 		return nil, err
@@ -119,6 +158,17 @@ func openWAL(dir string, keepFrom uint64, synced func()) (*wal, error) {
 	if keepFrom > w.first && len(w.entries) > 0 {
 		w.dropFront(min(keepFrom, w.first+uint64(len(w.entries))) - 1)
 	}
+	// Entries written ahead before a kill are in the file system's
+	// cache, not necessarily on the disk: make them durable before
+	// anything is applied or answered from them.
+	if seg := w.tail(); seg != nil {
+		if err := w.sync(seg.f); err != nil {
+			w.close()
+			return nil, fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+		}
+		w.syncs()
+	}
+	_, w.durable = w.bounds()
 	return w, nil
 }
 
@@ -235,6 +285,12 @@ func appendRecord(b []byte, index uint64, entry []byte) []byte {
 }
 
 func (w *wal) close() error {
+	// Entries written ahead are made durable first.
+	w.smu.Lock()
+	w.closed = true
+	w.durableNow.Broadcast()
+	w.smu.Unlock()
+	w.bg.Wait()
 	var errs []error
 	for _, s := range w.segs {
 		errs = append(errs, s.f.Close())
@@ -270,12 +326,21 @@ func (w *wal) get(index uint64, l *raft.Log) error {
 
 // append writes logs, which must follow the last entry held (or start
 // anywhere when the log is empty), in one write and one fdatasync.
-func (w *wal) append(logs []*raft.Log) error {
+func (w *wal) append(logs []*raft.Log) error { return w.write(logs, false) }
+
+// appendAhead writes logs as append does and returns before they are
+// durable: a goroutine makes them so, and waitDurable waits for it.
+func (w *wal) appendAhead(logs []*raft.Log) error { return w.write(logs, true) }
+
+func (w *wal) write(logs []*raft.Log, ahead bool) error {
 	if len(logs) == 0 {
 		return nil
 	}
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
+	if err := w.failed(); err != nil {
+		return err
+	}
 	_, last := w.bounds()
 	if last != 0 && logs[0].Index != last+1 {
 		return fmt.Errorf("name registry log %s: append of entry %d after entry %d", w.dir, logs[0].Index, last)
@@ -295,7 +360,7 @@ func (w *wal) append(logs []*raft.Log) error {
 	seg := w.tail()
 	if seg == nil || (seg.size > 0 && seg.size+int64(len(buf)) > w.segSize) {
 		if seg != nil {
-			if err := w.seal(seg); err != nil {
+			if err := w.seal(seg, last); err != nil {
 				return err
 			}
 		}
@@ -311,11 +376,13 @@ func (w *wal) append(logs []*raft.Log) error {
 		seg.cutBack() // a short write leaves a torn tail
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
 	}
-	if err := walSync(seg.f); err != nil {
-		seg.cutBack() // not stored, as far as raft knows
-		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+	if !ahead {
+		if err := w.sync(seg.f); err != nil {
+			seg.cutBack() // not stored, as far as raft knows
+			return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+		}
+		w.syncs()
 	}
-	w.syncs()
 	for i := range entries {
 		entries[i].seg, entries[i].off = seg, seg.size+offs[i]
 	}
@@ -326,7 +393,111 @@ func (w *wal) append(logs []*raft.Log) error {
 	}
 	w.entries = append(w.entries, entries...)
 	w.mu.Unlock()
+	end := logs[len(logs)-1].Index
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	if !ahead {
+		// The fdatasync covered every entry of this segment, and a
+		// segment is synced before the next one starts (seal).
+		w.setDurable(end)
+	} else if !w.syncing {
+		w.syncing = true
+		w.bg.Add(1)
+		go w.syncAhead()
+	}
 	return nil
+}
+
+// failed is the error of a failed sync of entries written ahead. Call
+// with wmu held.
+func (w *wal) failed() error {
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	return w.syncErr
+}
+
+// setDurable records that every entry up to index is on disk. Call with
+// smu held.
+func (w *wal) setDurable(index uint64) {
+	if index > w.durable {
+		w.durable = index
+		w.durableNow.Broadcast()
+	}
+}
+
+// syncAhead makes the entries written ahead durable, one fdatasync for
+// every entry written by the time it starts, until none is left.
+func (w *wal) syncAhead() {
+	defer w.bg.Done()
+	for {
+		w.wmu.Lock()
+		_, last := w.bounds()
+		seg, sync, report := w.tail(), w.sync, w.aheadSynced
+		w.smu.Lock()
+		gen := w.gen
+		if seg == nil || last <= w.durable || w.syncErr != nil {
+			w.syncing = false
+			w.smu.Unlock()
+			w.wmu.Unlock()
+			return
+		}
+		w.smu.Unlock()
+		w.wmu.Unlock()
+		// Outside wmu: the next appends are written meanwhile.
+		w.syncMu.Lock()
+		start := time.Now()
+		err := sync(seg.f)
+		w.syncMu.Unlock()
+		if report != nil {
+			report(start, err)
+		}
+		w.smu.Lock()
+		if err == nil {
+			w.syncs()
+		}
+		if w.gen == gen { // else the entries it was for were cut off
+			if err != nil {
+				w.syncErr = fmt.Errorf("name registry log %s: sync of entries written ahead: %w", seg.path, err)
+				w.durableNow.Broadcast()
+			} else {
+				w.setDurable(last)
+			}
+		}
+		w.smu.Unlock()
+	}
+}
+
+// durableIndex is the index up to which every entry is on disk.
+func (w *wal) durableIndex() uint64 {
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	return w.durable
+}
+
+// waitDurable waits until the entry at index is on disk. It fails when
+// the sync of entries written ahead failed, or the log is closed first.
+func (w *wal) waitDurable(index uint64) error {
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	for w.durable < index {
+		if w.syncErr != nil {
+			return w.syncErr
+		}
+		if w.closed && !w.syncing {
+			return fmt.Errorf("name registry log %s: closed before entry %d was durable", w.dir, index)
+		}
+		w.durableNow.Wait()
+	}
+	return nil
+}
+
+// cut records that the entries after last are gone: a sync in flight
+// covers none of what is written in their place. Call with wmu held.
+func (w *wal) cut(last uint64) {
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	w.gen++
+	w.durable = min(w.durable, last)
 }
 
 func (w *wal) tail() *walSegment {
@@ -371,18 +542,32 @@ func (seg *walSegment) cutBack() {
 
 // seal cuts seg's file back to its records, durably, before the next
 // segment starts: zeros are read as the end of the log only in the last.
-func (w *wal) seal(seg *walSegment) error {
-	if seg.alloc == seg.size {
+// Its entries written ahead, up to last, are made durable with it.
+func (w *wal) seal(seg *walSegment, last uint64) error {
+	w.smu.Lock()
+	pending := w.durable < last
+	w.smu.Unlock()
+	if seg.alloc == seg.size && !pending {
 		return nil
 	}
 	if err := seg.f.Truncate(seg.size); err != nil {
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
 	}
 	if err := datasync.File(seg.f); err != nil {
-		return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+		err = fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+		if pending {
+			w.smu.Lock()
+			w.syncErr = err
+			w.durableNow.Broadcast()
+			w.smu.Unlock()
+		}
+		return err
 	}
 	w.syncs()
 	seg.alloc = seg.size
+	w.smu.Lock()
+	w.setDurable(last)
+	w.smu.Unlock()
 	return nil
 }
 
@@ -423,6 +608,8 @@ func (w *wal) syncDir() error {
 func (w *wal) deleteRange(lo, hi uint64) error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
+	w.syncMu.Lock() // no file closed under a sync of entries written ahead
+	defer w.syncMu.Unlock()
 	first, last := w.bounds()
 	if len(w.entries) == 0 || hi < first || lo > last {
 		return nil
@@ -442,6 +629,9 @@ func (w *wal) deleteRange(lo, hi uint64) error {
 // segment stay deleted across a restart.
 func (w *wal) deleteFront(upTo uint64) error {
 	w.dropFront(upTo)
+	if len(w.entries) == 0 {
+		w.cut(0)
+	}
 	removed := false
 	for len(w.segs) > 0 {
 		s := w.segs[0]
@@ -474,6 +664,7 @@ func (w *wal) dropFront(upTo uint64) {
 // deleteBack cuts the log from lo on, durably, before anything is appended
 // in its place.
 func (w *wal) deleteBack(lo uint64) error {
+	w.cut(lo - 1)
 	w.mu.Lock()
 	cut := w.entries[lo-w.first]
 	w.entries = w.entries[:lo-w.first]
@@ -494,6 +685,9 @@ func (w *wal) deleteBack(lo uint64) error {
 		return fmt.Errorf("name registry log %s: sync: %w", cut.seg.path, err)
 	}
 	w.syncs()
+	w.smu.Lock()
+	w.setDurable(lo - 1) // what is left, earlier segments synced when sealed
+	w.smu.Unlock()
 	if cut.off == 0 {
 		// An empty segment named after an index the log may not hold
 		// next: the next append starts a fresh one.

@@ -49,9 +49,10 @@ func checkLog(t *testing.T, s *Store, want map[uint64]uint64, first, last uint64
 	}
 }
 
-// TestWALAgainstModel runs random appends, compactions, truncations of
-// the tail, full deletions and reopenings (each a restart of the agent)
-// with small segments, and checks the log after each against a model.
+// TestWALAgainstModel runs random appends (a follower's, synced, and the
+// leader's, written ahead), compactions, truncations of the tail, full
+// deletions and reopenings (each a restart of the agent) with small
+// segments, and checks the log after each against a model.
 func TestWALAgainstModel(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -86,7 +87,11 @@ func TestWALAgainstModel(t *testing.T) {
 						logs = append(logs, walLog(i, term))
 						want[i] = term
 					}
-					if err := s.StoreLogs(logs); err != nil {
+					store := s.StoreLogs // a follower's: durable on return
+					if rnd.IntN(2) == 0 {
+						store = s.log.appendAhead // the leader's
+					}
+					if err := store(logs); err != nil {
 						t.Fatal(err)
 					}
 					if last == 0 {
@@ -127,6 +132,16 @@ func TestWALAgainstModel(t *testing.T) {
 					f = 0
 				}
 				checkLog(t, s, want, f, last)
+				// Entries written ahead are made durable beside the next
+				// steps; nothing says more is durable than the log holds.
+				if d := durableOf(s); d > last {
+					t.Fatalf("step %d: durable up to %d, the log ends at %d", step, d, last)
+				}
+				if last > 0 && rnd.IntN(4) == 0 {
+					if err := s.WaitDurable(last); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 		})
 	}
@@ -256,9 +271,9 @@ func TestWALFailedSyncIsNeverReadBack(t *testing.T) {
 	if err := s.StoreLogs([]*raft.Log{walLog(1, 1), walLog(2, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	walSync = func(*os.File) error { return errors.New("injected: the disk failed the sync") }
+	s.log.sync = func(*os.File) error { return errors.New("injected: the disk failed the sync") }
 	err = s.StoreLogs([]*raft.Log{walLog(3, 1), walLog(4, 1)})
-	walSync = datasync.File
+	s.log.sync = datasync.File
 	if err == nil {
 		t.Fatal("append with a failed sync succeeded")
 	}
