@@ -5,7 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,5 +181,152 @@ func TestLeaderAnswersOnlyWhatItsDiskKept(t *testing.T) {
 	}
 	if err, _ := seen.get("log/sync"); err == nil || !strings.Contains(err.Error(), "injected") {
 		t.Fatalf("the failed sync ahead: reported %v", err)
+	}
+}
+
+// calledFrom says whether fn is on the calling goroutine's stack.
+func calledFrom(fn string) bool {
+	buf := make([]byte, 64<<10)
+	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), fn)
+}
+
+// Only the leader's commands are written ahead: a follower's appends, and
+// the leader's configuration entries and no-ops, are synced inside
+// StoreLogs, before raft sends or acknowledges them.
+func TestOnlyTheLeadersCommandsAreWrittenAhead(t *testing.T) {
+	s, _ := openTestStore(t)
+	defer s.Close()
+	var leading atomic.Bool
+	s.writeAheadWhile(leading.Load)
+	var (
+		mu     sync.Mutex
+		inline []bool
+	)
+	setSync(s, func(f *os.File) error {
+		mu.Lock()
+		inline = append(inline, calledFrom("names.(*Store).StoreLogs"))
+		mu.Unlock()
+		return datasync.File(f)
+	})
+	entry := func(i uint64, typ raft.LogType) *raft.Log {
+		l := walLog(i, 1)
+		l.Type = typ
+		return l
+	}
+	for _, c := range []struct {
+		name    string
+		leading bool
+		logs    []*raft.Log
+		ahead   bool
+	}{
+		{"the leader's commands", true, []*raft.Log{walLog(1, 1), walLog(2, 1)}, true},
+		{"the leader's commands with a configuration", true, []*raft.Log{walLog(3, 1), entry(4, raft.LogConfiguration)}, false},
+		{"the leader's no-op", true, []*raft.Log{entry(5, raft.LogNoop)}, false},
+		{"a follower's commands", false, []*raft.Log{walLog(6, 1), walLog(7, 1)}, false},
+		{"the leader's commands again", true, []*raft.Log{walLog(8, 1)}, true},
+	} {
+		mu.Lock()
+		inline = nil
+		mu.Unlock()
+		leading.Store(c.leading)
+		if err := s.StoreLogs(c.logs); err != nil {
+			t.Fatal(err)
+		}
+		last := c.logs[len(c.logs)-1].Index
+		if err := s.WaitDurable(last); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		got := inline
+		mu.Unlock()
+		if len(got) == 0 {
+			t.Fatalf("%s: no fdatasync", c.name)
+		}
+		for _, in := range got {
+			if in == c.ahead {
+				t.Fatalf("%s: fdatasync inside StoreLogs %v, want %v (written ahead: %v)", c.name, in, !c.ahead, c.ahead)
+			}
+		}
+	}
+}
+
+// The kernel reports a write-back error to one fdatasync only. When a
+// follower's synced append fails while entries written ahead wait for
+// their own fdatasync (a leader that just stepped down), that one may
+// return success afterwards: the log must count them lost, take no more
+// appends, and cut them off the file, so that a restart does not read
+// them back from the page cache as if the disk had them.
+func TestFailedSyncWhileEntriesWaitCutsThemOff(t *testing.T) {
+	s, path := openTestStore(t)
+	if err := s.StoreLogs([]*raft.Log{walLog(1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	setSync(s, func(f *os.File) error {
+		switch calls.Add(1) {
+		case 1: // the sync of 2..3 written ahead: held, then "succeeds"
+			close(started)
+			<-release
+			return nil
+		case 2: // the follower's append of 4
+			return errors.New("injected: the disk failed the sync")
+		}
+		return datasync.File(f)
+	})
+	if err := s.log.appendAhead([]*raft.Log{walLog(2, 1), walLog(3, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := s.StoreLogs([]*raft.Log{walLog(4, 1)}); err == nil {
+		t.Fatal("an append whose fdatasync failed succeeded")
+	}
+	close(release)
+	if err := s.WaitDurable(3); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("entries written ahead before a failed fdatasync: %v, want the failure", err)
+	}
+	if d := durableOf(s); d != 1 {
+		t.Fatalf("durable up to %d after the failure, want 1", d)
+	}
+	setSync(s, datasync.File)
+	if err := s.StoreLogs([]*raft.Log{walLog(4, 1)}); err == nil {
+		t.Fatal("the log took an append after losing entries written ahead")
+	}
+	s.Close()
+	s, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checkLog(t, s, map[uint64]uint64{1: 1}, 1, 1)
+}
+
+// A server that no longer leads reads an entry it wrote ahead only once
+// it is durable: raft acknowledges entries it finds in its log without
+// storing them again, so reading one vouches for it.
+func TestAFollowerReadsOnlyDurableEntries(t *testing.T) {
+	s, _ := openTestStore(t)
+	defer s.Close()
+	var leading atomic.Bool
+	s.writeAheadWhile(leading.Load)
+	if err := s.StoreLogs([]*raft.Log{walLog(1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	setSync(s, func(*os.File) error { return errors.New("injected: the disk failed the sync") })
+	defer setSync(s, datasync.File)
+	leading.Store(true)
+	if err := s.StoreLogs([]*raft.Log{walLog(2, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	var l raft.Log
+	if err := s.GetLog(2, &l); err != nil {
+		t.Fatalf("the leader reading its own entry: %v", err)
+	}
+	leading.Store(false)
+	if err := s.GetLog(2, &l); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("a follower reading an entry its fdatasync lost: %v, want the failure", err)
+	}
+	if err := s.GetLog(1, &l); err != nil {
+		t.Fatalf("a follower reading a durable entry: %v", err)
 	}
 }

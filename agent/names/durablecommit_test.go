@@ -87,7 +87,8 @@ func TestWriteAheadOnlyWithAFullTransport(t *testing.T) {
 	}
 	reg := singleVoter(t, t.TempDir())
 	defer reg.Close()
-	if reg.fsm.durable == nil || reg.store.leading.Load() == nil {
-		t.Fatal("a voter on disk with a full transport does not write ahead")
+	if _, wrapped := reg.trans.(durableCommits); !wrapped || reg.fsm.durable == nil || reg.store.leading.Load() == nil {
+		t.Fatalf("a voter on disk with a full transport: transport %T, state machine waiting %v, writing ahead %v; want all three",
+			reg.trans, reg.fsm.durable != nil, reg.store.leading.Load() != nil)
 	}
 }

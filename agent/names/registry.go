@@ -22,8 +22,11 @@ type Registry struct {
 	raft  *raft.Raft // nil for a client
 	fsm   *FSM       // nil for a client
 	store *Store     // nil in memory or for a client
-	local *localLog  // set for a registry without raft (NewLocal)
-	via   Transport  // set for a front of one (Front)
+	// trans is raft's transport: Config.Transport, wrapped by
+	// durableCommits where the leader's appends are written ahead.
+	trans raft.Transport
+	local *localLog // set for a registry without raft (NewLocal)
+	via   Transport // set for a front of one (Front)
 
 	// readyTerm is the term in which this server, as leader, saw a barrier
 	// applied: from then its FSM holds every entry committed before its
@@ -122,6 +125,7 @@ func Open(cfg Config) (*Registry, error) {
 		trans = durableCommits{Transport: full, durable: r.store.durableIndex}
 		r.fsm.durable = r.store.WaitDurable
 	}
+	r.trans = trans
 	ra, err := raft.NewRaft(rc, r.fsm, logs, stable, snaps, trans)
 	if err != nil {
 		r.closeStore()

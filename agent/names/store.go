@@ -193,8 +193,20 @@ func (s *Store) LastIndex() (uint64, error) {
 	return last, nil
 }
 
-// GetLog reads the entry at index into l.
-func (s *Store) GetLog(index uint64, l *raft.Log) error { return s.log.get(index, l) }
+// GetLog reads the entry at index into l. A server that does not lead
+// reads an entry it wrote ahead while it led only once it is durable:
+// raft acknowledges to the new leader entries it finds already in its log
+// without storing them again, and it must not vouch for a copy a power
+// cut could still take.
+func (s *Store) GetLog(index uint64, l *raft.Log) error {
+	if err := s.log.get(index, l); err != nil {
+		return err
+	}
+	if leading := s.leading.Load(); leading != nil && !(*leading)() {
+		return s.log.waitDurable(index)
+	}
+	return nil
+}
 
 // StoreLog writes one entry.
 func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
@@ -208,11 +220,27 @@ func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l})
 // follower before it stores anything: so leading, read here, is the role
 // the entries are stored in. A follower never writes ahead: it tells the
 // leader an entry is stored only once it is durable.
+//
+// Only commands are written ahead. A configuration entry is synced
+// before raft sends it: raft takes the next membership change once the
+// one before is committed, and a change committed on the leader's written
+// copy and lost in a power cut could leave two majorities of different
+// voter sets. The no-op a new leader appends is synced too, since raft
+// counts it before it takes a membership change.
 func (s *Store) StoreLogs(logs []*raft.Log) error {
-	if leading := s.leading.Load(); leading != nil && (*leading)() {
+	if leading := s.leading.Load(); leading != nil && (*leading)() && onlyCommands(logs) {
 		return s.log.appendAhead(logs)
 	}
 	return s.log.append(logs)
+}
+
+func onlyCommands(logs []*raft.Log) bool {
+	for _, l := range logs {
+		if l.Type != raft.LogCommand {
+			return false
+		}
+	}
+	return true
 }
 
 // writeAheadWhile makes the appends made while leading answers true

@@ -372,6 +372,9 @@ func (w *wal) write(logs []*raft.Log, ahead bool) error {
 	if err := w.preallocate(seg, seg.size+int64(len(buf))); err != nil {
 		return err
 	}
+	if err := w.failed(); err != nil { // preallocate's sync found a failure
+		return err
+	}
 	if _, err := seg.f.WriteAt(buf, seg.size); err != nil {
 		seg.cutBack() // a short write leaves a torn tail
 		return fmt.Errorf("name registry log %s: %w", seg.path, err)
@@ -379,7 +382,9 @@ func (w *wal) write(logs []*raft.Log, ahead bool) error {
 	if !ahead {
 		if err := w.sync(seg.f); err != nil {
 			seg.cutBack() // not stored, as far as raft knows
-			return fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+			err = fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
+			w.syncFailed(err, last)
+			return err
 		}
 		w.syncs()
 	}
@@ -416,10 +421,41 @@ func (w *wal) failed() error {
 	return w.syncErr
 }
 
-// setDurable records that every entry up to index is on disk. Call with
-// smu held.
+// syncFailed records a failed fdatasync of the last segment, the log
+// holding entries up to last. The kernel reports a write-back error to
+// one fdatasync only, so when entries written ahead were waiting for one,
+// no later fdatasync can vouch for them: the log takes no more appends,
+// their records are cut off the file (a restart must not read them back
+// from the page cache as if they were on the disk), and nothing is
+// reported durable again. A failure with nothing waiting is the failed
+// append's alone. Call with wmu held.
+func (w *wal) syncFailed(err error, last uint64) {
+	w.smu.Lock()
+	defer w.smu.Unlock()
+	if w.durable >= last || w.syncErr != nil {
+		return
+	}
+	w.syncErr = err
+	w.durableNow.Broadcast()
+	seg := w.tail()
+	if seg == nil {
+		return
+	}
+	w.mu.RLock()
+	off, ok := int64(0), false
+	for i := len(w.entries) - 1; i >= 0 && w.first+uint64(i) > w.durable && w.entries[i].seg == seg; i-- {
+		off, ok = w.entries[i].off, true
+	}
+	w.mu.RUnlock()
+	if ok && seg.f.Truncate(off) == nil {
+		seg.size, seg.alloc = min(seg.size, off), min(seg.alloc, off)
+	}
+}
+
+// setDurable records that every entry up to index is on disk; after a
+// failed sync of entries written ahead, nothing is. Call with smu held.
 func (w *wal) setDurable(index uint64) {
-	if index > w.durable {
+	if index > w.durable && w.syncErr == nil {
 		w.durable = index
 		w.durableNow.Broadcast()
 	}
@@ -437,6 +473,7 @@ func (w *wal) syncAhead() {
 		gen := w.gen
 		if seg == nil || last <= w.durable || w.syncErr != nil {
 			w.syncing = false
+			w.durableNow.Broadcast()
 			w.smu.Unlock()
 			w.wmu.Unlock()
 			return
@@ -448,20 +485,24 @@ func (w *wal) syncAhead() {
 		start := time.Now()
 		err := sync(seg.f)
 		w.syncMu.Unlock()
+		if errors.Is(err, os.ErrClosed) {
+			// A deletion removed the segment meanwhile, and its entries
+			// with it: look again.
+			continue
+		}
 		if report != nil {
 			report(start, err)
 		}
-		w.smu.Lock()
-		if err == nil {
-			w.syncs()
+		if err != nil {
+			w.wmu.Lock()
+			w.syncFailed(fmt.Errorf("name registry log %s: sync of entries written ahead: %w", seg.path, err), last)
+			w.wmu.Unlock()
+			continue
 		}
+		w.syncs()
+		w.smu.Lock()
 		if w.gen == gen { // else the entries it was for were cut off
-			if err != nil {
-				w.syncErr = fmt.Errorf("name registry log %s: sync of entries written ahead: %w", seg.path, err)
-				w.durableNow.Broadcast()
-			} else {
-				w.setDurable(last)
-			}
+			w.setDurable(last)
 		}
 		w.smu.Unlock()
 	}
@@ -514,6 +555,7 @@ func (w *wal) preallocate(seg *walSegment, end int64) error {
 	if end <= seg.alloc {
 		return nil
 	}
+	_, last := w.bounds()
 	var err error
 	for _, to := range []int64{end + w.prealloc, end} {
 		if _, err = seg.f.WriteAt(make([]byte, to-seg.alloc), seg.alloc); err == nil {
@@ -522,6 +564,7 @@ func (w *wal) preallocate(seg *walSegment, end int64) error {
 				seg.alloc = to
 				return nil
 			}
+			w.syncFailed(fmt.Errorf("name registry log %s: sync: %w", seg.path, err), last)
 		}
 		if terr := seg.f.Truncate(seg.alloc); terr != nil {
 			return fmt.Errorf("name registry log %s: making room for an append: %w (and cutting it back: %v)", seg.path, err, terr)
@@ -555,12 +598,7 @@ func (w *wal) seal(seg *walSegment, last uint64) error {
 	}
 	if err := datasync.File(seg.f); err != nil {
 		err = fmt.Errorf("name registry log %s: sync: %w", seg.path, err)
-		if pending {
-			w.smu.Lock()
-			w.syncErr = err
-			w.durableNow.Broadcast()
-			w.smu.Unlock()
-		}
+		w.syncFailed(err, last)
 		return err
 	}
 	w.syncs()
@@ -630,7 +668,14 @@ func (w *wal) deleteRange(lo, hi uint64) error {
 func (w *wal) deleteFront(upTo uint64) error {
 	w.dropFront(upTo)
 	if len(w.entries) == 0 {
-		w.cut(0)
+		// Everything, under a snapshot: a sync in flight covers none of
+		// what is appended next, and what was deleted is in the snapshot.
+		w.smu.Lock()
+		w.gen++
+		if w.syncErr == nil {
+			w.durable = upTo
+		}
+		w.smu.Unlock()
 	}
 	removed := false
 	for len(w.segs) > 0 {
@@ -682,7 +727,9 @@ func (w *wal) deleteBack(lo uint64) error {
 	}
 	cut.seg.size, cut.seg.alloc = cut.off, cut.off
 	if err := cut.seg.f.Sync(); err != nil {
-		return fmt.Errorf("name registry log %s: sync: %w", cut.seg.path, err)
+		err = fmt.Errorf("name registry log %s: sync: %w", cut.seg.path, err)
+		w.syncFailed(err, lo-1)
+		return err
 	}
 	w.syncs()
 	w.smu.Lock()
