@@ -330,3 +330,97 @@ func TestAFollowerReadsOnlyDurableEntries(t *testing.T) {
 		t.Fatalf("a follower reading a durable entry: %v", err)
 	}
 }
+
+// waitUntil polls cond until it holds, for at most ten seconds.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited ten seconds for %s", what)
+		}
+	}
+}
+
+// A power cut of the leader before its fdatasync, with one follower
+// holding the entry: the voters that lack it (the restarted leader among
+// them) elect the next leader, and the entry is dropped. The follower that
+// held it must never apply it, or its copy of the registry would keep a
+// name the others do not have: not when the old leader counted it
+// committed, nor when the new leader's commit index passes its index
+// before the follower's copy is overwritten (hashicorp/raft lets a
+// request with no entries commit up to the follower's own last entry).
+// Here the leader's fdatasync fails instead of the power going: the log
+// then cuts the records it wrote ahead off its file, which is what the
+// disk keeps after a power cut.
+func TestPowerCutOfTheLeaderLeavesNoFollowerAhead(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	leader := c.leader()
+	rest := others(c.servers, leader)
+	kept, lacking := rest[0], rest[1]
+	c.partition([]string{lacking})
+	lreg := c.reg(leader)
+	waitUntil(t, "the leader to lead without "+lacking, lreg.IsLeader)
+
+	cut := make(chan struct{})
+	var cutOnce sync.Once
+	powerGoes := func() { cutOnce.Do(func() { close(cut) }) }
+	t.Cleanup(powerGoes) // before the cluster closes: its leader waits for the sync
+	setSync(lreg.store, func(*os.File) error {
+		<-cut
+		return errors.New("injected: the power went")
+	})
+	ctx := ctxT(t, 20*time.Second)
+	write := func(name string) (uint64, chan error) {
+		before := lreg.Raft().LastIndex()
+		done := make(chan error, 1)
+		go func() {
+			_, err := lreg.Acquire(ctx, Claim(name), leader, "", "req", nil)
+			done <- err
+		}()
+		waitUntil(t, "the leader to write "+name, func() bool { return lreg.Raft().LastIndex() > before })
+		return lreg.Raft().LastIndex(), done
+	}
+	lost, firstDone := write("vm-lost")
+	kreg := c.reg(kept)
+	waitUntil(t, kept+" to store the entry", func() bool { last, _ := kreg.store.LastIndex(); return last >= lost })
+	waitUntil(t, "the leader to count the entry committed", func() bool { return lreg.Raft().CommitIndex() >= lost })
+	// Another write: its AppendEntries leaves after the commit above, and
+	// carries the commit index the follower may apply up to.
+	next, secondDone := write("vm-next")
+	waitUntil(t, kept+" to store the next entry", func() bool { last, _ := kreg.store.LastIndex(); return last >= next })
+	if got := kreg.Raft().CommitIndex(); got >= lost {
+		t.Fatalf("%s was told entry %d is committed while the leader's copy is not durable (commit index %d)", kept, lost, got)
+	}
+
+	// The power goes: the leader is cut off at once, and its log keeps
+	// what its disk had (the failed sync cuts the rest off the file).
+	c.partition([]string{leader})
+	powerGoes()
+	for _, done := range []chan error{firstDone, secondDone} {
+		var ue *UnavailableError
+		if err := <-done; !errors.As(err, &ue) || !ue.Uncertain {
+			t.Fatalf("a write the leader lost: %v, want unavailable, uncertain", err)
+		}
+	}
+	// The old leader comes back without its copy, linked to the voter
+	// that lacks the entry only: never, meanwhile, can the one that keeps
+	// it lead.
+	c.kill(leader)
+	c.partition([]string{kept})
+	c.mu.Lock()
+	delete(c.cut, [2]string{leader, lacking})
+	delete(c.cut, [2]string{lacking, leader})
+	c.mu.Unlock()
+	c.start(leader)
+	newLeader := c.leader(leader, lacking)
+	if _, err := c.reg(newLeader).Acquire(ctx, Claim("vm-after"), newLeader, "", "req", nil); err != nil {
+		t.Fatal(err)
+	}
+	c.heal()
+	c.caughtUp(t, kept)
+	for _, id := range []string{leader, lacking, kept} {
+		if r, err := c.reg(id).Lookup(ctx, Claim("vm-lost"), Stale); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s's copy of the registry: vm-lost %+v, %v; the entry was dropped, want not found", id, r, err)
+		}
+	}
+}

@@ -31,10 +31,20 @@ type transportWithAll interface {
 
 var _ transportWithAll = durableCommits{}
 
+// clamp holds args's commit index to the leader's durable log, and to the
+// last entry the request proves the follower shares with the leader: its
+// previous entry plus the entries it carries. The Raft paper bounds a
+// follower's commit index by that "index of last new entry";
+// hashicorp/raft bounds it by the follower's own last index instead, so a
+// request with no entries and a high commit index would make a follower
+// apply entries of an older term it holds past the previous entry, which
+// the leader never had (a deposed leader's, which the new leader will
+// overwrite).
 func (t durableCommits) clamp(args *raft.AppendEntriesRequest) *raft.AppendEntriesRequest {
-	if d := t.durable(); args.LeaderCommitIndex > d {
+	bound := min(t.durable(), args.PrevLogEntry+uint64(len(args.Entries)))
+	if args.LeaderCommitIndex > bound {
 		held := *args
-		held.LeaderCommitIndex = d
+		held.LeaderCommitIndex = bound
 		return &held
 	}
 	return args

@@ -44,7 +44,7 @@ func TestFollowersHearOnlyDurableCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, commit := range []uint64{0, 5, 7, 10} {
-		args := &raft.AppendEntriesRequest{LeaderCommitIndex: commit}
+		args := &raft.AppendEntriesRequest{LeaderCommitIndex: commit, PrevLogEntry: 8, Entries: []*raft.Log{{Index: 9}, {Index: 10}}}
 		if err := tr.AppendEntries("b", "b", args, &raft.AppendEntriesResponse{}); err != nil {
 			t.Fatal(err)
 		}
@@ -65,11 +65,20 @@ func TestFollowersHearOnlyDurableCommits(t *testing.T) {
 		}
 	}
 	durable = 12
-	if err := tr.AppendEntries("b", "b", &raft.AppendEntriesRequest{LeaderCommitIndex: 10}, &raft.AppendEntriesResponse{}); err != nil {
+	if err := tr.AppendEntries("b", "b", &raft.AppendEntriesRequest{LeaderCommitIndex: 10, PrevLogEntry: 10}, &raft.AppendEntriesResponse{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := rec.sent[len(rec.sent)-1]; got != 10 {
 		t.Fatalf("commit 10 with the log durable up to 12: sent %d", got)
+	}
+	// A request proves the follower shares the leader's log up to its
+	// previous entry and the entries it carries, no further: entries the
+	// follower holds past them may be a deposed leader's.
+	if err := tr.AppendEntries("b", "b", &raft.AppendEntriesRequest{LeaderCommitIndex: 11, PrevLogEntry: 6}, &raft.AppendEntriesResponse{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.sent[len(rec.sent)-1]; got != 6 {
+		t.Fatalf("commit 11 in a request whose previous entry is 6 and that carries none: sent %d, want 6", got)
 	}
 }
 
