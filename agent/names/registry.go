@@ -856,13 +856,5 @@ func (r *Registry) changeServers(ctx context.Context, req Request) Response {
 	if resp, ok := r.wait(ctx, f, true); !ok {
 		return resp
 	}
-	// Raft answers a configuration change once committed, which may be
-	// before the leader's copy of it is durable (its log is written
-	// ahead): the answer waits for that too.
-	if r.store != nil {
-		if err := r.store.WaitDurable(f.Index()); err != nil {
-			return r.unavailable("the registry's leader could not make its log durable: "+err.Error(), true)
-		}
-	}
 	return Response{Result: &Result{Code: CodeOK}}
 }

@@ -16,10 +16,10 @@ import (
 
 // Store is raft's log and stable store. The log is a write-ahead log of
 // its own (wal.go: one write and one fdatasync per append, the leader's
-// synced beside its replication); the stable
-// values (term, vote) and the log's first index after a compaction are in
-// one bbolt file, each write one fsynced transaction. What raft was told
-// is stored survives kill -9.
+// commands synced beside their replication); the stable values (term,
+// vote) and the log's first index after a compaction are in one bbolt
+// file, each write one fsynced transaction. What raft was told is stored
+// survives kill -9.
 //
 // hashicorp/raft-boltdb/v2 is the usual choice for both. Its v2.3.1
 // imports go-metrics/compat, which go-metrics v0.7.0 (required by
@@ -223,10 +223,11 @@ func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l})
 //
 // Only commands are written ahead. A configuration entry is synced
 // before raft sends it: raft takes the next membership change once the
-// one before is committed, and a change committed on the leader's written
-// copy and lost in a power cut could leave two majorities of different
-// voter sets. The no-op a new leader appends is synced too, since raft
-// counts it before it takes a membership change.
+// one before is committed, and answers a change on commit, not through
+// the state machine; a change committed on the leader's written copy and
+// lost in a power cut could leave two majorities of different voter sets.
+// The no-op a new leader appends is synced too, since raft counts it
+// before it takes a membership change.
 func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if leading := s.leading.Load(); leading != nil && (*leading)() && onlyCommands(logs) {
 		return s.log.appendAhead(logs)
