@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/api/peerwire"
 	"github.com/gpuherd/gpuherd/agent/claim"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/pki"
@@ -136,6 +137,13 @@ func (a *Agent) startCluster() error {
 		// debug level: a scanner must not flood the journal.
 		ErrorLog: slog.NewLogLogger(a.log.With("component", "peer-api").Handler(), slog.LevelDebug),
 	}
+	// Other agents' calls come over the peer wire; HTTP/2 and HTTP/1.1
+	// stay for the callers that do not offer it.
+	peerwire.Install(c.server, peerwire.Limits{
+		MaxBodyBytes: api.MaxBodyBytes,
+		ReadTimeout:  a.requestReadTimeout(),
+		IdleTimeout:  2 * time.Minute,
+	})
 	go func() {
 		if err := c.server.ServeTLS(ln, "", ""); err != nil && err != http.ErrServerClosed {
 			a.log.Error("peer API stopped", "addr", cfg.PeerAddr, "err", err)

@@ -3,10 +3,11 @@ package api
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/gpuherd/gpuherd/agent/api/peerwire"
 )
 
 // ReserveRequest is a coordinator asking the owning server to reserve GPUs
@@ -145,9 +146,10 @@ func NewPeerClient(addr string, cfg *tls.Config, timeout time.Duration) *PeerCli
 const PeerConnectTimeout = time.Second
 
 // NewPeerTransport is the mutual-TLS transport to other agents' peer APIs
-// with cfg (which must verify the far end's identity).
-func NewPeerTransport(cfg *tls.Config) *http.Transport {
-	return &http.Transport{
+// with cfg (which must verify the far end's identity): the peer wire
+// (agent/api/peerwire) to agents that offer it, HTTP/2 to the others.
+func NewPeerTransport(cfg *tls.Config) http.RoundTripper {
+	h2 := &http.Transport{
 		TLSClientConfig:     cfg,
 		DialContext:         (&net.Dialer{Timeout: PeerConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:   true,
@@ -155,6 +157,7 @@ func NewPeerTransport(cfg *tls.Config) *http.Transport {
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: PeerConnectTimeout,
 	}
+	return peerwire.NewTransport(cfg, h2, PeerConnectTimeout)
 }
 
 // NewPeerClientTransport returns a client for the owner at addr that sends
@@ -228,6 +231,7 @@ func (p *PeerClient) DeleteGroup(ctx context.Context, name string) (GroupRecord,
 }
 
 // ErrNotSent matches the error of a peer call that never left the caller
-// (the peer was avoided, or no connection to it was made): nothing it
-// asked for can have happened on the peer.
-var ErrNotSent = errors.New("the call was not sent")
+// (the peer was avoided, or no connection to it was made), or that the
+// peer never read (it closed the connection before): nothing it asked
+// for can have happened on the peer.
+var ErrNotSent = peerwire.ErrNotSent

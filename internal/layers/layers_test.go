@@ -26,6 +26,7 @@ const module = "github.com/gpuherd/gpuherd"
 // may not import each other. A new package must be placed here.
 var layers = [][]string{
 	{"internal/atomicfile", "internal/datasync", "internal/clock", "internal/keyedlock", "agent/events"}, // durable whole-file writes and appends; the clock seam; locks by key; the protocol's event vocabulary
+	{"agent/api/peerwire"},                   // the peer API's calls framed on one mutual-TLS connection
 	{"agent/api"},                            // wire types and the HTTP layer
 	{"vfio"},                                 // hardware: sysfs
 	{"vfio/fakekernel"},                      // hardware: the simulated kernel

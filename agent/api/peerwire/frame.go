@@ -1,0 +1,264 @@
+// Package peerwire carries the peer API's HTTP requests between agents in
+// length-prefixed frames on one mutual-TLS connection per pair, instead of
+// HTTP/2. It is chosen by ALPN (Proto) on the same listener, so a server
+// still answers HTTP/2 and HTTP/1.1 clients, and a client falls back to
+// HTTP/2 on a server that does not offer it.
+//
+// Why: every claim makes several peer calls, and HTTP/2's framing, header
+// compression, flow control and per-stream goroutines cost more CPU than
+// the handlers they carry (docs/protocol.md, "Peer wire"). The handlers,
+// the requests and the answers are the same http.Handler and http.Request
+// as over HTTP/2: only the bytes on the wire differ.
+//
+// A frame is
+//
+//	u32 length of what follows | u8 kind | u32 stream | payload
+//
+// with the payload of each kind:
+//
+//	request:  u8 method length, method, u16 target length, target
+//	          (path and query), headers, body (the rest)
+//	response: u16 status, headers, body (the rest)
+//	cancel:   nothing (the caller gave up on that stream)
+//	goaway:   nothing; the stream is the last one the server read, and it
+//	          reads no more: every later stream was never seen and may be
+//	          sent again on another connection
+//	ping:     nothing; the server answers pong with the same stream (a
+//	          caller whose call timed out with nothing heard since checks
+//	          that the connection still carries anything)
+//	pong:     nothing
+//
+// and headers as u16 count, then per header u16 name length, name, u16
+// value length, value. Every number is big-endian.
+package peerwire
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+)
+
+// Proto is the ALPN name of this wire.
+const Proto = "gpuherd-peer/1"
+
+// Frame kinds.
+const (
+	kindRequest  byte = 1
+	kindResponse byte = 2
+	kindCancel   byte = 3
+	kindGoAway   byte = 4
+	kindPing     byte = 5
+	kindPong     byte = 6
+)
+
+const (
+	// frameHeader is the length, kind and stream of every frame.
+	frameHeader = 4 + 1 + 4
+	// MaxHeaderBytes bounds the method, target and headers of one frame,
+	// as the HTTP/2 listener's MaxHeaderBytes does.
+	MaxHeaderBytes = 16 << 10
+	// maxHeaders bounds the number of headers of one frame.
+	maxHeaders = 64
+	// MaxResponseBytes bounds a response's body: the largest peer answer
+	// (the registry's list at 10,000 servers) is a few MiB.
+	MaxResponseBytes = 64 << 20
+)
+
+// errProtocol is a frame that breaks this format: the connection closes.
+type errProtocol string
+
+func (e errProtocol) Error() string { return "peer wire: " + string(e) }
+
+// frame is one frame read.
+type frame struct {
+	kind   byte
+	stream uint32
+	body   []byte // the payload
+}
+
+// readFrame reads one frame whose payload is at most max bytes.
+func readFrame(r *bufio.Reader, max int) (frame, error) {
+	var hdr [frameHeader]byte
+	if _, err := io.ReadFull(r, hdr[:4]); err != nil {
+		return frame{}, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:4])
+	if n < 5 {
+		return frame{}, errProtocol(fmt.Sprintf("frame of %d bytes is shorter than its kind and stream", n))
+	}
+	if int64(n)-5 > int64(max) {
+		return frame{}, errProtocol(fmt.Sprintf("frame of %d bytes is over the limit of %d", n, max+5))
+	}
+	if _, err := io.ReadFull(r, hdr[4:]); err != nil {
+		return frame{}, noEOF(err)
+	}
+	f := frame{kind: hdr[4], stream: binary.BigEndian.Uint32(hdr[5:])}
+	f.body = make([]byte, n-5)
+	if _, err := io.ReadFull(r, f.body); err != nil {
+		return frame{}, noEOF(err)
+	}
+	return f, nil
+}
+
+// noEOF is err, with a frame cut short named as such.
+func noEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// appendFrameHeader starts a frame in b; finishFrame writes its length.
+func appendFrameHeader(b []byte, kind byte, stream uint32) []byte {
+	b = append(b, 0, 0, 0, 0, kind)
+	return binary.BigEndian.AppendUint32(b, stream)
+}
+
+func finishFrame(b []byte, start int) []byte {
+	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+	return b
+}
+
+// appendHeaders writes h, or fails when it is over the limits.
+func appendHeaders(b []byte, h http.Header) ([]byte, error) {
+	count := 0
+	for _, vs := range h {
+		count += len(vs)
+	}
+	if count > maxHeaders {
+		return nil, fmt.Errorf("peer wire: %d headers, over the limit of %d", count, maxHeaders)
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(count))
+	for k, vs := range h {
+		for _, v := range vs {
+			if len(k) > MaxHeaderBytes || len(v) > MaxHeaderBytes {
+				return nil, fmt.Errorf("peer wire: header %.64q over %d bytes", k, MaxHeaderBytes)
+			}
+			b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
+			b = append(b, k...)
+			b = binary.BigEndian.AppendUint16(b, uint16(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b, nil
+}
+
+// decoder reads a payload field by field; the first short read sticks.
+type decoder struct {
+	b   []byte
+	err error
+	// used counts the bytes of method, target and headers read.
+	used int
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = errProtocol(what)
+	}
+}
+
+func (d *decoder) take(n int, what string) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > len(d.b) {
+		d.fail(what + " cut short")
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	d.used += n
+	return v
+}
+
+func (d *decoder) u8(what string) int {
+	v := d.take(1, what)
+	if v == nil {
+		return 0
+	}
+	return int(v[0])
+}
+
+func (d *decoder) u16(what string) int {
+	v := d.take(2, what)
+	if v == nil {
+		return 0
+	}
+	return int(binary.BigEndian.Uint16(v))
+}
+
+func (d *decoder) str16(what string) string {
+	return string(d.take(d.u16(what), what))
+}
+
+// headers reads a header block, canonicalizing the names as net/http's
+// servers do, and checking every name and value as they do.
+func (d *decoder) headers() http.Header {
+	n := d.u16("header count")
+	if n > maxHeaders {
+		d.fail(fmt.Sprintf("%d headers, over the limit of %d", n, maxHeaders))
+		return nil
+	}
+	h := make(http.Header, n)
+	for range n {
+		k := d.str16("header name")
+		v := d.str16("header value")
+		if d.err != nil {
+			return nil
+		}
+		if d.used > MaxHeaderBytes {
+			d.fail(fmt.Sprintf("headers over %d bytes", MaxHeaderBytes))
+			return nil
+		}
+		if !validHeaderName(k) {
+			d.fail(fmt.Sprintf("header name %.64q is not a token", k))
+			return nil
+		}
+		if !validHeaderValue(v) {
+			d.fail(fmt.Sprintf("header %.64q has a control character in its value", k))
+			return nil
+		}
+		h.Add(textproto.CanonicalMIMEHeaderKey(k), v)
+	}
+	return h
+}
+
+// validHeaderName is RFC 9110's token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c != 0 && c < 0x80 && bytesContain("!#$%&'*+-.^_`|~", c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue refuses control characters but tab.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func bytesContain(set string, c byte) bool {
+	for i := 0; i < len(set); i++ {
+		if set[i] == c {
+			return true
+		}
+	}
+	return false
+}

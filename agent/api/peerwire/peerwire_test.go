@@ -1,0 +1,646 @@
+package peerwire
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpuherd/gpuherd/agent/pki"
+)
+
+// testPKI is a CA with certificates for a server and a caller.
+type testPKI struct{ dir string }
+
+func newPKI(t *testing.T) testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca")
+	if err := pki.CreateCA(ca, "peer wire test CA", 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"server", "caller"} {
+		if err := pki.IssueCert(ca, dir, n, []string{"127.0.0.1"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return testPKI{dir: dir}
+}
+
+func (p testPKI) files(node string) pki.Files {
+	cert, key := pki.NodeFiles(p.dir, node)
+	return pki.Files{CA: filepath.Join(p.dir, "ca", pki.CACertFile), Cert: cert, Key: key}
+}
+
+func (p testPKI) serverConfig(t *testing.T) *tls.Config {
+	t.Helper()
+	cfg, err := pki.ServerConfig(p.files("server"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func (p testPKI) clientConfig(t *testing.T) *tls.Config {
+	t.Helper()
+	cfg, err := pki.ClientConfigFor(p.files("caller"), "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// testServer serves h on loopback with mutual TLS, with the wire
+// installed unless plain; conns counts the connections it accepted.
+type testServer struct {
+	srv    *http.Server
+	addr   string
+	conns  atomic.Int32
+	closed chan struct{} // a value per connection closed
+	logs   *logBuffer
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func serve(t *testing.T, p testPKI, h http.Handler, plain bool, lim Limits) *testServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{addr: ln.Addr().String(), closed: make(chan struct{}, 1000), logs: &logBuffer{}}
+	ts.srv = &http.Server{
+		Handler:   h,
+		TLSConfig: p.serverConfig(t),
+		ErrorLog:  log.New(ts.logs, "", 0),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			switch s {
+			case http.StateNew:
+				ts.conns.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				ts.closed <- struct{}{}
+			}
+		},
+	}
+	if !plain {
+		Install(ts.srv, lim)
+	}
+	go func() { _ = ts.srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = ts.srv.Close() })
+	return ts
+}
+
+func newClient(t *testing.T, p testPKI) (*http.Client, *Transport) {
+	t.Helper()
+	cfg := p.clientConfig(t)
+	h2 := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+	tr := NewTransport(cfg, h2, time.Second)
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}, tr
+}
+
+// echo answers with what it was asked and who asked.
+func echo(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	caller, err := pki.PeerName(r)
+	if err != nil {
+		caller = "none: " + err.Error()
+	}
+	w.Header().Set("X-Caller", caller)
+	w.Header().Set("X-Proto", r.Proto+" "+r.TLS.NegotiatedProtocol)
+	w.Header().Set("Content-Type", "text/plain")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, "%s %s q=%s ct=%s body=%s", r.Method, r.URL.Path, r.URL.Query().Get("q"), r.Header.Get("Content-Type"), body)
+}
+
+func call(t *testing.T, c *http.Client, ctx context.Context, method, url, body string) (*http.Response, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+func TestCallsGoOverTheWireWithTheCallersIdentity(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, _ := newClient(t, p)
+	resp, body := call(t, c, context.Background(), http.MethodPut, "https://"+ts.addr+"/v1/peer/reservations/vm%2F1?q=x", `{"a":1}`)
+	if resp.StatusCode != http.StatusCreated || resp.Status != "201 Created" {
+		t.Errorf("status %q", resp.Status)
+	}
+	if got, want := body, `PUT /v1/peer/reservations/vm/1 q=x ct=application/json body={"a":1}`; got != want {
+		t.Errorf("body %q, want %q", got, want)
+	}
+	if got := resp.Header.Get("X-Caller"); got != "caller" {
+		t.Errorf("caller %q, want the client certificate's node", got)
+	}
+	if got := resp.Header.Get("X-Proto"); got != "HTTP/1.1 "+Proto {
+		t.Errorf("protocol %q, want the peer wire", got)
+	}
+}
+
+func TestConcurrentCallsShareOneConnection(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, _ := newClient(t, p)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("https://%s/n/%d", ts.addr, i), strings.NewReader(fmt.Sprint(i)))
+			resp, err := c.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want := fmt.Sprintf("POST /n/%d q= ct= body=%d", i, i); string(b) != want {
+				errs <- fmt.Errorf("call %d answered %q, want %q", i, b, want)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := ts.conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1 shared by every call", n)
+	}
+}
+
+func TestAServerWithoutTheWireIsCalledOverHTTP2(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), true, Limits{})
+	c, _ := newClient(t, p)
+	for range 3 {
+		resp, _ := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+		if got := resp.Header.Get("X-Proto"); got != "HTTP/2.0 h2" {
+			t.Errorf("protocol %q, want HTTP/2", got)
+		}
+	}
+	// One connection offered the wire and was refused it; the fallback's
+	// one carried the calls, without offering it again each time.
+	if n := ts.conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+}
+
+func TestHTTP2CallersAreStillServed(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: p.clientConfig(t), ForceAttemptHTTP2: true}}
+	defer c.CloseIdleConnections()
+	resp, body := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x?q=1", "")
+	if got := resp.Header.Get("X-Proto"); got != "HTTP/2.0 h2" {
+		t.Errorf("protocol %q, want HTTP/2", got)
+	}
+	if body != "GET /x q=1 ct= body=" || resp.Header.Get("X-Caller") != "caller" {
+		t.Errorf("answer %q from %q", body, resp.Header.Get("X-Caller"))
+	}
+}
+
+func TestACallerGivingUpCancelsTheHandler(t *testing.T) {
+	p := newPKI(t)
+	started, canceled := make(chan struct{}), make(chan error, 1)
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/block" {
+			echo(w, r)
+			return
+		}
+		close(started)
+		<-r.Context().Done()
+		canceled <- r.Context().Err()
+	}), false, Limits{})
+	c, _ := newClient(t, p)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+ts.addr+"/block", nil)
+		_, err := c.Do(req)
+		done <- err
+	}()
+	<-started
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("the call returned %v, want context.Canceled", err)
+	}
+	select {
+	case err := <-canceled:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("handler's context: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context was never canceled")
+	}
+	// The connection still carries calls.
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if n := ts.conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+func TestAnIdleConnectionIsClosedAndReplaced(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{IdleTimeout: 20 * time.Millisecond})
+	c, tr := newClient(t, p)
+	forgotten := make(chan struct{}, 10)
+	tr.forgotten = func() { forgotten <- struct{}{} }
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	await(t, forgotten, "the server's goodbye") // heard by the caller
+	await(t, ts.closed, "the connection's end")
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if n := ts.conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+
+	// The caller closes its idle connections before the server would.
+	ts = serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, tr = newClient(t, p)
+	tr.idleTimeout = 20 * time.Millisecond
+	tr.forgotten = func() { forgotten <- struct{}{} }
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	await(t, forgotten, "the idle connection's end")
+	await(t, ts.closed, "the connection's end")
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if n := ts.conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+}
+
+func TestShutdownLetsCallsInFlightFinish(t *testing.T) {
+	p := newPKI(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		echo(w, r)
+	}), false, Limits{})
+	c, _ := newClient(t, p)
+	got := make(chan string, 1)
+	go func() {
+		_, body := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/slow", "")
+		got <- body
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() { shut <- ts.srv.Shutdown(context.Background()) }()
+	close(release)
+	if body := <-got; body != "GET /slow q= ct= body=" {
+		t.Errorf("answer %q", body)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+}
+
+// fakeServer accepts connections on the wire and runs each through fn.
+func fakeServer(t *testing.T, p testPKI, fn func(n int, c *tls.Conn)) string {
+	t.Helper()
+	cfg := p.serverConfig(t)
+	cfg.NextProtos = []string{Proto}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for n := 0; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fn(n, c.(*tls.Conn))
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// writeFrame sends a frame; a server that closes the connection on a
+// hostile one may do so before it is all written.
+func writeFrame(t *testing.T, c net.Conn, kind byte, stream uint32, payload []byte) {
+	t.Helper()
+	b := appendFrameHeader(nil, kind, stream)
+	b = append(b, payload...)
+	_, _ = c.Write(finishFrame(b, 0))
+}
+
+func okPayload(body string) []byte {
+	b := binary.BigEndian.AppendUint16(nil, 200)
+	b = binary.BigEndian.AppendUint16(b, 0)
+	return append(b, body...)
+}
+
+func TestACallTheServerNeverReadIsSentAgain(t *testing.T) {
+	p := newPKI(t)
+	addr := fakeServer(t, p, func(n int, c *tls.Conn) {
+		f, err := readFrame(bufio.NewReader(c), 1<<20)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if n == 0 {
+			// Going away having read nothing.
+			writeFrame(t, c, kindGoAway, 0, nil)
+			return
+		}
+		writeFrame(t, c, kindResponse, f.stream, okPayload("second"))
+	})
+	c, _ := newClient(t, p)
+	_, body := call(t, c, context.Background(), http.MethodPost, "https://"+addr+"/x", "{}")
+	if body != "second" {
+		t.Errorf("answer %q", body)
+	}
+}
+
+func TestAConnectionLostInFlightIsNotCalledUnsent(t *testing.T) {
+	p := newPKI(t)
+	addr := fakeServer(t, p, func(n int, c *tls.Conn) {
+		_, _ = readFrame(bufio.NewReader(c), 1<<20)
+		// Read, then gone without an answer: it may have been done.
+	})
+	c, _ := newClient(t, p)
+	req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/x", strings.NewReader("{}"))
+	_, err := c.Do(req)
+	if err == nil || errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), "lost before the answer") {
+		t.Errorf("err = %v, want the connection lost, not a call unsent", err)
+	}
+}
+
+// rawConn is a caller speaking the wire byte by byte.
+func rawConn(t *testing.T, p testPKI, addr string) *tls.Conn {
+	t.Helper()
+	cfg := p.clientConfig(t)
+	cfg.NextProtos = []string{Proto}
+	c, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ConnectionState().NegotiatedProtocol; got != Proto {
+		t.Fatalf("negotiated %q", got)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func requestPayload(method, target string, headers [][2]string, body string) []byte {
+	b := []byte{byte(len(method))}
+	b = append(b, method...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(target)))
+	b = append(b, target...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(headers)))
+	for _, h := range headers {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(h[0])))
+		b = append(b, h[0]...)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(h[1])))
+		b = append(b, h[1]...)
+	}
+	return append(b, body...)
+}
+
+// expectClosed reads until the server closes the connection, failing on
+// an answer.
+func expectClosed(t *testing.T, c *tls.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	f, err := readFrame(bufio.NewReader(c), MaxResponseBytes)
+	if err == nil {
+		t.Errorf("%s: answered a frame of kind %d, want the connection closed", what, f.kind)
+		return
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("%s: the connection stayed open", what)
+	}
+}
+
+func TestHostileFramesCloseTheConnectionOnly(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{MaxBodyBytes: 1024, ReadTimeout: 50 * time.Millisecond})
+	// Two headers over MaxHeaderBytes together, in a frame under the
+	// limit of one.
+	long := strings.Repeat("a", MaxHeaderBytes/2+100)
+	cases := []struct {
+		name string
+		send func(c *tls.Conn)
+	}{
+		{"a frame over the limit", func(c *tls.Conn) {
+			_, _ = c.Write([]byte{0x7f, 0xff, 0xff, 0xff, kindRequest, 0, 0, 0, 1})
+		}},
+		{"a frame shorter than its header", func(c *tls.Conn) { _, _ = c.Write([]byte{0, 0, 0, 2, 1, 0}) }},
+		{"an unknown kind", func(c *tls.Conn) { writeFrame(t, c, 9, 1, nil) }},
+		{"a response from a caller", func(c *tls.Conn) { writeFrame(t, c, kindResponse, 1, okPayload("")) }},
+		{"a method cut short", func(c *tls.Conn) { writeFrame(t, c, kindRequest, 1, []byte{10, 'G'}) }},
+		{"a header name that is no token", func(c *tls.Conn) {
+			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"Bad Name", "v"}}, ""))
+		}},
+		{"a header value with a newline", func(c *tls.Conn) {
+			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"X-A", "v\r\nX-B: w"}}, ""))
+		}},
+		{"headers over the limit", func(c *tls.Conn) {
+			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"X-A", long}, {"X-B", long}}, ""))
+		}},
+		{"a stream that goes back", func(c *tls.Conn) {
+			writeFrame(t, c, kindRequest, 5, requestPayload("GET", "/x", nil, ""))
+			writeFrame(t, c, kindRequest, 5, requestPayload("GET", "/x", nil, ""))
+			f, err := readFrame(bufio.NewReader(c), MaxResponseBytes)
+			if err != nil || f.kind != kindResponse || f.stream != 5 {
+				t.Errorf("first call: %v %+v", err, f)
+			}
+		}},
+		{"a frame stalled half-way", func(c *tls.Conn) { _, _ = c.Write([]byte{0, 0, 0, 100, kindRequest}) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, p, ts.addr)
+			tc.send(c)
+			expectClosed(t, c, tc.name)
+		})
+	}
+	// Answered, the connection kept: a bad target, a body over the limit.
+	c := rawConn(t, p, ts.addr)
+	r := bufio.NewReader(c)
+	for i, tc := range []struct {
+		payload []byte
+		status  int
+	}{
+		{requestPayload("GET", "no-slash", nil, ""), http.StatusBadRequest},
+		{requestPayload("G\x00T", "/x", nil, ""), http.StatusBadRequest},
+		{requestPayload("POST", "/x", nil, strings.Repeat("b", 1025)), http.StatusRequestEntityTooLarge},
+		{requestPayload("POST", "/x", nil, "ok"), http.StatusCreated},
+	} {
+		writeFrame(t, c, kindRequest, uint32(i+1), tc.payload)
+		f, err := readFrame(r, MaxResponseBytes)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if status := int(binary.BigEndian.Uint16(f.body)); f.kind != kindResponse || f.stream != uint32(i+1) || status != tc.status {
+			t.Errorf("call %d: kind %d stream %d status %d, want %d", i, f.kind, f.stream, status, tc.status)
+		}
+	}
+	// And the server serves well-behaved callers throughout.
+	cl, _ := newClient(t, p)
+	call(t, cl, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if !strings.Contains(ts.logs.String(), "closing the connection") {
+		t.Errorf("no hostile frame was logged: %q", ts.logs.String())
+	}
+}
+
+func TestAPanickingHandlerAnswers500(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			panic("boom")
+		}
+		echo(w, r)
+	}), false, Limits{})
+	c, _ := newClient(t, p)
+	resp, _ := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/panic", "")
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if !strings.Contains(ts.logs.String(), "boom") {
+		t.Errorf("the panic was not logged: %q", ts.logs.String())
+	}
+}
+
+func TestAnUnreachableServerFailsTheCall(t *testing.T) {
+	p := newPKI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c, _ := newClient(t, p)
+	req, _ := http.NewRequest(http.MethodGet, "https://"+addr+"/x", nil)
+	if _, err := c.Do(req); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("err = %v, want the connection refused", err)
+	}
+}
+
+func TestAFarEndThatStoppedAnsweringIsLeft(t *testing.T) {
+	p := newPKI(t)
+	addr := fakeServer(t, p, func(n int, c *tls.Conn) {
+		r := bufio.NewReader(c)
+		for {
+			f, err := readFrame(r, 1<<20)
+			if err != nil {
+				return
+			}
+			if n > 0 && f.kind == kindRequest {
+				writeFrame(t, c, kindResponse, f.stream, okPayload("answered"))
+			}
+			// The first connection swallows everything, pings too.
+		}
+	})
+	c, tr := newClient(t, p)
+	tr.pingTimeout = 50 * time.Millisecond
+	checked := make(chan bool, 10)
+	tr.checked = func(alive bool) { checked <- alive }
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/x", nil)
+	if _, err := c.Do(req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the call's deadline", err)
+	}
+	if alive := await(t, checked, "the ping's outcome"); alive {
+		t.Fatal("a connection that answered nothing was kept")
+	}
+	if _, body := call(t, c, context.Background(), http.MethodGet, "https://"+addr+"/x", ""); body != "answered" {
+		t.Errorf("answer %q", body)
+	}
+}
+
+func TestASlowHandlerKeepsItsConnection(t *testing.T) {
+	p := newPKI(t)
+	release := make(chan struct{})
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		echo(w, r)
+	}), false, Limits{})
+	defer close(release)
+	c, tr := newClient(t, p)
+	checked := make(chan bool, 10)
+	tr.checked = func(alive bool) { checked <- alive }
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+ts.addr+"/slow", nil)
+	if _, err := c.Do(req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the call's deadline", err)
+	}
+	if alive := await(t, checked, "the ping's outcome"); !alive {
+		t.Fatal("the server answered the ping, yet the connection was closed")
+	}
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if n := ts.conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+// await is the next value of ch, failing the test after 10 s: an event
+// that never comes fails the test instead of hanging it.
+func await[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never came", what)
+		panic("unreachable")
+	}
+}
