@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpuherd/gpuherd/agent/api"
+	"github.com/gpuherd/gpuherd/agent/api/peerwire"
 	"github.com/gpuherd/gpuherd/agent/ledger"
 	"github.com/gpuherd/gpuherd/agent/pki"
 	"github.com/gpuherd/gpuherd/vfio"
@@ -129,13 +130,15 @@ func newFaultProxy(t testing.TB, tc *testCluster, coord, owner *Agent, delay tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	var backend http.RoundTripper = &http.Transport{TLSClientConfig: cliTLS, ForceAttemptHTTP2: true}
+	backend := api.NewPeerTransport(cliTLS) // the peer wire, as between agents
 	if tc.peers != nil {
 		backend = tc.peers.Transport(coord.cfg.NodeName) // the owner is reached in memory
 	}
 	p := &faultProxy{t: t, target: "https://" + owner.cluster.peerAddr, delay: delay, rule: rule, stop: make(chan struct{}),
 		backend: &http.Client{Transport: backend}, addr: ln.Addr().String()}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), TLSConfig: srvTLS, ReadHeaderTimeout: 5 * time.Second}
+	// The coordinator reaches it over the peer wire, as it would the owner.
+	peerwire.Install(p.srv, peerwire.Limits{MaxBodyBytes: api.MaxBodyBytes})
 	go func() { _ = p.srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(p.close)
 

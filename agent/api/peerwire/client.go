@@ -43,6 +43,9 @@ type Transport struct {
 	// races the server's goodbye.
 	idleTimeout time.Duration
 	now         func() time.Time
+	// maxConcurrent bounds the calls in flight on one connection, as the
+	// server's Limits.MaxConcurrent does (the same default).
+	maxConcurrent int
 	// pingTimeout bounds the wait for the answer to a ping: a connection
 	// that carries nothing back for that long is closed.
 	pingTimeout time.Duration
@@ -66,16 +69,20 @@ func NewTransport(cfg *tls.Config, fallback http.RoundTripper, connectTimeout ti
 		c = cfg.Clone()
 	}
 	c.NextProtos = []string{Proto, "h2", "http/1.1"}
+	if connectTimeout <= 0 {
+		connectTimeout = 30 * time.Second
+	}
 	return &Transport{
 		cfg: c, fallback: fallback,
-		dialer:       net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second},
-		writeTimeout: 10 * time.Second,
-		idleTimeout:  90 * time.Second,
-		pingTimeout:  2 * time.Second,
-		now:          time.Now,
-		conns:        map[string]*clientConn{},
-		dials:        map[string]*dial{},
-		fallBack:     map[string]time.Time{},
+		dialer:        net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second},
+		writeTimeout:  10 * time.Second,
+		idleTimeout:   90 * time.Second,
+		pingTimeout:   2 * time.Second,
+		maxConcurrent: Limits{}.withDefaults().MaxConcurrent,
+		now:           time.Now,
+		conns:         map[string]*clientConn{},
+		dials:         map[string]*dial{},
+		fallBack:      map[string]time.Time{},
 	}
 }
 
@@ -212,6 +219,9 @@ func (t *Transport) dial(host string, d *dial) {
 	}
 }
 
+// forgetLocked is forget, called under cc.mu (t.mu is taken after it).
+func (t *Transport) forgetLocked(cc *clientConn) { go t.forget(cc) }
+
 // forget drops cc from the connections new calls take.
 func (t *Transport) forget(cc *clientConn) {
 	t.mu.Lock()
@@ -271,6 +281,9 @@ func requestFrame(req *http.Request, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(b)-frameHeader > MaxHeaderBytes {
+		return nil, fmt.Errorf("peer wire: method, target and headers over %d bytes", MaxHeaderBytes)
+	}
 	b = append(b, body...)
 	return finishFrame(b, 0), nil
 }
@@ -278,20 +291,28 @@ func requestFrame(req *http.Request, body []byte) ([]byte, error) {
 // clientConn is one connection to a server, every call to it
 // multiplexed by stream.
 type clientConn struct {
-	t    *Transport
-	host string
-	conn *tls.Conn
+	t     *Transport
+	host  string
+	conn  *tls.Conn
+	state tls.ConnectionState
 
+	// slots bounds the calls in flight to the server's MaxConcurrent, so
+	// that the server never stops reading (and so hears pings and
+	// cancels). A call waits for a slot before anything is sent; an
+	// abandoned call keeps its slot until the server answers it.
+	slots chan struct{}
 	wlock chan struct{} // held while writing; a caller may give up waiting
 	w     *bufio.Writer
 	next  uint32 // the last stream sent (under wlock)
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// pending is every stream sent and not answered; a nil channel is a
+	// call its caller gave up on.
 	pending  map[uint32]chan result
-	err      error  // the connection broke
-	goneAway bool   // the server reads no more
-	lastRead uint32 // the last stream the server read, once gone away
-	idleStop bool   // close once nothing is in flight
+	err      error // the connection broke
+	goneAway bool  // the server reads no more
+	idleStop bool  // close once nothing is in flight
+	retired  bool  // its streams ran out: new calls take a new connection
 	idle     *time.Timer
 
 	reads    atomic.Uint64 // frames read so far
@@ -300,13 +321,18 @@ type clientConn struct {
 	pingSent uint32 // the last ping's stream (under wlock)
 }
 
+// retireAfter is the stream after which a connection takes no new calls:
+// streams are 32-bit and must increase.
+const retireAfter = 1 << 31
+
 type result struct {
 	payload []byte
 	err     error
 }
 
 func newClientConn(t *Transport, host string, c *tls.Conn) *clientConn {
-	cc := &clientConn{t: t, host: host, conn: c, wlock: make(chan struct{}, 1),
+	cc := &clientConn{t: t, host: host, conn: c, state: c.ConnectionState(),
+		slots: make(chan struct{}, t.maxConcurrent), wlock: make(chan struct{}, 1),
 		w: bufio.NewWriterSize(c, 16<<10), pending: map[uint32]chan result{}, pongs: make(chan struct{}, 1)}
 	cc.idle = time.AfterFunc(t.idleTimeout, cc.idleTimedOut)
 	return cc
@@ -327,10 +353,15 @@ func (cc *clientConn) idleTimedOut() {
 	}
 }
 
-// settled notes that a call left: the last one arms the idle timer.
-// Under cc.mu.
-func (cc *clientConn) settled() {
-	if len(cc.pending) == 0 {
+// remove forgets stream, answered or never to be, and frees its slot; the
+// last one arms the idle timer. Under cc.mu.
+func (cc *clientConn) remove(stream uint32) {
+	if _, ok := cc.pending[stream]; !ok {
+		return
+	}
+	delete(cc.pending, stream)
+	<-cc.slots
+	if len(cc.pending) == 0 && cc.err == nil && !cc.goneAway && !cc.idleStop {
 		cc.idle.Reset(cc.t.idleTimeout)
 	}
 }
@@ -338,7 +369,7 @@ func (cc *clientConn) settled() {
 func (cc *clientConn) usable() bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	return cc.err == nil && !cc.goneAway && !cc.idleStop
+	return cc.err == nil && !cc.goneAway && !cc.idleStop && !cc.retired
 }
 
 // notSent is a call the server never read.
@@ -354,19 +385,30 @@ func (e *notSent) Is(target error) bool { return target == ErrNotSent }
 
 func (cc *clientConn) roundTrip(ctx context.Context, req *http.Request, frame []byte) (*http.Response, error) {
 	select {
+	case cc.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
 	case cc.wlock <- struct{}{}:
 	case <-ctx.Done():
+		<-cc.slots
 		return nil, ctx.Err()
 	}
 	ch := make(chan result, 1)
 	cc.mu.Lock()
-	if cc.err != nil || cc.goneAway || cc.idleStop {
+	if cc.err != nil || cc.goneAway || cc.idleStop || cc.retired {
 		cc.mu.Unlock()
 		<-cc.wlock
+		<-cc.slots
 		return nil, &notSent{host: cc.host, why: "the connection closed before it was sent"}
 	}
 	cc.next++
 	stream := cc.next
+	if stream >= retireAfter {
+		cc.retired = true
+		cc.t.forgetLocked(cc)
+	}
 	cc.pending[stream] = ch
 	cc.idle.Stop()
 	cc.mu.Unlock()
@@ -388,12 +430,14 @@ func (cc *clientConn) roundTrip(ctx context.Context, req *http.Request, frame []
 		if r.err != nil {
 			return nil, r.err
 		}
-		return parseResponse(req, r.payload)
+		return cc.response(req, r.payload)
 	case <-ctx.Done():
 		cc.mu.Lock()
-		_, waiting := cc.pending[stream]
-		delete(cc.pending, stream)
-		cc.settled()
+		waiting := cc.pending[stream] != nil
+		if waiting {
+			// Its slot is kept until the server answers.
+			cc.pending[stream] = nil
+		}
 		cc.mu.Unlock()
 		if waiting {
 			go cc.cancel(stream)
@@ -403,20 +447,26 @@ func (cc *clientConn) roundTrip(ctx context.Context, req *http.Request, frame []
 			// still there?
 			go cc.ping()
 		}
-		cc.closeIfDone()
 		return nil, ctx.Err()
 	}
 }
 
-// cancel tells the server the caller gave up on stream, if the
-// connection can take it now.
+// cancel tells the server the caller gave up on stream.
 func (cc *clientConn) cancel(stream uint32) {
+	timer := time.NewTimer(cc.t.writeTimeout)
+	defer timer.Stop()
 	select {
 	case cc.wlock <- struct{}{}:
-	default:
-		return
+	case <-timer.C:
+		return // a write is stuck: its deadline ends the connection
 	}
 	defer func() { <-cc.wlock }()
+	cc.mu.Lock()
+	_, inFlight := cc.pending[stream]
+	cc.mu.Unlock()
+	if !inFlight {
+		return // answered meanwhile
+	}
 	b := finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kindCancel, stream), 0)
 	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(cc.t.writeTimeout))
 	if _, err := cc.w.Write(b); err == nil {
@@ -428,7 +478,10 @@ func (cc *clientConn) cancel(stream uint32) {
 // closes it when nothing at all arrives within the transport's
 // pingTimeout: the far end went away without closing (a server
 // powered off, a cable pulled), and every call on it would wait out its
-// whole timeout. Calls in flight then fail; new ones connect anew.
+// whole timeout. Calls in flight then fail; new ones connect anew. A
+// ping that cannot be written for as long (a write in progress, stuck)
+// proves nothing: the write's own deadline ends a connection that takes
+// nothing.
 func (cc *clientConn) ping() {
 	if !cc.pinging.CompareAndSwap(false, true) {
 		return
@@ -444,7 +497,6 @@ func (cc *clientConn) ping() {
 	select {
 	case cc.wlock <- struct{}{}:
 	case <-timer.C:
-		cc.pingFailed(since)
 		return
 	}
 	cc.pingSent++
@@ -483,6 +535,15 @@ func (cc *clientConn) report(alive bool) {
 	if cc.t.checked != nil {
 		cc.t.checked(alive)
 	}
+}
+
+// response is the answer to req in payload.
+func (cc *clientConn) response(req *http.Request, payload []byte) (*http.Response, error) {
+	resp, err := parseResponse(req, payload)
+	if err == nil {
+		resp.TLS = &cc.state
+	}
+	return resp, err
 }
 
 func parseResponse(req *http.Request, payload []byte) (*http.Response, error) {
@@ -524,15 +585,17 @@ func (cc *clientConn) readLoop() {
 			case cc.pongs <- struct{}{}:
 			default:
 			}
-		case kindResponse:
-			cc.mu.Lock()
-			ch := cc.pending[f.stream]
-			delete(cc.pending, f.stream)
-			cc.settled()
-			cc.mu.Unlock()
-			if ch != nil {
-				ch <- result{payload: f.body}
+		case kindResponse, kindReset:
+			res := result{payload: f.body}
+			if f.kind == kindReset {
+				res = result{err: fmt.Errorf("peer wire: %s reset the call: its handler gave no answer", cc.host)}
 			}
+			cc.mu.Lock()
+			if ch := cc.pending[f.stream]; ch != nil {
+				ch <- res
+			}
+			cc.remove(f.stream)
+			cc.mu.Unlock()
 			cc.closeIfDone()
 		case kindGoAway:
 			cc.goAway(f.stream)
@@ -548,11 +611,14 @@ func (cc *clientConn) readLoop() {
 func (cc *clientConn) goAway(last uint32) {
 	cc.t.forget(cc)
 	cc.mu.Lock()
-	cc.goneAway, cc.lastRead = true, last
+	cc.goneAway = true
+	cc.idle.Stop()
 	for s, ch := range cc.pending {
 		if s > last {
-			ch <- result{err: &notSent{host: cc.host, why: "the server closed the connection before reading it"}}
-			delete(cc.pending, s)
+			if ch != nil {
+				ch <- result{err: &notSent{host: cc.host, why: "the server closed the connection before reading it"}}
+			}
+			cc.remove(s)
 		}
 	}
 	cc.mu.Unlock()
@@ -563,7 +629,10 @@ func (cc *clientConn) goAway(last uint32) {
 // call is answered.
 func (cc *clientConn) closeIfDone() {
 	cc.mu.Lock()
-	done := (cc.goneAway || cc.idleStop) && len(cc.pending) == 0
+	done := (cc.goneAway || cc.idleStop || cc.retired) && len(cc.pending) == 0
+	if done {
+		cc.idle.Stop()
+	}
 	cc.mu.Unlock()
 	if done {
 		_ = cc.conn.Close()
@@ -588,6 +657,9 @@ func (cc *clientConn) fail(err error) {
 	gone, idle := cc.goneAway, cc.idleStop
 	pending := cc.pending
 	cc.pending = map[uint32]chan result{}
+	for range pending {
+		<-cc.slots
+	}
 	cc.mu.Unlock()
 	cc.idle.Stop()
 	_ = cc.conn.Close()
@@ -599,6 +671,8 @@ func (cc *clientConn) fail(err error) {
 	}
 	lost := fmt.Errorf("peer wire: connection to %s lost before the answer: %w", cc.host, noEOF(err))
 	for _, ch := range pending {
-		ch <- result{err: lost}
+		if ch != nil {
+			ch <- result{err: lost}
+		}
 	}
 }

@@ -23,6 +23,9 @@
 //	goaway:   nothing; the stream is the last one the server read, and it
 //	          reads no more: every later stream was never seen and may be
 //	          sent again on another connection
+//	reset:    nothing; the server gives no answer to that stream (its
+//	          handler panicked or aborted): an error for the caller, whose
+//	          outcome is unknown, as an HTTP/2 stream reset is
 //	ping:     nothing; the server answers pong with the same stream (a
 //	          caller whose call timed out with nothing heard since checks
 //	          that the connection still carries anything)
@@ -53,6 +56,7 @@ const (
 	kindGoAway   byte = 4
 	kindPing     byte = 5
 	kindPong     byte = 6
+	kindReset    byte = 7
 )
 
 const (
@@ -66,6 +70,9 @@ const (
 	// MaxResponseBytes bounds a response's body: the largest peer answer
 	// (the registry's list at 10,000 servers) is a few MiB.
 	MaxResponseBytes = 64 << 20
+	// maxDiscard bounds a request over the server's limit that it reads
+	// past to answer 413 on its stream; a longer one ends the connection.
+	maxDiscard = 64 << 20
 )
 
 // errProtocol is a frame that breaks this format: the connection closes.
@@ -80,7 +87,20 @@ type frame struct {
 	body   []byte // the payload
 }
 
-// readFrame reads one frame whose payload is at most max bytes.
+// errOversized is a frame over the limit that was read past (its payload
+// dropped), with its kind and stream, so that its stream can be answered.
+type errOversized struct {
+	kind   byte
+	stream uint32
+	size   uint32
+}
+
+func (e *errOversized) Error() string {
+	return fmt.Sprintf("peer wire: frame of %d bytes over the limit", e.size)
+}
+
+// readFrame reads one frame whose payload is at most max bytes. A longer
+// one, up to maxDiscard, is read past and reported as *errOversized.
 func readFrame(r *bufio.Reader, max int) (frame, error) {
 	var hdr [frameHeader]byte
 	if _, err := io.ReadFull(r, hdr[:4]); err != nil {
@@ -90,13 +110,20 @@ func readFrame(r *bufio.Reader, max int) (frame, error) {
 	if n < 5 {
 		return frame{}, errProtocol(fmt.Sprintf("frame of %d bytes is shorter than its kind and stream", n))
 	}
-	if int64(n)-5 > int64(max) {
+	over := int64(n)-5 > int64(max)
+	if over && int64(n)-5 > maxDiscard {
 		return frame{}, errProtocol(fmt.Sprintf("frame of %d bytes is over the limit of %d", n, max+5))
 	}
 	if _, err := io.ReadFull(r, hdr[4:]); err != nil {
 		return frame{}, noEOF(err)
 	}
 	f := frame{kind: hdr[4], stream: binary.BigEndian.Uint32(hdr[5:])}
+	if over {
+		if _, err := io.CopyN(io.Discard, r, int64(n)-5); err != nil {
+			return frame{}, noEOF(err)
+		}
+		return f, &errOversized{kind: f.kind, stream: f.stream, size: n}
+	}
 	f.body = make([]byte, n-5)
 	if _, err := io.ReadFull(r, f.body); err != nil {
 		return frame{}, noEOF(err)
@@ -133,10 +160,17 @@ func appendHeaders(b []byte, h http.Header) ([]byte, error) {
 		return nil, fmt.Errorf("peer wire: %d headers, over the limit of %d", count, maxHeaders)
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(count))
+	size := 0
 	for k, vs := range h {
+		if !validHeaderName(k) {
+			return nil, fmt.Errorf("peer wire: header name %.64q is not a token", k)
+		}
 		for _, v := range vs {
-			if len(k) > MaxHeaderBytes || len(v) > MaxHeaderBytes {
-				return nil, fmt.Errorf("peer wire: header %.64q over %d bytes", k, MaxHeaderBytes)
+			if size += len(k) + len(v) + 4; size > MaxHeaderBytes {
+				return nil, fmt.Errorf("peer wire: headers over %d bytes", MaxHeaderBytes)
+			}
+			if !validHeaderValue(v) {
+				return nil, fmt.Errorf("peer wire: header %.64q has a control character in its value", k)
 			}
 			b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
 			b = append(b, k...)
@@ -204,6 +238,10 @@ func (d *decoder) headers() http.Header {
 		return nil
 	}
 	h := make(http.Header, n)
+	if d.used > MaxHeaderBytes {
+		d.fail(fmt.Sprintf("method and target over %d bytes", MaxHeaderBytes))
+		return nil
+	}
 	for range n {
 		k := d.str16("header name")
 		v := d.str16("header value")

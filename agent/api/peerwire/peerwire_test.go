@@ -290,7 +290,7 @@ func TestACallerGivingUpCancelsTheHandler(t *testing.T) {
 
 func TestAnIdleConnectionIsClosedAndReplaced(t *testing.T) {
 	p := newPKI(t)
-	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{IdleTimeout: 20 * time.Millisecond})
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{IdleTimeout: 20 * time.Millisecond, drain: 10 * time.Millisecond})
 	c, tr := newClient(t, p)
 	forgotten := make(chan struct{}, 10)
 	tr.forgotten = func() { forgotten <- struct{}{} }
@@ -449,14 +449,52 @@ func requestPayload(method, target string, headers [][2]string, body string) []b
 	return append(b, body...)
 }
 
-// expectClosed reads until the server closes the connection, failing on
-// an answer.
+// expectGoodbye reads until the server closes the connection: it must
+// say goodbye first, naming last as the last stream it read, and answer
+// only the streams in answered.
+func expectGoodbye(t *testing.T, c *tls.Conn, what string, last uint32, answered ...uint32) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	goodbye := false
+	var got []uint32
+	for {
+		f, err := readFrame(r, MaxResponseBytes)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("%s: the connection stayed open", what)
+			}
+			break
+		}
+		switch f.kind {
+		case kindGoAway:
+			goodbye = true
+			if f.stream != last {
+				t.Errorf("%s: goodbye after stream %d, want %d", what, f.stream, last)
+			}
+		case kindResponse:
+			got = append(got, f.stream)
+		default:
+			t.Errorf("%s: a frame of kind %d", what, f.kind)
+		}
+	}
+	if !goodbye {
+		t.Errorf("%s: closed without a goodbye", what)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(answered) {
+		t.Errorf("%s: answered streams %v, want %v", what, got, answered)
+	}
+}
+
+// expectClosed reads until the server closes the connection, which must
+// not answer anything.
 func expectClosed(t *testing.T, c *tls.Conn, what string) {
 	t.Helper()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	f, err := readFrame(bufio.NewReader(c), MaxResponseBytes)
 	if err == nil {
-		t.Errorf("%s: answered a frame of kind %d, want the connection closed", what, f.kind)
+		t.Errorf("%s: a frame of kind %d, want the connection closed", what, f.kind)
 		return
 	}
 	var ne net.Error
@@ -467,48 +505,59 @@ func expectClosed(t *testing.T, c *tls.Conn, what string) {
 
 func TestHostileFramesCloseTheConnectionOnly(t *testing.T) {
 	p := newPKI(t)
-	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{MaxBodyBytes: 1024, ReadTimeout: 50 * time.Millisecond})
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{MaxBodyBytes: 1024, ReadTimeout: 50 * time.Millisecond, drain: 10 * time.Millisecond})
 	// Two headers over MaxHeaderBytes together, in a frame under the
 	// limit of one.
 	long := strings.Repeat("a", MaxHeaderBytes/2+100)
+	ok := func(c *tls.Conn, stream uint32) {
+		writeFrame(t, c, kindRequest, stream, requestPayload("GET", "/x", nil, ""))
+	}
 	cases := []struct {
 		name string
 		send func(c *tls.Conn)
+		// the last stream the goodbye names, and the streams answered
+		last     uint32
+		answered []uint32
 	}{
-		{"a frame over the limit", func(c *tls.Conn) {
+		{"a frame over what it reads past", func(c *tls.Conn) {
 			_, _ = c.Write([]byte{0x7f, 0xff, 0xff, 0xff, kindRequest, 0, 0, 0, 1})
-		}},
-		{"a frame shorter than its header", func(c *tls.Conn) { _, _ = c.Write([]byte{0, 0, 0, 2, 1, 0}) }},
-		{"an unknown kind", func(c *tls.Conn) { writeFrame(t, c, 9, 1, nil) }},
-		{"a response from a caller", func(c *tls.Conn) { writeFrame(t, c, kindResponse, 1, okPayload("")) }},
-		{"a method cut short", func(c *tls.Conn) { writeFrame(t, c, kindRequest, 1, []byte{10, 'G'}) }},
+		}, 0, nil},
+		{"a frame shorter than its header", func(c *tls.Conn) { _, _ = c.Write([]byte{0, 0, 0, 2, 1, 0}) }, 0, nil},
+		{"an unknown kind", func(c *tls.Conn) { ok(c, 1); writeFrame(t, c, 9, 2, nil) }, 1, []uint32{1}},
+		{"a response from a caller", func(c *tls.Conn) { writeFrame(t, c, kindResponse, 1, okPayload("")) }, 0, nil},
+		{"a method cut short", func(c *tls.Conn) { writeFrame(t, c, kindRequest, 1, []byte{10, 'G'}) }, 0, nil},
 		{"a header name that is no token", func(c *tls.Conn) {
 			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"Bad Name", "v"}}, ""))
-		}},
+		}, 0, nil},
 		{"a header value with a newline", func(c *tls.Conn) {
 			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"X-A", "v\r\nX-B: w"}}, ""))
-		}},
+		}, 0, nil},
 		{"headers over the limit", func(c *tls.Conn) {
 			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", [][2]string{{"X-A", long}, {"X-B", long}}, ""))
-		}},
+		}, 0, nil},
+		{"a target over the limit", func(c *tls.Conn) {
+			writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/"+strings.Repeat("t", MaxHeaderBytes), nil, ""))
+		}, 0, nil},
 		{"a stream that goes back", func(c *tls.Conn) {
-			writeFrame(t, c, kindRequest, 5, requestPayload("GET", "/x", nil, ""))
-			writeFrame(t, c, kindRequest, 5, requestPayload("GET", "/x", nil, ""))
-			f, err := readFrame(bufio.NewReader(c), MaxResponseBytes)
-			if err != nil || f.kind != kindResponse || f.stream != 5 {
-				t.Errorf("first call: %v %+v", err, f)
-			}
-		}},
-		{"a frame stalled half-way", func(c *tls.Conn) { _, _ = c.Write([]byte{0, 0, 0, 100, kindRequest}) }},
+			ok(c, 5)
+			ok(c, 5)
+			ok(c, 6)
+		}, 5, []uint32{5}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := rawConn(t, p, ts.addr)
 			tc.send(c)
-			expectClosed(t, c, tc.name)
+			expectGoodbye(t, c, tc.name, tc.last, tc.answered...)
 		})
 	}
-	// Answered, the connection kept: a bad target, a body over the limit.
+	t.Run("a frame stalled half-way", func(t *testing.T) {
+		c := rawConn(t, p, ts.addr)
+		_, _ = c.Write([]byte{0, 0, 0, 100, kindRequest})
+		expectClosed(t, c, "a frame stalled half-way")
+	})
+	// Answered, the connection kept: a bad target, a body over the limit
+	// (in a frame under it, and in one over it, read past).
 	c := rawConn(t, p, ts.addr)
 	r := bufio.NewReader(c)
 	for i, tc := range []struct {
@@ -518,6 +567,7 @@ func TestHostileFramesCloseTheConnectionOnly(t *testing.T) {
 		{requestPayload("GET", "no-slash", nil, ""), http.StatusBadRequest},
 		{requestPayload("G\x00T", "/x", nil, ""), http.StatusBadRequest},
 		{requestPayload("POST", "/x", nil, strings.Repeat("b", 1025)), http.StatusRequestEntityTooLarge},
+		{requestPayload("POST", "/x", nil, strings.Repeat("b", 100<<10)), http.StatusRequestEntityTooLarge},
 		{requestPayload("POST", "/x", nil, "ok"), http.StatusCreated},
 	} {
 		writeFrame(t, c, kindRequest, uint32(i+1), tc.payload)
@@ -537,22 +587,162 @@ func TestHostileFramesCloseTheConnectionOnly(t *testing.T) {
 	}
 }
 
-func TestAPanickingHandlerAnswers500(t *testing.T) {
+func TestACallOverTheLimitsIsRefusedBeforeItIsSent(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, _ := newClient(t, p)
+	for name, set := range map[string]func(h http.Header){
+		"headers over the limit":     func(h http.Header) { h.Set("X-A", strings.Repeat("a", MaxHeaderBytes)) },
+		"a value with a newline":     func(h http.Header) { h["X-A"] = []string{"v\nw"} },
+		"a name that is not a token": func(h http.Header) { h["Bad Name"] = []string{"v"} },
+	} {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+ts.addr+"/x", nil)
+		set(req.Header)
+		if _, err := c.Do(req); err == nil || !strings.Contains(err.Error(), "peer wire") {
+			t.Errorf("%s: err = %v, want the wire's refusal", name, err)
+		}
+	}
+	if n := ts.conns.Load(); n != 0 {
+		t.Errorf("%d connections: a call refused here reached the server", n)
+	}
+}
+
+func TestAPanickingHandlerResetsTheCall(t *testing.T) {
 	p := newPKI(t)
 	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/panic" {
+		switch r.URL.Path {
+		case "/panic":
 			panic("boom")
+		case "/abort":
+			panic(http.ErrAbortHandler)
 		}
 		echo(w, r)
 	}), false, Limits{})
 	c, _ := newClient(t, p)
-	resp, _ := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/panic", "")
-	if resp.StatusCode != http.StatusInternalServerError {
-		t.Errorf("status %d", resp.StatusCode)
+	for _, path := range []string{"/panic", "/abort"} {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+ts.addr+path, nil)
+		_, err := c.Do(req)
+		if err == nil || errors.Is(err, ErrNotSent) || !strings.Contains(err.Error(), "reset the call") {
+			t.Errorf("%s: err = %v, want the call reset, its outcome unknown", path, err)
+		}
 	}
 	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
-	if !strings.Contains(ts.logs.String(), "boom") {
-		t.Errorf("the panic was not logged: %q", ts.logs.String())
+	if logs := ts.logs.String(); !strings.Contains(logs, "boom") || strings.Contains(logs, "abort") {
+		t.Errorf("the panic, and it alone, should be logged: %q", logs)
+	}
+	if n := ts.conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+func TestAnswersFollowNetHTTPsRules(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/sniff":
+			_, _ = w.Write([]byte("<html><body>x</body></html>"))
+		case "/late":
+			w.Header().Set("X-Before", "1")
+			w.WriteHeader(http.StatusAccepted)
+			w.Header().Set("X-After", "1")
+			_, _ = w.Write([]byte("body"))
+		case "/early":
+			w.WriteHeader(http.StatusContinue)
+			w.WriteHeader(http.StatusTeapot)
+		}
+	}), false, Limits{})
+	c, _ := newClient(t, p)
+	resp, body := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/sniff", "")
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") || body != "<html><body>x</body></html>" {
+		t.Errorf("content type %q of %q, want it sniffed", ct, body)
+	}
+	if resp.TLS == nil || resp.TLS.NegotiatedProtocol != Proto {
+		t.Errorf("the answer's TLS state: %+v", resp.TLS)
+	}
+	resp, body = call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/late", "")
+	if resp.StatusCode != http.StatusAccepted || resp.Header.Get("X-Before") != "1" || resp.Header.Get("X-After") != "" || body != "body" {
+		t.Errorf("late headers: %d %v %q", resp.StatusCode, resp.Header, body)
+	}
+	resp, _ = call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/early", "")
+	if resp.StatusCode != http.StatusTeapot {
+		t.Errorf("status %d, want the final one after an informational", resp.StatusCode)
+	}
+	resp, body = call(t, c, context.Background(), http.MethodHead, "https://"+ts.addr+"/late", "")
+	if resp.StatusCode != http.StatusAccepted || body != "" {
+		t.Errorf("HEAD: %d %q, want no body", resp.StatusCode, body)
+	}
+}
+
+func TestACallerWaitsForASlotInsteadOfFillingTheServer(t *testing.T) {
+	p := newPKI(t)
+	started, release := make(chan struct{}, 4), make(chan struct{})
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		echo(w, r)
+	}), false, Limits{MaxConcurrent: 1})
+	c, tr := newClient(t, p)
+	tr.maxConcurrent = 1
+	tr.pingTimeout = 20 * time.Millisecond
+	checked := make(chan bool, 4)
+	tr.checked = func(alive bool) { checked <- alive }
+	first := make(chan string, 1)
+	go func() {
+		_, body := call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/first", "")
+		first <- body
+	}()
+	await(t, started, "the first call's handler")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+ts.addr+"/second", nil)
+	if _, err := c.Do(req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second call: %v, want its deadline while waiting for a slot", err)
+	}
+	close(release)
+	if body := await(t, first, "the first call's answer"); body != "GET /first q= ct= body=" {
+		t.Errorf("first call: %q", body)
+	}
+	select {
+	case alive := <-checked:
+		t.Errorf("a call that was never sent pinged the server (alive %v)", alive)
+	default:
+	}
+	if len(started) != 0 {
+		t.Error("the server ran the call that timed out waiting for a slot")
+	}
+}
+
+func TestALostConnectionCancelsItsHandlers(t *testing.T) {
+	p := newPKI(t)
+	started, canceled := make(chan struct{}), make(chan struct{})
+	ts := serve(t, p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+		close(canceled)
+	}), false, Limits{})
+	c := rawConn(t, p, ts.addr)
+	writeFrame(t, c, kindRequest, 1, requestPayload("GET", "/x", nil, ""))
+	await(t, started, "the handler")
+	c.Close()
+	await(t, canceled, "the handler's context canceled")
+}
+
+func TestAConnectionRetiresBeforeItsStreamsRunOut(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, tr := newClient(t, p)
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	tr.mu.Lock()
+	cc := tr.conns[ts.addr]
+	tr.mu.Unlock()
+	cc.wlock <- struct{}{}
+	cc.next = retireAfter - 1
+	<-cc.wlock
+	// The server checks only that streams increase: it takes the jump.
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/x", "")
+	if n := ts.conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: the first one retired", n)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -33,6 +34,11 @@ type Limits struct {
 	// MaxConcurrent bounds the requests one connection has in flight; the
 	// next waits unread.
 	MaxConcurrent int
+
+	// drain is how long a connection that said goodbye reads and drops
+	// what still arrives before it closes (tests shorten it): closing with
+	// unread bytes sends a reset, which could overtake the goodbye.
+	drain time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -50,6 +56,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxConcurrent <= 0 {
 		l.MaxConcurrent = 250
+	}
+	if l.drain <= 0 {
+		l.drain = time.Second
 	}
 	return l
 }
@@ -124,13 +133,19 @@ func (s *serverConns) remove(c *serverConn) {
 	s.mu.Unlock()
 }
 
+// shutdown says goodbye on every connection at once: one whose caller
+// stopped reading must not hold up the others' goaways.
 func (s *serverConns) shutdown() {
 	s.mu.Lock()
 	s.closed = true
+	conns := make([]*serverConn, 0, len(s.live))
 	for c := range s.live {
-		c.goAway()
+		conns = append(conns, c)
 	}
 	s.mu.Unlock()
+	for _, c := range conns {
+		go c.goAway()
+	}
 }
 
 // serverConn serves one caller's connection.
@@ -159,46 +174,80 @@ func (sc *serverConn) logf(format string, args ...any) {
 }
 
 // serve reads requests until the caller leaves, the connection breaks,
-// it stays idle, or the server shuts down; then it waits for the
-// handlers in flight and closes.
+// it stays idle, the caller breaks the wire's rules, or the server shuts
+// down; then it waits for the handlers in flight and closes. When the
+// connection broke, the handlers' contexts are canceled: no one hears
+// their answers. Otherwise (a goodbye said) the caller waits for the
+// answers of what was read.
 func (sc *serverConn) serve() {
-	defer func() {
-		sc.handlers.Wait()
-		_ = sc.conn.Close()
-	}()
-	state := sc.conn.ConnectionState()
 	r := bufio.NewReaderSize(sc.conn, 16<<10)
+	broken := sc.readRequests(r)
+	if broken {
+		sc.mu.Lock()
+		for _, cancel := range sc.streams {
+			cancel()
+		}
+		sc.mu.Unlock()
+	}
+	sc.handlers.Wait()
+	if !broken {
+		_ = sc.conn.SetReadDeadline(time.Now().Add(sc.lim.drain))
+		_, _ = io.Copy(io.Discard, r)
+	}
+	_ = sc.conn.Close()
+}
+
+// readRequests is serve's loop; broken reports a connection that ended
+// without a goodbye (the caller left, or it broke).
+func (sc *serverConn) readRequests(r *bufio.Reader) (broken bool) {
+	state := sc.conn.ConnectionState()
 	max := sc.lim.MaxBodyBytes + MaxHeaderBytes + 1 + 2 + 2
 	for {
 		// Wait for a frame without reading any of it: a timeout here
 		// leaves the stream of frames whole.
 		_ = sc.conn.SetReadDeadline(time.Now().Add(sc.lim.IdleTimeout))
+		if sc.stopped() {
+			// goAway's deadline came before this one replaced it.
+			return false
+		}
 		if _, err := r.Peek(1); err != nil {
 			var ne net.Error
 			switch {
 			case sc.stopped():
+				return false
 			case errors.As(err, &ne) && ne.Timeout() && sc.inFlight() > 0:
 				// Idle, but answers are still being worked on. A timeout
 				// of a TLS connection's read is not sticky.
 				continue
 			case errors.As(err, &ne) && ne.Timeout():
 				sc.goAway()
+				return false
 			}
-			return
+			return true
 		}
 		_ = sc.conn.SetReadDeadline(time.Now().Add(sc.lim.ReadTimeout))
 		f, err := readFrame(r, max)
-		if err != nil {
-			var pe errProtocol
-			if errors.As(err, &pe) {
-				sc.logf("peer wire: closing the connection from %s: %v", sc.conn.RemoteAddr(), err)
+		var big *errOversized
+		switch {
+		case errors.As(err, &big) && big.kind == kindRequest:
+			// Read past, answered: the connection stays whole.
+			if !sc.refuse(big.stream, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("request of %d bytes: its body is over the limit of %d", big.size, sc.lim.MaxBodyBytes)) {
+				return false
 			}
-			return
+			continue
+		case err != nil:
+			var pe errProtocol
+			if errors.As(err, &pe) || big != nil {
+				sc.protocolError(err)
+				return false
+			}
+			return !sc.stopped()
 		}
 		switch f.kind {
 		case kindRequest:
 			if !sc.start(f, &state) {
-				return
+				return false
 			}
 		case kindCancel:
 			sc.mu.Lock()
@@ -210,13 +259,21 @@ func (sc *serverConn) serve() {
 		case kindPing:
 			pong := finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kindPong, f.stream), 0)
 			if err := sc.write(pong); err != nil {
-				return
+				return true
 			}
 		default:
-			sc.logf("peer wire: closing the connection from %s: a frame of kind %d from a caller", sc.conn.RemoteAddr(), f.kind)
-			return
+			sc.protocolError(fmt.Errorf("a frame of kind %d from a caller", f.kind))
+			return false
 		}
 	}
+}
+
+// protocolError ends a connection whose caller broke the wire's rules:
+// logged, and a goodbye naming the last stream read, so that what the
+// caller sent after it comes back to it as never read.
+func (sc *serverConn) protocolError(err error) {
+	sc.logf("peer wire: closing the connection from %s: %v", sc.conn.RemoteAddr(), err)
+	sc.goAway()
 }
 
 func (sc *serverConn) stopped() bool {
@@ -248,42 +305,63 @@ func (sc *serverConn) goAway() {
 	_ = sc.write(finishFrame(b, 0))
 }
 
+// admit records stream as read, in order; false (and a goodbye) when it
+// does not come after the last one, or the connection said goodbye.
+func (sc *serverConn) admit(stream uint32) (context.Context, context.CancelFunc, bool) {
+	sc.mu.Lock()
+	if sc.stopping {
+		sc.mu.Unlock()
+		return nil, nil, false
+	}
+	if stream <= sc.last {
+		last := sc.last
+		sc.mu.Unlock()
+		sc.protocolError(fmt.Errorf("stream %d after %d", stream, last))
+		return nil, nil, false
+	}
+	sc.last = stream
+	ctx, cancel := context.WithCancel(sc.base)
+	sc.streams[stream] = cancel
+	sc.mu.Unlock()
+	return ctx, cancel, true
+}
+
+// refuse answers stream with status and msg without running the handler.
+func (sc *serverConn) refuse(stream uint32, status int, msg string) bool {
+	_, cancel, ok := sc.admit(stream)
+	if ok {
+		sc.finish(stream, cancel, errorResponse(status, msg))
+	}
+	return ok
+}
+
 // start parses a request frame and runs its handler; false when the
-// frame breaks the wire's rules and the connection must close.
+// frame breaks the wire's rules (the connection says goodbye) or came
+// after the goodbye.
 func (sc *serverConn) start(f frame, state *tls.ConnectionState) bool {
 	d := decoder{b: f.body}
 	method := string(d.take(d.u8("method length"), "method"))
 	target := d.str16("target")
 	h := d.headers()
 	if d.err != nil {
-		sc.logf("peer wire: closing the connection from %s: %v", sc.conn.RemoteAddr(), d.err)
+		sc.protocolError(d.err)
 		return false
 	}
 	body := d.b
-	sc.mu.Lock()
-	if f.stream <= sc.last || sc.stopping {
-		stopping := sc.stopping
-		sc.mu.Unlock()
-		if !stopping {
-			sc.logf("peer wire: closing the connection from %s: stream %d after %d", sc.conn.RemoteAddr(), f.stream, sc.last)
-		}
-		return false
-	}
-	sc.last = f.stream
-	ctx, cancel := context.WithCancel(sc.base)
-	sc.streams[f.stream] = cancel
-	sc.mu.Unlock()
-
 	if len(body) > sc.lim.MaxBodyBytes {
-		sc.finish(f.stream, cancel, errorResponse(http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", sc.lim.MaxBodyBytes)))
-		return true
+		return sc.refuse(f.stream, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes: over the limit of %d", len(body), sc.lim.MaxBodyBytes))
+	}
+	ctx, cancel, ok := sc.admit(f.stream)
+	if !ok {
+		return false
 	}
 	req, err := newServerRequest(ctx, method, target, h, body, state, sc.conn.RemoteAddr().String())
 	if err != nil {
 		sc.finish(f.stream, cancel, errorResponse(http.StatusBadRequest, err.Error()))
 		return true
 	}
-	// At the limit, the next frames wait unread until a handler returns.
+	// A caller keeps at most MaxConcurrent calls in flight; one that
+	// sends more waits here, unread, until a handler returns.
 	sc.sem <- struct{}{}
 	sc.handlers.Add(1)
 	go func() {
@@ -294,10 +372,11 @@ func (sc *serverConn) start(f frame, state *tls.ConnectionState) bool {
 	return true
 }
 
-// run calls the handler, and turns a panic into a 500 as net/http's
-// servers log and drop one.
+// run calls the handler. A panic (http.ErrAbortHandler too) resets the
+// call, as net/http's HTTP/2 server resets the stream: the caller gets an
+// error, not an answer.
 func (sc *serverConn) run(req *http.Request) (rw *responseWriter) {
-	rw = &responseWriter{header: http.Header{}}
+	rw = newResponseWriter(req.Method)
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {
@@ -305,7 +384,7 @@ func (sc *serverConn) run(req *http.Request) (rw *responseWriter) {
 				buf = buf[:runtime.Stack(buf, false)]
 				sc.logf("peer wire: panic serving %s %s for %s: %v\n%s", req.Method, req.URL.Path, req.RemoteAddr, v, buf)
 			}
-			rw = errorResponse(http.StatusInternalServerError, "the handler failed")
+			rw = &responseWriter{reset: true}
 		}
 	}()
 	sc.h.ServeHTTP(rw, req)
@@ -314,17 +393,21 @@ func (sc *serverConn) run(req *http.Request) (rw *responseWriter) {
 
 // finish writes the answer of stream and forgets it.
 func (sc *serverConn) finish(stream uint32, cancel context.CancelFunc, rw *responseWriter) {
-	b := make([]byte, 0, frameHeader+2+64+rw.body.Len())
-	b = appendFrameHeader(b, kindResponse, stream)
-	b = binary.BigEndian.AppendUint16(b, uint16(rw.statusCode()))
-	b, err := appendHeaders(b, rw.header)
-	if err != nil {
-		sc.logf("peer wire: answering %s: %v", sc.conn.RemoteAddr(), err)
-		b = appendFrameHeader(b[:0], kindResponse, stream)
-		b = binary.BigEndian.AppendUint16(b, http.StatusInternalServerError)
-		b = binary.BigEndian.AppendUint16(b, 0)
-	} else {
-		b = append(b, rw.body.Bytes()...)
+	var b []byte
+	if !rw.reset {
+		b = make([]byte, 0, frameHeader+2+64+rw.body.Len())
+		b = appendFrameHeader(b, kindResponse, stream)
+		b = binary.BigEndian.AppendUint16(b, uint16(rw.statusCode()))
+		var err error
+		if b, err = appendHeaders(b, rw.sent()); err != nil {
+			sc.logf("peer wire: answering %s: %v", sc.conn.RemoteAddr(), err)
+			rw.reset = true
+		} else {
+			b = append(b, rw.body.Bytes()...)
+		}
+	}
+	if rw.reset {
+		b = appendFrameHeader(b[:0], kindReset, stream)
 	}
 	if err := sc.write(finishFrame(b, 0)); err != nil {
 		// The caller cannot hear answers: stop reading its requests.
@@ -383,29 +466,58 @@ type readCloser struct{ *bytes.Reader }
 
 func (readCloser) Close() error { return nil }
 
-// responseWriter keeps a handler's answer until it returns.
+// responseWriter keeps a handler's answer until it returns, with
+// net/http's rules: the headers are those at WriteHeader (or the first
+// Write), informational statuses are not the answer, a HEAD answer has
+// no body, a body without a Content-Type has one sniffed.
 type responseWriter struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+	header   http.Header
+	snapshot http.Header // the headers sent, once WriteHeader ran
+	status   int
+	head     bool
+	body     bytes.Buffer
+	// reset: no answer, an error for the caller (a panic, an answer
+	// over MaxResponseBytes).
+	reset bool
+}
+
+func newResponseWriter(method string) *responseWriter {
+	return &responseWriter{header: http.Header{}, head: method == http.MethodHead}
 }
 
 func (rw *responseWriter) Header() http.Header { return rw.header }
 
 func (rw *responseWriter) WriteHeader(code int) {
-	if rw.status == 0 && code >= 100 && code <= 999 {
-		rw.status = code
+	if rw.status != 0 || code < 200 || code > 999 {
+		return
 	}
+	rw.status = code
+	rw.snapshot = rw.header.Clone()
 }
 
 func (rw *responseWriter) Write(p []byte) (int, error) {
 	if rw.status == 0 {
-		rw.status = http.StatusOK
+		if rw.header.Get("Content-Type") == "" && len(p) > 0 {
+			rw.header.Set("Content-Type", http.DetectContentType(p))
+		}
+		rw.WriteHeader(http.StatusOK)
+	}
+	if rw.head {
+		return len(p), nil
 	}
 	if rw.body.Len()+len(p) > MaxResponseBytes {
+		rw.reset = true
 		return 0, fmt.Errorf("peer wire: answer over %d bytes", MaxResponseBytes)
 	}
 	return rw.body.Write(p)
+}
+
+// sent is the headers of the answer.
+func (rw *responseWriter) sent() http.Header {
+	if rw.snapshot != nil {
+		return rw.snapshot
+	}
+	return rw.header
 }
 
 func (rw *responseWriter) statusCode() int {
