@@ -333,7 +333,7 @@ type result struct {
 func newClientConn(t *Transport, host string, c *tls.Conn) *clientConn {
 	cc := &clientConn{t: t, host: host, conn: c, state: c.ConnectionState(),
 		slots: make(chan struct{}, t.maxConcurrent), wlock: make(chan struct{}, 1),
-		w: bufio.NewWriterSize(c, 16<<10), pending: map[uint32]chan result{}, pongs: make(chan struct{}, 1)}
+		w: bufio.NewWriterSize(c, connBuffer), pending: map[uint32]chan result{}, pongs: make(chan struct{}, 1)}
 	cc.idle = time.AfterFunc(t.idleTimeout, cc.idleTimedOut)
 	return cc
 }
@@ -571,7 +571,7 @@ func parseResponse(req *http.Request, payload []byte) (*http.Response, error) {
 
 // readLoop hands each answer to its caller until the connection ends.
 func (cc *clientConn) readLoop() {
-	r := bufio.NewReaderSize(cc.conn, 16<<10)
+	r := bufio.NewReaderSize(cc.conn, connBuffer)
 	for {
 		f, err := readFrame(r, MaxResponseBytes+MaxHeaderBytes+4)
 		if err != nil {

@@ -70,6 +70,12 @@ const (
 	// MaxResponseBytes bounds a response's body: the largest peer answer
 	// (the registry's list at 10,000 servers) is a few MiB.
 	MaxResponseBytes = 64 << 20
+	// connBuffer is each connection's read and write buffer, on both
+	// ends. A frame is a few hundred bytes; a longer one is read and
+	// written through. An agent of a 1,000-server cluster may hold a
+	// connection to every other (the registry's leader does), so the
+	// buffers, not the frames, are what a connection costs.
+	connBuffer = 4 << 10
 	// maxDiscard bounds a request over the server's limit that it reads
 	// past to answer 413 on its stream; a longer one ends the connection.
 	maxDiscard = 64 << 20

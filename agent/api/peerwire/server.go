@@ -90,7 +90,7 @@ func Install(srv *http.Server, lim Limits) {
 			base = b.BaseContext()
 		}
 		sc := &serverConn{conn: c, h: h, lim: lim, errLog: s.ErrorLog, base: base,
-			w: bufio.NewWriterSize(c, 16<<10), streams: map[uint32]context.CancelFunc{},
+			w: bufio.NewWriterSize(c, connBuffer), streams: map[uint32]context.CancelFunc{},
 			sem: make(chan struct{}, lim.MaxConcurrent)}
 		if !conns.add(sc) {
 			_ = c.Close()
@@ -180,7 +180,7 @@ func (sc *serverConn) logf(format string, args ...any) {
 // their answers. Otherwise (a goodbye said) the caller waits for the
 // answers of what was read.
 func (sc *serverConn) serve() {
-	r := bufio.NewReaderSize(sc.conn, 16<<10)
+	r := bufio.NewReaderSize(sc.conn, connBuffer)
 	broken := sc.readRequests(r)
 	if broken {
 		sc.mu.Lock()
