@@ -414,11 +414,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, req *http.Request, frame []
 	cc.mu.Unlock()
 	binary.BigEndian.PutUint32(frame[5:], stream)
 	readsBefore := cc.reads.Load()
-	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(cc.t.writeTimeout))
-	_, err := cc.w.Write(frame)
-	if err == nil {
-		err = cc.w.Flush()
-	}
+	err := cc.writeHeld(frame, cc.t.writeTimeout)
 	<-cc.wlock
 	if err != nil {
 		// A frame not written whole is never read.
@@ -467,11 +463,16 @@ func (cc *clientConn) cancel(stream uint32) {
 	if !inFlight {
 		return // answered meanwhile
 	}
-	b := finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kindCancel, stream), 0)
-	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(cc.t.writeTimeout))
-	if _, err := cc.w.Write(b); err == nil {
-		_ = cc.w.Flush()
+	_ = cc.writeHeld(emptyFrame(kindCancel, stream), cc.t.writeTimeout)
+}
+
+// writeHeld writes frame b, wlock held, within timeout.
+func (cc *clientConn) writeHeld(b []byte, timeout time.Duration) error {
+	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(timeout))
+	if _, err := cc.w.Write(b); err != nil {
+		return err
 	}
+	return cc.w.Flush()
 }
 
 // ping checks that the connection still carries frames back, and
@@ -500,12 +501,7 @@ func (cc *clientConn) ping() {
 		return
 	}
 	cc.pingSent++
-	b := finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kindPing, cc.pingSent), 0)
-	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(cc.t.pingTimeout))
-	_, err := cc.w.Write(b)
-	if err == nil {
-		err = cc.w.Flush()
-	}
+	err := cc.writeHeld(emptyFrame(kindPing, cc.pingSent), cc.t.pingTimeout)
 	<-cc.wlock
 	if err != nil {
 		cc.fail(err)

@@ -156,6 +156,11 @@ func finishFrame(b []byte, start int) []byte {
 	return b
 }
 
+// emptyFrame is a frame of kind on stream without a payload.
+func emptyFrame(kind byte, stream uint32) []byte {
+	return finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kind, stream), 0)
+}
+
 // appendHeaders writes h, or fails when it is over the limits.
 func appendHeaders(b []byte, h http.Header) ([]byte, error) {
 	count := 0

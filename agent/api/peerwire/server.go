@@ -257,8 +257,7 @@ func (sc *serverConn) readRequests(r *bufio.Reader) (broken bool) {
 				cancel()
 			}
 		case kindPing:
-			pong := finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kindPong, f.stream), 0)
-			if err := sc.write(pong); err != nil {
+			if err := sc.write(emptyFrame(kindPong, f.stream)); err != nil {
 				return true
 			}
 		default:
@@ -301,8 +300,7 @@ func (sc *serverConn) goAway() {
 	sc.mu.Unlock()
 	// Interrupt the read: what arrives from now on is not read.
 	_ = sc.conn.SetReadDeadline(time.Now())
-	b := appendFrameHeader(make([]byte, 0, frameHeader), kindGoAway, last)
-	_ = sc.write(finishFrame(b, 0))
+	_ = sc.write(emptyFrame(kindGoAway, last))
 }
 
 // admit records stream as read, in order; false (and a goodbye) when it
