@@ -42,7 +42,6 @@ type Transport struct {
 	// long: before the server's (2 minutes) would, so that a call never
 	// races the server's goodbye.
 	idleTimeout time.Duration
-	now         func() time.Time
 	// maxConcurrent bounds the calls in flight on one connection, as the
 	// server's Limits.MaxConcurrent does (the same default).
 	maxConcurrent int
@@ -79,7 +78,6 @@ func NewTransport(cfg *tls.Config, fallback http.RoundTripper, connectTimeout ti
 		idleTimeout:   90 * time.Second,
 		pingTimeout:   2 * time.Second,
 		maxConcurrent: Limits{}.withDefaults().MaxConcurrent,
-		now:           time.Now,
 		conns:         map[string]*clientConn{},
 		dials:         map[string]*dial{},
 		fallBack:      map[string]time.Time{},
@@ -155,7 +153,7 @@ func (t *Transport) fallingBack(host string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	until, ok := t.fallBack[host]
-	if ok && !t.now().Before(until) {
+	if ok && !time.Now().Before(until) {
 		delete(t.fallBack, host)
 		return false
 	}
@@ -209,7 +207,7 @@ func (t *Transport) dial(host string, d *dial) {
 	case cc != nil:
 		t.conns[host] = cc
 	case errors.Is(err, errOtherProto):
-		t.fallBack[host] = t.now().Add(FallbackFor)
+		t.fallBack[host] = time.Now().Add(FallbackFor)
 	}
 	t.mu.Unlock()
 	d.cc, d.err = cc, err
@@ -285,7 +283,7 @@ func requestFrame(req *http.Request, body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("peer wire: method, target and headers over %d bytes", MaxHeaderBytes)
 	}
 	b = append(b, body...)
-	return finishFrame(b, 0), nil
+	return finishFrame(b), nil
 }
 
 // clientConn is one connection to a server, every call to it
@@ -468,7 +466,7 @@ func (cc *clientConn) cancel(stream uint32) {
 
 // writeHeld writes frame b, wlock held, within timeout.
 func (cc *clientConn) writeHeld(b []byte, timeout time.Duration) error {
-	_ = cc.conn.SetWriteDeadline(cc.t.now().Add(timeout))
+	_ = cc.conn.SetWriteDeadline(time.Now().Add(timeout))
 	if _, err := cc.w.Write(b); err != nil {
 		return err
 	}

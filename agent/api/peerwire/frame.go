@@ -43,6 +43,8 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Proto is the ALPN name of this wire.
@@ -151,14 +153,14 @@ func appendFrameHeader(b []byte, kind byte, stream uint32) []byte {
 	return binary.BigEndian.AppendUint32(b, stream)
 }
 
-func finishFrame(b []byte, start int) []byte {
-	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+func finishFrame(b []byte) []byte {
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
 	return b
 }
 
 // emptyFrame is a frame of kind on stream without a payload.
 func emptyFrame(kind byte, stream uint32) []byte {
-	return finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kind, stream), 0)
+	return finishFrame(appendFrameHeader(make([]byte, 0, frameHeader), kind, stream))
 }
 
 // appendHeaders writes h, or fails when it is over the limits.
@@ -173,14 +175,14 @@ func appendHeaders(b []byte, h http.Header) ([]byte, error) {
 	b = binary.BigEndian.AppendUint16(b, uint16(count))
 	size := 0
 	for k, vs := range h {
-		if !validHeaderName(k) {
+		if !httpguts.ValidHeaderFieldName(k) {
 			return nil, fmt.Errorf("peer wire: header name %.64q is not a token", k)
 		}
 		for _, v := range vs {
 			if size += len(k) + len(v) + 4; size > MaxHeaderBytes {
 				return nil, fmt.Errorf("peer wire: headers over %d bytes", MaxHeaderBytes)
 			}
-			if !validHeaderValue(v) {
+			if !httpguts.ValidHeaderFieldValue(v) {
 				return nil, fmt.Errorf("peer wire: header %.64q has a control character in its value", k)
 			}
 			b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
@@ -263,51 +265,15 @@ func (d *decoder) headers() http.Header {
 			d.fail(fmt.Sprintf("headers over %d bytes", MaxHeaderBytes))
 			return nil
 		}
-		if !validHeaderName(k) {
+		if !httpguts.ValidHeaderFieldName(k) {
 			d.fail(fmt.Sprintf("header name %.64q is not a token", k))
 			return nil
 		}
-		if !validHeaderValue(v) {
+		if !httpguts.ValidHeaderFieldValue(v) {
 			d.fail(fmt.Sprintf("header %.64q has a control character in its value", k))
 			return nil
 		}
 		h.Add(textproto.CanonicalMIMEHeaderKey(k), v)
 	}
 	return h
-}
-
-// validHeaderName is RFC 9110's token.
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case c != 0 && c < 0x80 && bytesContain("!#$%&'*+-.^_`|~", c):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue refuses control characters but tab.
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-func bytesContain(set string, c byte) bool {
-	for i := 0; i < len(set); i++ {
-		if set[i] == c {
-			return true
-		}
-	}
-	return false
 }

@@ -373,7 +373,7 @@ func writeFrame(t *testing.T, c net.Conn, kind byte, stream uint32, payload []by
 	t.Helper()
 	b := appendFrameHeader(nil, kind, stream)
 	b = append(b, payload...)
-	_, _ = c.Write(finishFrame(b, 0))
+	_, _ = c.Write(finishFrame(b))
 }
 
 func okPayload(body string) []byte {

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Limits bound what one connection of a server may ask.
@@ -407,7 +409,7 @@ func (sc *serverConn) finish(stream uint32, cancel context.CancelFunc, rw *respo
 	if rw.reset {
 		b = appendFrameHeader(b[:0], kindReset, stream)
 	}
-	if err := sc.write(finishFrame(b, 0)); err != nil {
+	if err := sc.write(finishFrame(b)); err != nil {
 		// The caller cannot hear answers: stop reading its requests.
 		_ = sc.conn.Close()
 	}
@@ -430,7 +432,7 @@ func (sc *serverConn) write(b []byte) error {
 // newServerRequest builds the request the handler sees, as net/http's
 // servers build it.
 func newServerRequest(ctx context.Context, method, target string, h http.Header, body []byte, state *tls.ConnectionState, remote string) (*http.Request, error) {
-	if method == "" || !validHeaderName(method) {
+	if method == "" || !httpguts.ValidHeaderFieldName(method) {
 		return nil, fmt.Errorf("method %.32q is not a token", method)
 	}
 	if !strings.HasPrefix(target, "/") {
