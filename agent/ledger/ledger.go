@@ -736,6 +736,10 @@ func (l *Ledger) commitBatch(batch []*fileWrite) (again []*fileWrite) {
 	return nil
 }
 
+// testBatchBase, when set (tests only), is shown the state a batch starts
+// from, to compare it with the file's (runBatch).
+var testBatchBase func(tx *fileTx, path string, st *state)
+
 // runBatch runs batch's writers over the file's state (bbolt's, with the
 // journal's records not yet in it) plus cur's reservations and inventory,
 // in order, setting errs. It returns the write, whose operations are the
@@ -754,23 +758,20 @@ func (l *Ledger) runBatch(cur *state, batch []*fileWrite, errs []error) (tx *fil
 		}
 	}()
 	tx = newFileTx(btx, l.unflushed)
-	st, err := load(tx, l.path)
-	if err != nil {
-		return tx, nil, -1, err
+	// The published state is the file's (bbolt's plus the journal's
+	// records not yet in it) with the reservations and the inventory,
+	// which live in memory only: every change to the file's claims and
+	// drains goes through a batch (here, or writeUnsynced) and is
+	// published once written, memory-only writers change nothing else
+	// (errNeedsFile), and a batch that fails publishes nothing and
+	// leaves nothing in what later batches read (the journal's overlay
+	// takes a record only once it is written). So its copy is what
+	// reading the file again would give, without decoding every claim on
+	// every write (testBatchBase checks that in the package's tests).
+	st := cur.clone()
+	if testBatchBase != nil {
+		testBatchBase(tx, l.path, st)
 	}
-	// Reservations live in memory only: Open removed any the file held,
-	// and none is written since, so the file's can only be stale.
-	for _, rec := range st.reservations() {
-		delete(st.claims, rec.ID)
-	}
-	for _, rec := range cur.reservations() {
-		if _, ok := st.claims[rec.ID]; !ok {
-			st.claims[rec.ID] = rec
-		}
-	}
-	// The inventory is not in the file either. Its map is never
-	// modified in place, only replaced, so sharing it is safe.
-	st.inventory = cur.inventory
 	for i, w := range batch {
 		changed, err := w.fn(tx, st)
 		errs[i] = err
