@@ -217,6 +217,24 @@ func TestConcurrentCallsShareOneConnection(t *testing.T) {
 	}
 }
 
+func TestHandlersRunOnReusedGoroutines(t *testing.T) {
+	p := newPKI(t)
+	ts := serve(t, p, http.HandlerFunc(echo), false, Limits{})
+	c, _ := newClient(t, p)
+	call(t, c, context.Background(), http.MethodGet, "https://"+ts.addr+"/warm", "")
+	before := workersStarted.Load()
+	const calls = 100
+	for i := range calls {
+		call(t, c, context.Background(), http.MethodGet, fmt.Sprintf("https://%s/n/%d", ts.addr, i), "")
+	}
+	// One after the other, each call finds the goroutine of the call
+	// before waiting, but for the rare one answered before that
+	// goroutine was back.
+	if n := workersStarted.Load() - before; n > calls/4 {
+		t.Errorf("%d goroutines started for %d calls one after the other, want the handlers' goroutines reused", n, calls)
+	}
+}
+
 func TestAServerWithoutTheWireIsCalledOverHTTP2(t *testing.T) {
 	p := newPKI(t)
 	ts := serve(t, p, http.HandlerFunc(echo), true, Limits{})

@@ -364,11 +364,11 @@ func (sc *serverConn) start(f frame, state *tls.ConnectionState) bool {
 	// sends more waits here, unread, until a handler returns.
 	sc.sem <- struct{}{}
 	sc.handlers.Add(1)
-	go func() {
+	spawn(func() {
 		defer sc.handlers.Done()
 		defer func() { <-sc.sem }()
 		sc.finish(f.stream, cancel, sc.run(req))
-	}()
+	})
 	return true
 }
 
