@@ -59,6 +59,9 @@ func checkStrict(data []byte, t reflect.Type) error {
 	return nil
 }
 
+// jsonSpace is the white space JSON allows between tokens (RFC 8259).
+const jsonSpace = " \t\n\r"
+
 // strictWalk is checkStrict's position in its data.
 type strictWalk struct {
 	b []byte
@@ -351,7 +354,9 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	// Only JSON's white space may follow (read in place: the decoder's
+	// Token would grow its buffer to find the end).
+	if len(bytes.TrimLeft(data[dec.InputOffset():], jsonSpace)) != 0 {
 		return Invalid("", "request body holds more than one JSON value")
 	}
 	if trimmed := bytes.TrimSpace(data); trimmed[0] != '{' {

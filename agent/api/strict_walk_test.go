@@ -3,8 +3,12 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -259,3 +263,22 @@ func walkValueTokens(dec *json.Decoder, t reflect.Type, path string) error {
 	return nil
 }
 
+// decodeStrict refuses what follows the object exactly where json.Decoder's
+// Token found something other than the end.
+func TestOnlyJSONSpaceMayFollowTheObject(t *testing.T) {
+	for _, tail := range []string{"", " ", "\n\t\r ", "}", "]", "x", " {}", "\u00a0", "\u2028", "\x00", "\x0b", "\x0c", " 1", `"s"`} {
+		body := `{"gpus":[]}` + tail
+		r := httptest.NewRequest(http.MethodPut, "/v1/claims/x", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		err := decode(httptest.NewRecorder(), r, &ClaimRequest{})
+		refused := err != nil && strings.Contains(err.Error(), "more than one JSON value")
+		dec := json.NewDecoder(strings.NewReader(body))
+		if derr := dec.Decode(&ClaimRequest{}); derr != nil {
+			t.Fatal(derr)
+		}
+		_, terr := dec.Token()
+		if want := !errors.Is(terr, io.EOF); refused != want {
+			t.Errorf("tail %q: refused %v (%v), the decoder's token says %v", tail, refused, err, want)
+		}
+	}
+}

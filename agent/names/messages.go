@@ -236,7 +236,11 @@ func decodeMessage(b []byte) (messageType, any, error) {
 	if err := dec.Decode(body); err != nil {
 		return t, nil, fmt.Errorf("decode %s: %w", t, err)
 	}
-	if dec.More() {
+	// What json.Decoder.More says, read in place (More would grow the
+	// decoder's buffer to look): anything after the value but JSON's white
+	// space, or a closing bracket, is trailing data. Every server must
+	// refuse exactly what the others refuse.
+	if rest := bytes.TrimLeft(b[2+dec.InputOffset():], " \t\n\r"); len(rest) > 0 && rest[0] != ']' && rest[0] != '}' {
 		return t, nil, fmt.Errorf("decode %s: trailing data", t)
 	}
 	if err := body.check(); err != nil {
