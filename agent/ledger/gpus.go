@@ -187,25 +187,39 @@ func (l *Ledger) Free(now time.Time) map[string]int {
 	return out
 }
 
-// Totals returns the capacity per model in the inventory at now.
+// Totals returns the capacity per model in the inventory at now: the
+// GPUs of GPUStates that are not missing, counted by model (a
+// coordinator reads its own server's on every claim, so they are counted
+// here without building the states).
 func (l *Ledger) Totals(now time.Time) map[string]ModelTotals {
-	out := map[string]ModelTotals{}
-	for _, s := range l.GPUStates(now) {
-		if s.Missing {
-			continue
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.state.totals(now)
+}
+
+func (st *state) totals(now time.Time) map[string]ModelTotals {
+	held := make(map[string]bool, len(st.inventory))
+	for _, rec := range st.claims {
+		if rec.Live(now) {
+			for _, addr := range rec.GPUs {
+				held[addr] = true
+			}
 		}
-		t := out[s.GPU.Model]
+	}
+	out := map[string]ModelTotals{}
+	for addr, g := range st.inventory {
+		t := out[g.Model]
 		t.Total++
 		switch {
-		case s.GPU.Healthy && s.GPU.Unusable:
+		case g.Healthy && g.Unusable:
 			t.Unusable++
-		case s.GPU.Healthy:
+		case g.Healthy:
 			t.Healthy++
 		}
-		if s.Status == GPUFree {
-			t.Free++
+		if _, drained := st.drains[addr]; g.Healthy && !g.Unusable && !drained && !held[addr] {
+			t.Free++ // GPUFree: no live claim, healthy, usable, not drained
 		}
-		out[s.GPU.Model] = t
+		out[g.Model] = t
 	}
 	return out
 }

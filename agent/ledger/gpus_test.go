@@ -88,6 +88,7 @@ func TestTotalsAndFree(t *testing.T) {
 	l := newLedger(t)
 	inv := server()
 	inv[7].Healthy = false // 0000:db:00.0
+	inv[6].Unusable = true // 0000:ba:00.0: healthy, its group cannot be passed through
 	if err := l.SetInventory(inv); err != nil {
 		t.Fatal(err)
 	}
@@ -99,18 +100,21 @@ func TestTotalsAndFree(t *testing.T) {
 	}
 
 	want := map[string]ModelTotals{
-		h100: {Total: 8, Healthy: 7, Free: 4}, // 2 reserved, 1 sick, 1 drained
+		h100: {Total: 8, Healthy: 6, Free: 3, Unusable: 1}, // 2 reserved, 1 sick, 1 unusable, 1 drained
 		l40s: {Total: 2, Healthy: 2, Free: 0},
 	}
 	if got := l.Totals(t0); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Totals = %+v, want %+v", got, want)
 	}
-	if got := l.Free(t0); !reflect.DeepEqual(got, map[string]int{h100: 4, l40s: 0}) {
+	if got, want := l.Totals(t0), totalsOf(l.GPUStates(t0)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Totals = %+v, the GPUs' states count %+v", got, want)
+	}
+	if got := l.Free(t0); !reflect.DeepEqual(got, map[string]int{h100: 3, l40s: 0}) {
 		t.Fatalf("Free = %v", got)
 	}
 	// Once the reservation lapses its GPUs count as free again.
-	if got := l.Free(t0.Add(lease))[h100]; got != 6 {
-		t.Fatalf("Free after the lease = %d, want 6", got)
+	if got := l.Free(t0.Add(lease))[h100]; got != 5 {
+		t.Fatalf("Free after the lease = %d, want 5", got)
 	}
 }
 

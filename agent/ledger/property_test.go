@@ -510,6 +510,10 @@ func (m *machine) verify() error {
 		m.durableRev = m.rev
 	}
 	m.txid, m.wantWrite = id, false
+	// Totals counts what GPUStates says, model by model.
+	if got, want := m.l.Totals(m.now), totalsOf(m.l.GPUStates(m.now)); !reflect.DeepEqual(got, want) {
+		return fmt.Errorf("totals %+v, the GPUs' states count %+v", got, want)
+	}
 	return nil
 }
 
@@ -553,4 +557,28 @@ func TestPropertiesCatchABrokenLedger(t *testing.T) {
 	if err := m.verify(); err == nil {
 		t.Fatal("verify accepted capacity that disagrees with the model")
 	}
+}
+
+// totalsOf counts states by model as Totals must: the GPUs not missing,
+// healthy or unusable, and the free ones.
+func totalsOf(states []GPUState) map[string]ModelTotals {
+	out := map[string]ModelTotals{}
+	for _, s := range states {
+		if s.Missing {
+			continue
+		}
+		t := out[s.GPU.Model]
+		t.Total++
+		switch {
+		case s.GPU.Healthy && s.GPU.Unusable:
+			t.Unusable++
+		case s.GPU.Healthy:
+			t.Healthy++
+		}
+		if s.Status == GPUFree {
+			t.Free++
+		}
+		out[s.GPU.Model] = t
+	}
+	return out
 }
