@@ -68,3 +68,27 @@ func TestPeerRequestIsCancelledWhenItsCallerGivesUp(t *testing.T) {
 		t.Fatalf("the call went over HTTP/%d, want HTTP/2 as between agents", p)
 	}
 }
+
+// A peer client's timeout bounds each call: the owner sees the call's
+// context end, and the caller, whose own context has no deadline, gets a
+// deadline error.
+func TestPeerCallEndsAtTheClientsTimeout(t *testing.T) {
+	o := &waitingOwner{entered: make(chan struct{}), gone: make(chan error, 1)}
+	h := api.NewPeerHandler(nil, o, slog.New(slog.DiscardHandler))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(api.WithCaller(r.Context(), "coordinator-1")))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	client := api.NewPeerClientTransport(strings.TrimPrefix(srv.URL, "https://"), srv.Client().Transport, 50*time.Millisecond)
+	defer client.Close()
+
+	_, err := client.Reserve(context.Background(), "vm-1", api.ReserveRequest{Items: []api.Item{{Model: "NVIDIA L40S", Count: 1}}, Coordinator: "coordinator-1"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("caller's answer: %v, want the client's timeout", err)
+	}
+	if err := <-o.gone; err == nil {
+		t.Fatal("the owner's call went on after the client's timeout")
+	}
+}

@@ -22,6 +22,10 @@ type Client struct {
 	base   string // scheme and authority
 	target string // what to name in errors: the socket or host:port
 	http   *http.Client
+	// timeout bounds each call, answer read included, through its
+	// context: http.Client's own Timeout would start a goroutine and a
+	// timer per call for a transport of its own kind (the peer wire).
+	timeout time.Duration
 }
 
 // NewClient returns a client for the agent listening on socket.
@@ -191,6 +195,11 @@ func rootCause(err error) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)

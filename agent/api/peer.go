@@ -165,9 +165,10 @@ func NewPeerTransport(cfg *tls.Config) http.RoundTripper {
 // the peer API in memory this way (agent/claimtest).
 func NewPeerClientTransport(addr string, rt http.RoundTripper, timeout time.Duration) *PeerClient {
 	return &PeerClient{c: &Client{
-		base:   "https://" + addr,
-		target: addr,
-		http:   &http.Client{Transport: rt, Timeout: timeout},
+		base:    "https://" + addr,
+		target:  addr,
+		http:    &http.Client{Transport: rt},
+		timeout: timeout,
 	}}
 }
 
