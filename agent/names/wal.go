@@ -81,6 +81,10 @@ type wal struct {
 	// aheadSynced, when set (with wmu held), is told of each fdatasync
 	// of entries written ahead: when it started, and how it ended.
 	aheadSynced func(start time.Time, err error)
+	// testBeforeAheadSync, when set (tests only, with wmu held), runs in
+	// syncAhead between reading the segment to sync and syncing it, with
+	// neither wmu nor syncMu held: where a deletion may close it.
+	testBeforeAheadSync func()
 
 	// What the entries written ahead still lack (appendAhead). smu
 	// guards these; durableNow signals when durable, syncErr or closed
@@ -468,7 +472,7 @@ func (w *wal) syncAhead() {
 	for {
 		w.wmu.Lock()
 		_, last := w.bounds()
-		seg, sync, report := w.tail(), w.sync, w.aheadSynced
+		seg, sync, report, before := w.tail(), w.sync, w.aheadSynced, w.testBeforeAheadSync
 		w.smu.Lock()
 		gen := w.gen
 		if seg == nil || last <= w.durable || w.syncErr != nil {
@@ -481,6 +485,9 @@ func (w *wal) syncAhead() {
 		w.smu.Unlock()
 		w.wmu.Unlock()
 		// Outside wmu: the next appends are written meanwhile.
+		if before != nil {
+			before()
+		}
 		w.syncMu.Lock()
 		start := time.Now()
 		err := sync(seg.f)

@@ -423,3 +423,47 @@ func BenchmarkWALAppend(b *testing.B) {
 		}
 	}
 }
+
+// A deletion may close the segment a sync of entries written ahead is
+// about to sync (after the sync read it, before it took syncMu): here a
+// new leader's entries override the tail, on a server that wrote its own
+// ahead as leader. The sync finds the file closed and looks again. Until
+// datasync held the file for the call, it synced the descriptor's raw
+// number, -1 once closed, and the log failed for good on "bad file
+// descriptor" (seen once in CI, in TestWALAgainstModel).
+func TestWALSyncAheadOfAClosedSegmentLooksAgain(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "names.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.log.segSize = 100 // a segment or two an entry
+	if err := s.StoreLogs([]*raft.Log{walLog(1, 1), walLog(2, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	cut := false
+	s.log.wmu.Lock()
+	s.log.testBeforeAheadSync = func() {
+		if !cut {
+			cut = true
+			if err := s.DeleteRange(3, 6); err != nil { // the tail overridden
+				t.Error(err)
+			}
+		}
+	}
+	s.log.wmu.Unlock()
+	if err := s.log.appendAhead([]*raft.Log{walLog(3, 1), walLog(4, 1), walLog(5, 1), walLog(6, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	s.log.bg.Wait() // the sync ahead is done
+	if !cut {
+		t.Fatal("the sync ahead never ran")
+	}
+	if err := s.log.failed(); err != nil {
+		t.Fatalf("the log failed: %v", err)
+	}
+	if err := s.StoreLogs([]*raft.Log{walLog(3, 2), walLog(4, 2)}); err != nil {
+		t.Fatalf("append after the cut: %v", err)
+	}
+	checkLog(t, s, map[uint64]uint64{1: 1, 2: 1, 3: 2, 4: 2}, 1, 4)
+}
