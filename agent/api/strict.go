@@ -73,7 +73,7 @@ type strictWalk struct {
 type strictPath struct {
 	parent *strictPath
 	key    string
-	index  int // with key "" and isIndex
+	index  int // of an array, when isIdx
 	isIdx  bool
 }
 
@@ -97,13 +97,8 @@ func (w *strictWalk) malformed() error {
 }
 
 func (w *strictWalk) skipSpace() {
-	for w.i < len(w.b) {
-		switch w.b[w.i] {
-		case ' ', '\t', '\n', '\r':
-			w.i++
-		default:
-			return
-		}
+	for w.i < len(w.b) && strings.IndexByte(jsonSpace, w.b[w.i]) >= 0 {
+		w.i++
 	}
 }
 
@@ -132,11 +127,7 @@ func (w *strictWalk) value(t reflect.Type, path *strictPath) error {
 		return w.malformed()
 	}
 	// A number, true, false or null: up to the next delimiter.
-	for w.i < len(w.b) {
-		switch w.b[w.i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return nil
-		}
+	for w.i < len(w.b) && strings.IndexByte(",}]"+jsonSpace, w.b[w.i]) < 0 {
 		w.i++
 	}
 	return nil
