@@ -205,41 +205,43 @@ func progress(format string, args ...any) {
 
 // sizeResult is everything measured at one cluster size.
 type sizeResult struct {
-	n            int
-	gpus         int
-	startup      time.Duration
-	converge     time.Duration
-	seqAgent     durations // Agent.Claim, unloaded
-	seqView      durations // bench coordinator, no ID lookup, unloaded
-	lookup       durations // Agent.Get of an unknown ID: the home, then every server
-	viaDirectory int64     // claim-ID lookups the IDs' homes answered, over the Agent.Claim phases
-	viaEvery     int64     // claim-ID lookups that asked every server
-	tput         float64
-	tputCPU      time.Duration // this process's CPU during the throughput test
-	tputSyncs    syncCount     // the agents' disk syncs during the throughput test
-	tputLat      durations
-	tputErr      int
-	rssTotal     int64
-	cpuIdle      time.Duration // process CPU during the idle window
-	idleWin      time.Duration
-	spreads      []spread
-	replays      []replayResult
-	oracle       map[float64][3]int // load → accepted by omniscient best fit, first fit, random
-	oracleOffer  map[float64]int    // load → claims offered (warm-up excluded)
-	oracleTies   map[float64][3]int // load → omniscient best fit over tieSeeds other tie-breaks: fewest, median, most accepted
-	childRSS     int64
-	childCPU     time.Duration
-	childWin     time.Duration
-	childErr     error
-	etcdSeq      durations
-	etcdTput     float64
-	etcdTputLat  durations
-	etcdReplay   *replayResult
-	etcdErr      error
-	etcdTputErrs int
-	etcdTputCPU  time.Duration // the bench's and etcd's CPU during etcd's throughput test
-	etcdSyncs    syncCount     // etcd's disk syncs during its throughput test
-	meshSkipped  bool          // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
+	n               int
+	gpus            int
+	startup         time.Duration
+	converge        time.Duration
+	seqAgent        durations // Agent.Claim, unloaded
+	seqView         durations // bench coordinator, no ID lookup, unloaded
+	lookup          durations // Agent.Get of an unknown ID: the home, then every server
+	viaDirectory    int64     // claim-ID lookups the IDs' homes answered, over the Agent.Claim phases
+	viaEvery        int64     // claim-ID lookups that asked every server
+	tput            float64
+	tputCPU         time.Duration // this process's CPU during the throughput test
+	tputSyncs       syncCount     // the agents' disk syncs during the throughput test
+	tputLat         durations
+	tputErr         int
+	tputRetries     int64 // owners' stale answers (not_available) during the test
+	rssTotal        int64
+	cpuIdle         time.Duration // process CPU during the idle window
+	idleWin         time.Duration
+	spreads         []spread
+	replays         []replayResult
+	oracle          map[float64][3]int // load → accepted by omniscient best fit, first fit, random
+	oracleOffer     map[float64]int    // load → claims offered (warm-up excluded)
+	oracleTies      map[float64][3]int // load → omniscient best fit over tieSeeds other tie-breaks: fewest, median, most accepted
+	childRSS        int64
+	childCPU        time.Duration
+	childWin        time.Duration
+	childErr        error
+	etcdSeq         durations
+	etcdTput        float64
+	etcdTputLat     durations
+	etcdReplay      *replayResult
+	etcdErr         error
+	etcdTputErrs    int
+	etcdTputRetries int64         // transactions that lost a race and were retried
+	etcdTputCPU     time.Duration // the bench's and etcd's CPU during etcd's throughput test
+	etcdSyncs       syncCount     // etcd's disk syncs during its throughput test
+	meshSkipped     bool          // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
 }
 
 func run(o options) error {
@@ -460,9 +462,11 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	stopProf := startProfile(o.tputProf)
 	cpu0 = cpuTime()
 	syncs0 := c.syncs()
+	retries0 := tpAlloc.retries()
 	r.tputLat, r.tput, r.tputErr, tpErr = closedLoop(ctx, tpAlloc, models, o.workers, o.tput, o.seed, fmt.Sprintf("tp-%d", n))
 	r.tputCPU = cpuTime() - cpu0
 	r.tputSyncs = c.syncs().minus(syncs0)
+	r.tputRetries = tpAlloc.retries() - retries0
 	stopProf()
 	if tpErr != nil {
 		progress("  %d errors, first: %v", r.tputErr, tpErr)
@@ -563,7 +567,9 @@ func runEtcd(o options, c *cluster, r *sizeResult, capa capacity, models []strin
 	var tpErr error
 	cpu0, ecpu0 := cpuTime(), procCPU(e.cmd.Process.Pid)
 	esyncs0, serr := e.syncs(ctx)
+	conflicts0 := ea.retries()
 	r.etcdTputLat, r.etcdTput, r.etcdTputErrs, tpErr = closedLoop(ctx, ea, models, o.workers, o.tput, o.seed, "etp")
+	r.etcdTputRetries = ea.retries() - conflicts0
 	r.etcdTputCPU = cpuTime() - cpu0 + procCPU(e.cmd.Process.Pid) - ecpu0
 	if esyncs1, err := e.syncs(ctx); err == nil && serr == nil {
 		r.etcdSyncs = esyncs1.minus(esyncs0)

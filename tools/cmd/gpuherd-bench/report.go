@@ -61,8 +61,9 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 
 	p("## Throughput (%d concurrent clients, claim 1 GPU then release, for %v)\n\n", o.workers, o.tput)
 	p("CPU per claim: the CPU time of every process involved (for gpuherd the bench's own, which runs every agent; for etcd the bench's and etcd's) during the test, divided by the claims made; each claim includes its release. gpuherd's includes its agents' idle gossip.\n")
-	p("Disk syncs per claim (with its release): fdatasyncs asked of the one disk every process here shares, as log appends (one each: the registry voters' raft logs; etcd's WAL), the agents' ledgers' (one per journal record, two per checkpoint of the journal into bbolt) and bbolt transactions (two each: etcd's backend), from the systems' own counters.\n\n")
-	t = table{head: []string{"agents", "system", "claims/s", "vs etcd", "CPU ms/claim", "disk syncs/claim", "p50 ms", "p99 ms", "errors"}}
+	p("Disk syncs per claim (with its release): fdatasyncs asked of the one disk every process here shares, as log appends (one each: the registry voters' raft logs; etcd's WAL), the agents' ledgers' (one per journal record, two per checkpoint of the journal into bbolt) and bbolt transactions (two each: etcd's backend), from the systems' own counters.\n")
+	p("Retries per claim: for gpuherd the owners' stale answers (a server the coordinator's view showed with room refused), for etcd the transactions that lost a race and ran again.\n\n")
+	t = table{head: []string{"agents", "system", "claims/s", "vs etcd", "CPU ms/claim", "disk syncs/claim", "retries/claim", "p50 ms", "p99 ms", "errors"}}
 	etcdT := 0.0
 	if focus != nil {
 		etcdT = focus.etcdTput
@@ -72,12 +73,12 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 		if r.meshSkipped {
 			sys = "bench coordinator (no ID lookup)"
 		}
-		t.add(fmt.Sprint(r.n), sys, fmt.Sprintf("%.1f", r.tput), ratio(r.tput, etcdT), perClaim(r.tputCPU, len(r.tputLat)), r.tputSyncs.perClaim(len(r.tputLat)), ms(r.tputLat.pct(50)), ms(r.tputLat.pct(99)), fmt.Sprint(r.tputErr))
+		t.add(fmt.Sprint(r.n), sys, fmt.Sprintf("%.1f", r.tput), ratio(r.tput, etcdT), perClaim(r.tputCPU, len(r.tputLat)), r.tputSyncs.perClaim(len(r.tputLat)), retriesPer(r.tputRetries, len(r.tputLat)), ms(r.tputLat.pct(50)), ms(r.tputLat.pct(99)), fmt.Sprint(r.tputErr))
 		if r == focus {
 			if r.etcdErr != nil {
-				t.add(fmt.Sprint(r.n), "etcd central", "error: "+r.etcdErr.Error(), "", "", "", "", "", "")
+				t.add(fmt.Sprint(r.n), "etcd central", "error: "+r.etcdErr.Error(), "", "", "", "", "", "", "")
 			} else {
-				t.add(fmt.Sprint(r.n), "etcd central", fmt.Sprintf("%.1f", r.etcdTput), "×1.00", perClaim(r.etcdTputCPU, len(r.etcdTputLat)), r.etcdSyncs.perClaim(len(r.etcdTputLat)), ms(r.etcdTputLat.pct(50)), ms(r.etcdTputLat.pct(99)), fmt.Sprint(r.etcdTputErrs))
+				t.add(fmt.Sprint(r.n), "etcd central", fmt.Sprintf("%.1f", r.etcdTput), "×1.00", perClaim(r.etcdTputCPU, len(r.etcdTputLat)), r.etcdSyncs.perClaim(len(r.etcdTputLat)), retriesPer(r.etcdTputRetries, len(r.etcdTputLat)), ms(r.etcdTputLat.pct(50)), ms(r.etcdTputLat.pct(99)), fmt.Sprint(r.etcdTputErrs))
 			}
 		}
 	}
@@ -159,4 +160,9 @@ func ratio3(a, b int) string {
 		return "-"
 	}
 	return fmt.Sprintf("×%.3f", float64(a)/float64(b))
+}
+
+// retriesPer is n retries over claims, to three places.
+func retriesPer(n int64, claims int) string {
+	return fmt.Sprintf("%.3f", float64(n)/math.Max(1, float64(claims)))
 }
