@@ -127,7 +127,7 @@ func (a *Agent) startCluster() error {
 		return err
 	}
 	c.server = &http.Server{
-		Handler:           withCertCaller(api.NewPeerHandler(a, a, a.log)),
+		Handler:           withCertCaller(api.NewPeerHandler(a, peerOwner{a}, a.log)),
 		TLSConfig:         srvTLS,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       a.requestReadTimeout(),
@@ -176,7 +176,7 @@ func (a *Agent) startClusterOn(files pki.Files) error {
 	}
 	gcfg.BindAddr = host
 	gcfg.BindPort, _ = strconv.Atoi(port)
-	addr, stop := a.peerNet.Serve(cfg.NodeName, api.NewPeerHandler(a, a, a.log))
+	addr, stop := a.peerNet.Serve(cfg.NodeName, api.NewPeerHandler(a, peerOwner{a}, a.log))
 	c.peerAddr, c.unserve = addr, stop
 	g, err := gossip.New(gcfg, c.summary)
 	if err != nil {
@@ -520,4 +520,21 @@ func withCertCaller(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// peerOwner is this server's owner as its peers reach it: a refusal of a
+// reservation carries this server's capacity as it would gossip it now,
+// which the coordinator puts into its view (gossip.Cluster.Learn) instead
+// of waiting for gossip or running a full-state exchange with this server.
+type peerOwner struct{ *Agent }
+
+func (p peerOwner) Reserve(ctx context.Context, id string, req api.ReserveRequest) (api.Claim, error) {
+	c, err := p.Agent.Reserve(ctx, id, req)
+	var e *api.Error
+	if cs := p.cluster; cs != nil && errors.As(err, &e) && e.Code == api.CodeNotAvailable {
+		withSummary := *e
+		withSummary.Summary = cs.g.LocalSummary()
+		return c, &withSummary
+	}
+	return c, err
 }

@@ -67,12 +67,13 @@ func TestClaimOnlyASuspectCouldHold(t *testing.T) {
 }
 
 // TestRefusalRefreshesTheCoordinatorsView: an owner that refuses what the
-// coordinator's view said it could hold has its summary fetched at once,
-// so the next claim through that coordinator does not rank it by the
-// stale figures. Gossip from b to a is cut for the whole test and there is
-// no periodic exchange and no probing: only a pull by a can bring b's
-// change (the refusal's, or the one exchange gossip runs after the joins,
-// hence the count of refreshes).
+// coordinator's view said it could hold answers with its current capacity,
+// and the coordinator's view takes it before the claim is answered, so the
+// next claim through that coordinator does not rank it by the stale
+// figures; no full-state exchange runs. Gossip from b to a is cut for the
+// whole test and there is no periodic exchange and no probing: nothing but
+// the answer can bring b's change to a. An answer without the capacity (an
+// agent before it) has gossip fetch the owner's state instead.
 func TestRefusalRefreshesTheCoordinatorsView(t *testing.T) {
 	tc := newTestCluster(t)
 	tc.tune = func(c *memberlist.Config) {
@@ -104,9 +105,22 @@ func TestRefusalRefreshesTheCoordinatorsView(t *testing.T) {
 	if e := apiErr(t, err); e.Code != api.CodeNotAvailable {
 		t.Fatalf("4 L40S with %d free on b: %+v; want not available", want, e)
 	}
+	if got := viewOf(a, "b", "NVIDIA L40S"); got != want {
+		t.Fatalf("after b refused, a's view shows %d L40S free on b; b has %d", got, want)
+	}
+	if n := a.cluster.g.Refreshes() - before; n != 0 {
+		t.Fatalf("b's refusal carried its capacity, yet a ran %d full-state exchanges with b", n)
+	}
+
+	// An owner's answer without its capacity: gossip fetches it.
+	if _, err := b.Claim(ctx, "vm-b-last", api.ClaimRequest{GPUs: one, PreferNode: "b", SameNode: true}); err != nil {
+		t.Fatal(err)
+	}
+	want = localFree(b, "NVIDIA L40S")
+	agentView{a}.Refresh("b", nil)
 	if n := a.cluster.g.Refreshes() - before; n != 1 {
-		t.Fatalf("b refused a's claim and a refreshed its view %d times, want once", n)
+		t.Fatalf("a refreshed its view of b %d times for an answer without capacity, want once", n)
 	}
 	took := waitFor(t, "a's view of b refreshed", 5*time.Second, func() bool { return viewOf(a, "b", "NVIDIA L40S") == want })
-	t.Logf("a's view of b: %d free, %v after the refusal", want, took)
+	t.Logf("a's view of b: %d free, %v after the refresh", want, took)
 }

@@ -111,9 +111,17 @@ func (v agentView) Unasked(asked []string) []string {
 	return v.a.cluster.unasked(asked)
 }
 
-func (v agentView) Refresh(name string) {
-	if v.a.cluster != nil {
-		v.a.cluster.g.Refresh(name)
+func (v agentView) Refresh(name string, summary []byte) {
+	c := v.a.cluster
+	switch {
+	case c == nil:
+	case len(summary) > 0:
+		// The owner's own figures, as of its answer: nothing newer to
+		// fetch. When the view does not take them it holds as new ones
+		// already, or gossip knows better (a restart behind the name).
+		c.g.Learn(name, summary)
+	default:
+		c.g.Refresh(name) // an agent that sends no summary
 	}
 }
 

@@ -81,6 +81,9 @@ func (v *view) alive(name string, ip net.IP, port uint16, meta []byte) {
 	addr := net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
 	membership := !known || e.State != StateAlive || e.Addr != addr ||
 		(e.SummaryErr == nil) != (err == nil) || !sameBesidesCapacity(e.Summary, s)
+	if known && err == nil && e.SummaryErr == nil {
+		s = keepLearned(e.Summary, s)
+	}
 	e.Addr = addr
 	e.Summary, e.SummaryErr = s, err
 	v.setState(e, StateAlive)

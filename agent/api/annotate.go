@@ -33,6 +33,16 @@ func IsCode(err error, code string) bool {
 	return errors.As(err, &e) && e.Code == code
 }
 
+// SummaryOf returns the capacity summary an owner's "not available" to a
+// peer carries; nil when it carries none (an agent before it).
+func SummaryOf(err error) []byte {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Summary
+	}
+	return nil
+}
+
 // RefusalsOf returns the refusals an owner's "not available" carries.
 func RefusalsOf(err error) []string {
 	var e *Error

@@ -340,6 +340,10 @@ type Error struct {
 	Refusals []string `json:"refusals,omitempty"`
 	// Node: the server a go_back error sends the claim back to.
 	Node string `json:"node,omitempty"`
+	// Summary: in an owner's not_available answer to a peer, the owner's
+	// capacity as it would gossip it now (its encoded gossip summary), so
+	// that the coordinator's view of it need not wait for gossip.
+	Summary []byte `json:"summary,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -259,7 +259,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			if api.IsCode(err, api.CodeNotAvailable) {
 				refused++
 				refusals = append(refusals, api.RefusalsOf(err)...)
-				at.refreshView(name)
+				at.refreshView(name, api.SummaryOf(err))
 			} else {
 				lastErr = fmt.Errorf("%s: %w", name, err)
 				failures = append(failures, ownerFailure(name, err))
@@ -283,13 +283,14 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 	return api.Claim{}, withRefusals(at.refuse(at.rr.Items, servers), refusals)
 }
 
-// refreshView has gossip fetch the current summary of a peer that refused
-// what this agent's view said it could hold: the view was stale, and every
-// later claim through this agent would rank that server by it until its
-// next re-advertisement or the next full-state exchange.
-func (at *attempt) refreshView(name string) {
+// refreshView brings this agent's view of a peer that refused what the
+// view said it could hold up to date, from the capacity the peer answered
+// with (summary) or through gossip: the view was stale, and every later
+// claim through this agent would rank that server by it until its next
+// re-advertisement or the next full-state exchange.
+func (at *attempt) refreshView(name string, summary []byte) {
 	if name != at.cfg.NodeName {
-		at.servers.Refresh(name)
+		at.servers.Refresh(name, summary)
 	}
 }
 

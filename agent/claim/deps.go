@@ -55,8 +55,11 @@ type View interface {
 	Suspects() []Target
 	// Unasked names the members other than asked that may hold claims.
 	Unasked(asked []string) []string
-	// Refresh asks gossip for the state of name now.
-	Refresh(name string)
+	// Refresh brings the view's figures of name up to date after name
+	// refused what they said it could hold: from summary, the capacity
+	// name answered with (api.SummaryOf), when it sent one; else by asking
+	// gossip for name's state now.
+	Refresh(name string, summary []byte)
 	// MemberStates describes every member's state, for messages.
 	MemberStates() string
 	// RankAvoidedLast moves members whose peer API did not answer

@@ -93,7 +93,7 @@ func (v fakeView) Unasked(asked []string) []string {
 	}
 	return out
 }
-func (v fakeView) Refresh(string)                           {}
+func (v fakeView) Refresh(string, []byte)                   {}
 func (v fakeView) MemberStates() string                     { return "" }
 func (v fakeView) RankAvoidedLast(ranked []string) []string { return ranked }
 func (v fakeView) Members(context.Context) ([]api.Member, error) {

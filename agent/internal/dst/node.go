@@ -212,7 +212,7 @@ func (s server) Peers() []owner.Peer {
 func (v *view) Clustered() bool               { return true }
 func (v *view) Joined() bool                  { return true }
 func (v *view) Suspects() []claim.Target      { return nil }
-func (v *view) Refresh(string)                {}
+func (v *view) Refresh(string, []byte)        {}
 func (v *view) MemberStates() string          { return "" }
 func (v *view) AwaitFounding(context.Context) {}
 func (v *view) Leaderless() bool              { return false }
