@@ -27,19 +27,26 @@ func (co *Coordinator) resolveIn(req api.ClaimRequest, view []Target) (ledger.Re
 	if len(req.GPUs) > co.cfg.MaxGPUsPerClaim {
 		return ledger.Request{}, api.Invalid("gpus", "%d items: at most %d", len(req.GPUs), co.cfg.MaxGPUsPerClaim)
 	}
-	names := co.modelNamesIn(view)
+	var names []string // every model name of the view, read once an item needs it
 	out := ledger.Request{Labels: req.Labels, Devices: req.Devices}
 	index := map[string]int{}
 	for i, it := range req.GPUs {
-		field := fmt.Sprintf("gpus[%d]", i)
-		model, err := co.catalog.MatchIn(it.Model, names)
-		if err != nil {
-			return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel,
-				Field: field + ".model", Message: err.Error(), KnownModels: names}
+		// A catalog name as the catalog spells it (what a client that
+		// lists the models sends) matches itself.
+		model, ok := co.catalog.Exact(it.Model)
+		if !ok {
+			if names == nil {
+				names = co.modelNamesIn(view)
+			}
+			var err error
+			if model, err = co.catalog.MatchIn(it.Model, names); err != nil {
+				return ledger.Request{}, &api.Error{Code: api.CodeUnknownModel,
+					Field: fmt.Sprintf("gpus[%d].model", i), Message: err.Error(), KnownModels: names}
+			}
 		}
 		m := model.Name
 		if it.Count < 1 || it.Count > co.cfg.MaxGPUsPerClaim {
-			return ledger.Request{}, api.Invalid(field+".count", "count %d for %s: must be between 1 and %d", it.Count, m, co.cfg.MaxGPUsPerClaim)
+			return ledger.Request{}, api.Invalid(fmt.Sprintf("gpus[%d].count", i), "count %d for %s: must be between 1 and %d", it.Count, m, co.cfg.MaxGPUsPerClaim)
 		}
 		if j, ok := index[m]; ok {
 			out.Items[j].Count += it.Count

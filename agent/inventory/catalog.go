@@ -252,6 +252,18 @@ func (c *Catalog) IsNonGPU(id uint16) bool {
 // Names returns the canonical model names, sorted.
 func (c *Catalog) Names() []string { return slices.Clone(c.names) }
 
+// Exact returns the catalog model whose canonical name is name, spelled
+// exactly as Names spells it: what Match answers for that name (canonical
+// names differ even once folded, build checks), without folding every name
+// of the catalog.
+func (c *Catalog) Exact(name string) (Model, bool) {
+	i, ok := slices.BinarySearch(c.names, name)
+	if !ok {
+		return Model{}, false
+	}
+	return c.models[i].clone(), true
+}
+
 // Models returns the models, sorted by name.
 func (c *Catalog) Models() []Model {
 	out := make([]Model, len(c.models))

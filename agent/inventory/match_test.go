@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -162,4 +163,42 @@ func FuzzMatch(f *testing.F) {
 			t.Fatalf("canonical name %q matched %q", q, m.Name)
 		}
 	})
+}
+
+// TestExactIsMatchForCanonicalNames: Exact answers what Match answers for
+// every canonical name of the catalog, and nothing for any other spelling,
+// which Match still resolves.
+func TestExactIsMatchForCanonicalNames(t *testing.T) {
+	c := DefaultCatalog()
+	if len(c.Names()) < 2 {
+		t.Fatal("the default catalog needs models for this test")
+	}
+	for _, name := range c.Names() {
+		got, ok := c.Exact(name)
+		if !ok {
+			t.Errorf("Exact(%q): not found", name)
+			continue
+		}
+		want, err := c.Match(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("Exact(%q) = %+v, Match = %+v", name, got, want)
+		}
+		for _, other := range []string{strings.ToLower(name), strings.TrimPrefix(name, "NVIDIA "), name + " ", " " + name} {
+			if other == name {
+				continue
+			}
+			if m, ok := c.Exact(other); ok {
+				t.Errorf("Exact(%q) = %q; only the canonical spelling is exact", other, m.Name)
+			}
+			if m, err := c.Match(other); err != nil || m.Name != name {
+				t.Errorf("Match(%q) = %q, %v; want %q", other, m.Name, err, name)
+			}
+		}
+	}
+	if _, ok := c.Exact("10de:2330"); ok {
+		t.Error("an uncatalogued name is exact")
+	}
 }
