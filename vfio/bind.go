@@ -205,7 +205,7 @@ func (b *Binder) target(op, addr string) (Device, error) {
 	if err := ValidateAddress(addr); err != nil {
 		return Device{}, err
 	}
-	d, err := b.pci.Device(addr)
+	d, err := b.pci.identity(addr)
 	if err != nil {
 		return Device{}, fmt.Errorf("vfio: %s %s: %w", op, addr, err)
 	}
@@ -251,6 +251,9 @@ func (b *Binder) apply(ctx context.Context, op, addr string, policy IdlePolicy) 
 	if err != nil {
 		return Result{}, err
 	}
+	// The target as read under the lock, whole: target read only what
+	// took the lock.
+	d = members[slices.IndexFunc(members, func(m Device) bool { return m.Address == addr })]
 	want := policyTarget(policy)
 	plan, err := b.plan(d, members, want)
 	if err != nil {

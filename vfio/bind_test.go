@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/gpuherd/gpuherd/vfio"
@@ -327,4 +328,64 @@ func writeAllowed(name string) bool {
 		return vfio.ValidateDriverName(p[3]) == nil
 	}
 	return false
+}
+
+// attrFS serves the simulated kernel, counting the reads of each file and
+// answering some with other contents.
+type attrFS struct {
+	vfio.FS
+	mu    sync.Mutex
+	reads map[string]int
+	serve map[string]string // file → contents served instead
+}
+
+func (f *attrFS) ReadFile(name string) ([]byte, error) {
+	f.mu.Lock()
+	f.reads[name]++
+	s, ok := f.serve[name]
+	f.mu.Unlock()
+	if ok {
+		return []byte(s), nil
+	}
+	return f.FS.ReadFile(name)
+}
+
+// TestBindReadsTheTargetWholeOnceUnderTheLock: before its group's lock,
+// Bind and Release read only what the lock is taken by (the IDs for the
+// allow list, the group); every other attribute of the target is read once,
+// with the group's members, under the lock. A target whose class is
+// garbage is still refused, naming it, before any write.
+func TestBindReadsTheTargetWholeOnceUnderTheLock(t *testing.T) {
+	k := bootKernel(t, gpu(gpuB, 30, ""))
+	f := &attrFS{FS: k, reads: map[string]int{}, serve: map[string]string{}}
+	b := vfio.NewBinder(vfio.New(f))
+	class := "bus/pci/devices/" + gpuB + "/class"
+	for _, op := range []string{"bind", "release"} {
+		clear(f.reads)
+		var err error
+		if op == "bind" {
+			_, err = b.Bind(testCtx(t), gpuB)
+		} else {
+			_, err = b.Release(testCtx(t), gpuB, vfio.IdleNone)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := f.reads[class]; n != 1 {
+			t.Errorf("%s read the target's class %d times, want once", op, n)
+		}
+		if n := f.reads["bus/pci/devices/"+gpuB+"/vendor"]; n != 2 {
+			t.Errorf("%s read the target's vendor %d times, want twice (before and under the lock)", op, n)
+		}
+	}
+
+	f.serve[class] = "garbage\n"
+	writes := len(k.Writes())
+	_, err := b.Bind(testCtx(t), gpuB)
+	if !errors.Is(err, vfio.ErrMalformed) || !strings.Contains(err.Error(), gpuB) {
+		t.Fatalf("bind of a device whose class is garbage: %v; want ErrMalformed naming %s", err, gpuB)
+	}
+	if n := len(k.Writes()) - writes; n != 0 {
+		t.Errorf("a refused bind wrote %d times", n)
+	}
 }

@@ -74,23 +74,10 @@ func (p *PCI) Devices() ([]Device, error) {
 // bad address (nothing is read then), ErrVanished when the device directory
 // does not exist, ErrMalformed when an attribute holds garbage.
 func (p *PCI) Device(addr string) (Device, error) {
-	if err := ValidateAddress(addr); err != nil {
+	r, d, err := p.openDevice(addr)
+	if err != nil {
 		return Device{}, err
 	}
-	dir := devicePath(addr, "")
-	if !p.fs.Exists(dir) {
-		return Device{}, &DeviceError{Address: addr, Op: "read", Err: ErrVanished}
-	}
-	d := Device{Address: addr, IOMMUGroup: -1, NUMANode: -1}
-	fail := func(op string, err error) (Device, error) {
-		// An attribute read failing because the whole directory went away
-		// is a hot-unplug, not a malformed device.
-		if errors.Is(err, fs.ErrNotExist) && !p.fs.Exists(dir) {
-			err = ErrVanished
-		}
-		return Device{}, &DeviceError{Address: addr, Op: op, Err: err}
-	}
-
 	ids := []struct {
 		attr     string
 		dst      *uint16
@@ -102,52 +89,41 @@ func (p *PCI) Device(addr string) (Device, error) {
 		{"subsystem_device", &d.SubsystemDevice, true},
 	}
 	for _, id := range ids {
-		b, err := p.fs.ReadFile(devicePath(addr, id.attr))
-		if err != nil {
-			if id.optional && errors.Is(err, fs.ErrNotExist) && p.fs.Exists(dir) {
-				continue
-			}
-			return fail("read "+id.attr, err)
-		}
-		if *id.dst, err = parseID(b); err != nil {
-			return fail("parse "+id.attr, err)
+		if *id.dst, err = r.id(id.attr, id.optional); err != nil {
+			return Device{}, err
 		}
 	}
 
 	b, err := p.fs.ReadFile(devicePath(addr, "class"))
 	if err != nil {
-		return fail("read class", err)
+		return Device{}, r.fail("read class", err)
 	}
 	if d.Class, err = parseClass(b); err != nil {
-		return fail("parse class", err)
+		return Device{}, r.fail("parse class", err)
 	}
 
 	// numa_node only exists on NUMA kernels, driver_override on kernels
 	// since 3.16; both are optional.
 	if b, err := p.fs.ReadFile(devicePath(addr, "numa_node")); err == nil {
 		if d.NUMANode, err = parseNUMANode(b); err != nil {
-			return fail("parse numa_node", err)
+			return Device{}, r.fail("parse numa_node", err)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fail("read numa_node", err)
+		return Device{}, r.fail("read numa_node", err)
 	}
 	if b, err := p.fs.ReadFile(devicePath(addr, "driver_override")); err == nil {
 		if d.DriverOverride, err = parseDriverOverride(b); err != nil {
-			return fail("parse driver_override", err)
+			return Device{}, r.fail("parse driver_override", err)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fail("read driver_override", err)
+		return Device{}, r.fail("read driver_override", err)
 	}
 
 	if d.Driver, err = p.driver(addr); err != nil {
-		return fail("read driver link", err)
+		return Device{}, r.fail("read driver link", err)
 	}
-	if t, err := p.fs.Readlink(devicePath(addr, "iommu_group")); err == nil {
-		if d.IOMMUGroup, err = parseGroupLink(t); err != nil {
-			return fail("parse iommu_group link", err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fail("read iommu_group link", err)
+	if d.IOMMUGroup, err = r.group(); err != nil {
+		return Device{}, err
 	}
 	d.VirtualFunction = p.fs.Exists(devicePath(addr, "physfn"))
 	// Optional: a tree without the devices link (a fixture, a container)
@@ -155,13 +131,105 @@ func (p *PCI) Device(addr string) (Device, error) {
 	if t, err := p.fs.Readlink(devicePath(addr, "")); err == nil {
 		d.PCIeRoot = pcieRoot(t)
 	}
-
-	// The directory may have gone while we read it; a half-read device
-	// must not be reported as present.
-	if !p.fs.Exists(dir) {
-		return fail("read", ErrVanished)
+	if err := r.stillThere(); err != nil {
+		return Device{}, err
 	}
 	return d, nil
+}
+
+// identity reads of the function at addr only what its group's lock is
+// taken by: its vendor and device IDs, for the allow list, and its IOMMU
+// group (-1 without one). Its errors are Device's for the same attributes.
+// The Device it returns holds nothing else: the rest is read under the lock.
+func (p *PCI) identity(addr string) (Device, error) {
+	r, d, err := p.openDevice(addr)
+	if err != nil {
+		return Device{}, err
+	}
+	if d.Vendor, err = r.id("vendor", false); err != nil {
+		return Device{}, err
+	}
+	if d.Device, err = r.id("device", false); err != nil {
+		return Device{}, err
+	}
+	if d.IOMMUGroup, err = r.group(); err != nil {
+		return Device{}, err
+	}
+	if err := r.stillThere(); err != nil {
+		return Device{}, err
+	}
+	return d, nil
+}
+
+// deviceReader reads the attributes of one function; its errors are
+// *DeviceError.
+type deviceReader struct {
+	p         *PCI
+	addr, dir string
+}
+
+// openDevice checks addr and that its directory exists, and returns a
+// reader of its attributes and a Device that knows only its address.
+func (p *PCI) openDevice(addr string) (deviceReader, Device, error) {
+	if err := ValidateAddress(addr); err != nil {
+		return deviceReader{}, Device{}, err
+	}
+	r := deviceReader{p: p, addr: addr, dir: devicePath(addr, "")}
+	if !p.fs.Exists(r.dir) {
+		return deviceReader{}, Device{}, &DeviceError{Address: addr, Op: "read", Err: ErrVanished}
+	}
+	return r, Device{Address: addr, IOMMUGroup: -1, NUMANode: -1}, nil
+}
+
+// fail is the error of op on the function.
+func (r deviceReader) fail(op string, err error) error {
+	// An attribute read failing because the whole directory went away
+	// is a hot-unplug, not a malformed device.
+	if errors.Is(err, fs.ErrNotExist) && !r.p.fs.Exists(r.dir) {
+		err = ErrVanished
+	}
+	return &DeviceError{Address: r.addr, Op: op, Err: err}
+}
+
+// id reads a hex ID attribute; an optional one that does not exist is 0.
+func (r deviceReader) id(attr string, optional bool) (uint16, error) {
+	b, err := r.p.fs.ReadFile(devicePath(r.addr, attr))
+	if err != nil {
+		if optional && errors.Is(err, fs.ErrNotExist) && r.p.fs.Exists(r.dir) {
+			return 0, nil
+		}
+		return 0, r.fail("read "+attr, err)
+	}
+	v, err := parseID(b)
+	if err != nil {
+		return 0, r.fail("parse "+attr, err)
+	}
+	return v, nil
+}
+
+// group reads the IOMMU group link: -1 when there is none.
+func (r deviceReader) group() (int, error) {
+	t, err := r.p.fs.Readlink(devicePath(r.addr, "iommu_group"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return -1, nil
+	}
+	if err != nil {
+		return -1, r.fail("read iommu_group link", err)
+	}
+	g, err := parseGroupLink(t)
+	if err != nil {
+		return -1, r.fail("parse iommu_group link", err)
+	}
+	return g, nil
+}
+
+// stillThere is the last check of a read: the directory may have gone
+// while it was read, and a half-read device must not be reported present.
+func (r deviceReader) stillThere() error {
+	if !r.p.fs.Exists(r.dir) {
+		return r.fail("read", ErrVanished)
+	}
+	return nil
 }
 
 // driver returns the name of the driver addr is bound to, "" when none.
