@@ -223,9 +223,12 @@ func clamp16(n int) uint16 {
 func (c *clusterState) peers() []claim.Target {
 	ms := c.g.Members()
 	out := make([]claim.Target, 0, len(ms))
+	// One hold of the lock for every member: a claim reads them all.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, m := range ms {
 		if askable(m) {
-			out = append(out, c.targetOf(m))
+			out = append(out, c.targetOfLocked(m))
 		}
 	}
 	return out
@@ -266,11 +269,14 @@ func (m homeMembership) Peers() []string {
 // placement asks them after every alive server (attempt.askSuspects).
 func (c *clusterState) suspects() []claim.Target {
 	var out []claim.Target
-	for _, m := range c.g.Members() {
+	ms := c.g.Members()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range ms {
 		if m.Self || m.State != gossip.StateSuspect || m.SummaryErr != nil || m.Summary.PeerAddr == "" {
 			continue
 		}
-		out = append(out, c.targetOf(m))
+		out = append(out, c.targetOfLocked(m))
 	}
 	return out
 }
@@ -284,15 +290,13 @@ type cachedTarget struct {
 	target claim.Target
 }
 
-// targetOf is member m as a server to ask, with its gossiped capacity.
-// Every placement reads every member's; a member's target is built again
-// only when its summary or its client changed.
-func (c *clusterState) targetOf(m gossip.Member) claim.Target {
+// targetOfLocked is member m as a server to ask, with its gossiped
+// capacity; c.mu is held. Every placement reads every member's; a member's
+// target is built again only when its summary or its client changed.
+func (c *clusterState) targetOfLocked(m gossip.Member) claim.Target {
 	ms := m.Summary.Models
-	owner := c.client(m.Name, m.Summary.PeerAddr)
-	c.mu.Lock()
+	owner := c.clientLocked(m.Name, m.Summary.PeerAddr)
 	ct, ok := c.targets[m.Name]
-	c.mu.Unlock()
 	if ok && len(ms) > 0 && len(ct.models) == len(ms) && &ct.models[0] == &ms[0] &&
 		ct.owner == owner && ct.target.Drained() == m.Summary.Drained {
 		return ct.target
@@ -307,12 +311,10 @@ func (c *clusterState) targetOf(m gossip.Member) claim.Target {
 	if _, broken := owner.(brokenOwner); broken {
 		return t // built again next time, as its client may build then
 	}
-	c.mu.Lock()
 	if c.targets == nil {
 		c.targets = map[string]cachedTarget{}
 	}
 	c.targets[m.Name] = cachedTarget{models: ms, owner: owner, target: t}
-	c.mu.Unlock()
 	return t
 }
 
@@ -347,9 +349,14 @@ type peerKey struct{ name, addr string }
 // client returns the peer client for a server, built once per address; the
 // TLS configuration checks that the far end is that server.
 func (c *clusterState) client(name, addr string) api.Owner {
-	key := peerKey{name, addr}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.clientLocked(name, addr)
+}
+
+// clientLocked is client with c.mu held.
+func (c *clusterState) clientLocked(name, addr string) api.Owner {
+	key := peerKey{name, addr}
 	if pc, ok := c.clients[key]; ok {
 		return pc
 	}

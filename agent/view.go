@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"github.com/gpuherd/gpuherd/agent/api"
@@ -37,9 +38,13 @@ func (a *Agent) selfTarget() claim.Target {
 func (a *Agent) peers() []owner.Peer {
 	out := []owner.Peer{{Name: a.cfg.NodeName, Owner: a}}
 	if c := a.cluster; c != nil {
-		for _, m := range c.g.Members() {
+		ms := c.g.Members()
+		out = slices.Grow(out, len(ms))
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, m := range ms {
 			if askable(m) {
-				out = append(out, owner.Peer{Name: m.Name, Owner: c.client(m.Name, m.Summary.PeerAddr)})
+				out = append(out, owner.Peer{Name: m.Name, Owner: c.clientLocked(m.Name, m.Summary.PeerAddr)})
 			}
 		}
 	}
