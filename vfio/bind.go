@@ -200,7 +200,9 @@ func (b *Binder) Check(addr string) error {
 }
 
 // target reads the device a Bind, Release or Check is about and refuses one
-// gpuherd must not touch or cannot pass through.
+// gpuherd must not touch or cannot pass through. It reads only what its
+// group's lock is found by (PCI.identity): the Device holds its address,
+// IDs and group; the rest is read with the members, under the lock.
 func (b *Binder) target(op, addr string) (Device, error) {
 	if err := ValidateAddress(addr); err != nil {
 		return Device{}, err
@@ -251,9 +253,6 @@ func (b *Binder) apply(ctx context.Context, op, addr string, policy IdlePolicy) 
 	if err != nil {
 		return Result{}, err
 	}
-	// The target as read under the lock, whole: target read only what
-	// took the lock.
-	d = members[slices.IndexFunc(members, func(m Device) bool { return m.Address == addr })]
 	want := policyTarget(policy)
 	plan, err := b.plan(d, members, want)
 	if err != nil {

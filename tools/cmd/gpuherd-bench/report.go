@@ -106,12 +106,12 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 					continue
 				}
 				t.add(fmt.Sprint(r.n), fmt.Sprintf("%.0f%%", load*100), x.alloc, fmt.Sprint(x.offered), fmt.Sprint(x.accepted), ratio3(x.accepted, or[0]),
-					pctOf(x.refusedWhileFit, x.offered), fmt.Sprintf("%.3f", float64(x.retries)/math.Max(1, float64(x.offered))), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
+					pctOf(x.refusedWhileFit, x.offered), retriesPer(x.retries, x.offered), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
 			}
 			if r == focus && load == 0.9 && r.etcdReplay != nil {
 				x := r.etcdReplay
 				t.add(fmt.Sprint(r.n), "90%", "etcd central (best fit)", fmt.Sprint(x.offered), fmt.Sprint(x.accepted), ratio3(x.accepted, or[0]),
-					"-", fmt.Sprintf("%.3f", float64(x.retries)/math.Max(1, float64(x.offered))), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
+					"-", retriesPer(x.retries, x.offered), ms(x.latency.pct(50)), ms(x.latency.pct(99)), fmt.Sprint(x.errors))
 			}
 		}
 	}
@@ -162,7 +162,7 @@ func ratio3(a, b int) string {
 	return fmt.Sprintf("×%.3f", float64(a)/float64(b))
 }
 
-// retriesPer is n retries over claims, to three places.
+// retriesPer is n retries per claim of claims, to three places.
 func retriesPer(n int64, claims int) string {
 	return fmt.Sprintf("%.3f", float64(n)/math.Max(1, float64(claims)))
 }
