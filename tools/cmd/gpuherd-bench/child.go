@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -68,16 +67,8 @@ func startChild(c *cluster, name, profile string) (*childAgent, error) {
 		return nil, err
 	}
 	cfg := c.config(name, profile, files, gport, pport, c.nodes0().gossip)
-	spec, _ := json.Marshal(cfg)
-	exe, err := os.Executable()
+	cmd, err := spawnAgent(cfg, "")
 	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
-	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	ch := &childAgent{cmd: cmd, socket: cfg.Socket, name: name}

@@ -61,6 +61,7 @@ type options struct {
 	model    modelConfig
 	childAt  []int    // -child-members
 	childEnv []string // -child-env
+	procs    int      // -procs
 }
 
 func main() {
@@ -75,6 +76,7 @@ func main() {
 	flag.DurationVar(&o.hold, "hold", 3*time.Second, "mean holding time of a claim in the trace (exponential)")
 	flag.DurationVar(&o.traceDur, "trace", 6*time.Second, "measured length of each trace replay (after a warm-up fill)")
 	flag.IntVar(&o.seq, "seq", 150, "sequential claims (claim 1 GPU, release) for unloaded latency, per size")
+	flag.IntVar(&o.procs, "procs", 0, "agents in processes of their own (one each, as on a platform) for the unloaded latency and the throughput test, reached through their API sockets; 0 skips it")
 	flag.IntVar(&o.workers, "workers", 16, "concurrent clients of the throughput test")
 	flag.DurationVar(&o.tput, "tput", 5*time.Second, "length of the throughput test")
 	flag.DurationVar(&o.idle, "idle", 8*time.Second, "idle window for CPU and memory")
@@ -242,6 +244,7 @@ type sizeResult struct {
 	etcdTputCPU     time.Duration // the bench's and etcd's CPU during etcd's throughput test
 	etcdSyncs       syncCount     // etcd's disk syncs during its throughput test
 	meshSkipped     bool          // Agent.Claim phases skipped: the full mesh exceeds the open-file limit
+	models          []string      // the models claimed, by their share of the GPUs
 }
 
 func run(o options) error {
@@ -284,6 +287,20 @@ func run(o options) error {
 		results = append(results, r)
 	}
 	c.stop()
+	var procs *procsResult
+	if o.procs > 0 && len(results) > 0 {
+		models := results[len(results)-1].models
+		for _, r := range results {
+			if r.n == o.focus {
+				models = r.models
+			}
+		}
+		pr := runProcs(o, c, o.procs, models)
+		if pr.err != nil {
+			progress("  %v", pr.err)
+		}
+		procs = &pr
+	}
 
 	var mocks []mockResult
 	if len(o.mock) > 0 {
@@ -331,7 +348,7 @@ func run(o options) error {
 	models := runModel(o.model, metaSize)
 	costs := runCost(o.cost)
 	if len(results) > 0 {
-		report(os.Stdout, o, fl, results, mocks, time.Since(began))
+		report(os.Stdout, o, fl, results, procs, mocks, time.Since(began))
 	}
 	reportMock(os.Stdout, mocks)
 	reportChildScale(os.Stdout, childs)
@@ -392,6 +409,7 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	}
 
 	models := modelsByShare(capa)
+	r.models = models
 	rnd := rand.New(rand.NewPCG(o.seed, uint64(n)))
 	agentA := agentAlloc{c: c}
 	va := newViewAlloc("bench coordinator (best fit)", c, bestFit, benchFiles)
@@ -463,7 +481,9 @@ func runSize(o options, c *cluster, n int, benchFiles pki.Files) (*sizeResult, e
 	cpu0 = cpuTime()
 	syncs0 := c.syncs()
 	retries0 := tpAlloc.retries()
+	sched0 := schedLatencies()
 	r.tputLat, r.tput, r.tputErr, tpErr = closedLoop(ctx, tpAlloc, models, o.workers, o.tput, o.seed, fmt.Sprintf("tp-%d", n))
+	progress("  waits to run: %s", schedSince(sched0))
 	r.tputCPU = cpuTime() - cpu0
 	r.tputSyncs = c.syncs().minus(syncs0)
 	r.tputRetries = tpAlloc.retries() - retries0

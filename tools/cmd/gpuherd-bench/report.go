@@ -15,7 +15,7 @@ func pctOf(a, b int) string {
 	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(b))
 }
 
-func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mockResult, took time.Duration) {
+func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, procs *procsResult, mocks []mockResult, took time.Duration) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	floor := fl.floor()
 	p("# gpuherd-bench results\n\n")
@@ -50,6 +50,13 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 			t.add(fmt.Sprint(r.n), "", "etcd central allocator (range read + txn)", ms(r.etcdSeq.pct(50)), ms(r.etcdSeq.pct(95)), ms(r.etcdSeq.pct(99)), ratioD(r.etcdSeq.pct(50), floor), ratioD(r.etcdSeq.pct(99), floor))
 		}
 	}
+	if procs != nil {
+		if procs.err != nil && len(procs.seq) == 0 {
+			t.add(fmt.Sprint(procs.n), "", procsLabel+": "+procs.err.Error(), "", "", "", "", "")
+		} else {
+			t.add(fmt.Sprint(procs.n), "", procsLabel, ms(procs.seq.pct(50)), ms(procs.seq.pct(95)), ms(procs.seq.pct(99)), ratioD(procs.seq.pct(50), floor), ratioD(procs.seq.pct(99), floor))
+		}
+	}
 	p("%s\n", t.String())
 	for _, r := range rs {
 		if !r.meshSkipped {
@@ -82,7 +89,17 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 			}
 		}
 	}
+	if procs != nil {
+		if procs.err != nil && len(procs.tputLat) == 0 {
+			t.add(fmt.Sprint(procs.n), procsLabel, "error: "+procs.err.Error(), "", "", "", "", "", "", "")
+		} else {
+			t.add(fmt.Sprint(procs.n), procsLabel, fmt.Sprintf("%.1f", procs.tput), ratio(procs.tput, etcdT), perClaim(procs.tputCPU, len(procs.tputLat)), "", "", ms(procs.tputLat.pct(50)), ms(procs.tputLat.pct(99)), fmt.Sprint(procs.tputErr))
+		}
+	}
 	p("%s\n", t.String())
+	if procs != nil {
+		p("%s: every agent in a process of its own, as on a platform, reached through its API socket (HTTP, as a client reaches it); its CPU is every agent process's and the bench's (the clients). Its disk syncs and retries are counted inside the agents' processes and not read here.\n\n", procsLabel)
+	}
 
 	p("## Placement under a trace (hold %v mean, %v measured after a warm-up fill)\n\n", o.hold, o.traceDur)
 	p("Accepted = claims granted among those offered after the warm-up; the oracle replays the same trace on exact, instantaneous state. \"Refused while fit\" = refused although, by the owners' ledgers read right after the refusal, some server could hold it. Retries = not_available answers from owners (stale views) per offered claim.\n\n")
@@ -154,6 +171,9 @@ func report(w io.Writer, o options, fl floorResult, rs []*sizeResult, mocks []mo
 			last.n, mib(last.childRSS), 100*float64(last.childCPU)/float64(last.childWin), last.childWin.Round(time.Second))
 	}
 }
+
+// procsLabel names the per-process cluster's rows.
+const procsLabel = "gpuherd, one process per agent"
 
 func ratio3(a, b int) string {
 	if b == 0 {

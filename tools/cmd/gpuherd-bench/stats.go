@@ -160,11 +160,18 @@ func startProfile(path string) func() {
 	// recorded, with its delay scaled back up.
 	const mutexSample = 5
 	runtime.SetMutexProfileFraction(mutexSample)
+	// Where they waited for anything else (channels, selects, a
+	// condition): every wait of a microsecond or more is sampled, so
+	// the profile says where a claim's time goes off the CPU (go tool
+	// pprof -focus to keep the claim path apart from idle loops).
+	runtime.SetBlockProfileRate(int(time.Microsecond))
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 		writeAllocs(path + ".allocs")
 		write(path+".mutex", "mutex")
+		write(path+".block", "block")
 		runtime.SetMutexProfileFraction(0)
+		runtime.SetBlockProfileRate(0)
 	}
 }
