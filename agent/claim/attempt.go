@@ -208,10 +208,8 @@ func (at *attempt) rank(servers []placement.Server) []string {
 // the home's word is awaited.
 func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 	servers := make([]placement.Server, len(at.view))
-	byName := make(map[string]Target, len(at.view))
 	for i, t := range at.view {
 		servers[i] = t.server
-		byName[t.name] = t
 	}
 	ranked := at.rank(servers)
 	if busy(at.view, at.want) {
@@ -239,7 +237,10 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 			}
 		}
 		for _, name := range ranked {
-			c, err := at.ask(ctx, byName[name])
+			// A scan, not an index of the view: most claims ask one
+			// server, and an index cost a map of every member per claim.
+			t, _ := targetNamed(at.view, name)
+			c, err := at.ask(ctx, t)
 			if err == nil {
 				if len(tried) > 0 {
 					at.log.Info("claim placed after stale answers", "claim", at.id, "node", name, "attempt", len(tried)+1)
@@ -247,7 +248,7 @@ func (at *attempt) place(ctx context.Context) (api.Claim, error) {
 				if at.vouch != nil || at.named || at.rr.Token != 0 {
 					return c, nil // vouched for, or named by the registry: no other copy
 				}
-				return at.settle(ctx, c, byName[name], tried)
+				return at.settle(ctx, c, t, tried)
 			}
 			tried = append(tried, name)
 			if errors.Is(err, errCommitUnknown) || errors.Is(err, errRegistryDown) || errors.As(err, new(*notVouched)) || errors.As(err, new(*goBack)) ||
