@@ -224,27 +224,7 @@ func (c *costCluster) startAll(n int, r *costResult) error {
 		return err
 	}
 	seed := trs[0].Addr()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, 8)
-	)
-	for i := 1; i < n; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := c.startAgent(i, trs[i], seed); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
+	if errs := startRest(n, func(i int) error { return c.startAgent(i, trs[i], seed) }); len(errs) > 0 {
 		return fmt.Errorf("%d of %d agents did not start; first: %w", len(errs), n, errs[0])
 	}
 	r.startup = time.Since(t0)
@@ -677,4 +657,30 @@ func (c *costCluster) stop() {
 	}
 	wg.Wait()
 	c.agents, c.regs = nil, map[string]*names.Registry{}
+}
+
+// startRest runs start for agents 1 to n-1 (the first, their seed, is
+// started before), eight at a time, and says which failed.
+func startRest(n int, start func(i int) error) []error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, 8)
+	)
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := start(i); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
 }

@@ -35,7 +35,12 @@ func (agentAlloc) name() string { return "gpuherd (best fit)" }
 
 func (x agentAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (string, error) {
 	coord := x.c.nodes[rnd.IntN(len(x.c.nodes))]
-	cl, err := coord.a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: count}}})
+	return placedOn(coord.a.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: count}}}))
+}
+
+// placedOn is the server a claim's answer names, errRefused for a
+// not_available, or the error.
+func placedOn(cl api.Claim, err error) (string, error) {
 	if err != nil {
 		var e *api.Error
 		if errors.As(err, &e) && e.Code == api.CodeNotAvailable {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -148,29 +147,11 @@ func startProcs(c *cluster, n int) ([]*procAgent, error) {
 		return nil, err
 	}
 	out[0] = first
-	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, 8)
-	)
-	for i := 1; i < n; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			p, _, err := startProc(c, i, seed)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			out[i] = p
-		}()
-	}
-	wg.Wait()
+	errs := startRest(n, func(i int) error {
+		p, _, err := startProc(c, i, seed)
+		out[i] = p // each goroutine writes its own element
+		return err
+	})
 	if len(errs) > 0 {
 		stopProcs(out)
 		return nil, errs[0]
@@ -255,15 +236,7 @@ func (procAlloc) name() string { return "gpuherd, one process per agent" }
 
 func (x procAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (string, error) {
 	p := x.by[rnd.IntN(len(x.by))]
-	cl, err := p.cli.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: count}}})
-	if err != nil {
-		var e *api.Error
-		if errors.As(err, &e) && e.Code == api.CodeNotAvailable {
-			return "", errRefused
-		}
-		return "", err
-	}
-	return cl.Node, nil
+	return placedOn(p.cli.Claim(ctx, id, api.ClaimRequest{GPUs: []api.Item{{Model: model, Count: count}}}))
 }
 
 func (x procAlloc) release(ctx context.Context, id, server string) error {
