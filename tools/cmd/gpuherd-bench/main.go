@@ -114,6 +114,12 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	raiseFileLimit()
+	if o.procs < 0 || (o.procs > 0 && o.procs < len(profiles)) {
+		// The processes run the simulated servers round robin, as the
+		// in-process cluster does; with fewer, some model it claims is
+		// missing and every claim of it is refused.
+		fatal(fmt.Errorf("-procs %d: 0, or at least %d (one agent of each simulated server: %s)", o.procs, len(profiles), strings.Join(profiles, ", ")))
+	}
 	var err error
 	if o.sizes, err = parseInts(sizes); err != nil {
 		fatal(err)
