@@ -205,12 +205,10 @@ func waitProcs(ps []*procAgent, want int, limit time.Duration) error {
 				why = fmt.Sprintf("%s sees %d of %d members", p.name, alive, want)
 			case want > 1 && (st.Names == nil || st.Names.Leader == ""):
 				why = p.name + " knows no registry leader"
+			case want > 1 && len(st.Names.Voters) > 0 && len(st.Names.Voters) < voters:
+				why = fmt.Sprintf("%s: the registry has %d voters", p.name, len(st.Names.Voters))
 			default:
-				if want > 1 && len(st.Names.Voters) > 0 && len(st.Names.Voters) < voters {
-					why = fmt.Sprintf("%s: the registry has %d voters", p.name, len(st.Names.Voters))
-				} else {
-					continue
-				}
+				continue
 			}
 			ready = false
 			break
@@ -232,7 +230,7 @@ type procAlloc struct {
 	by []*procAgent
 }
 
-func (procAlloc) name() string { return "gpuherd, one process per agent" }
+func (procAlloc) name() string { return procsLabel }
 
 func (x procAlloc) claim(ctx context.Context, rnd *rand.Rand, id, model string, count int) (string, error) {
 	p := x.by[rnd.IntN(len(x.by))]

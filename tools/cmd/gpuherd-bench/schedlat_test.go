@@ -3,6 +3,8 @@ package main
 import (
 	"math"
 	"runtime/metrics"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -26,12 +28,23 @@ func TestWaitsBetween(t *testing.T) {
 	}
 }
 
-func TestSchedSinceReadsTheRuntime(t *testing.T) {
-	h := schedLatencies()
-	if len(h.Buckets) != len(h.Counts)+1 {
-		t.Fatalf("%d buckets for %d counts", len(h.Buckets), len(h.Counts))
+func TestSchedSinceCountsTheWaitsOfThisProcess(t *testing.T) {
+	before := schedLatencies()
+	if len(before.Buckets) != len(before.Counts)+1 {
+		t.Fatalf("%d buckets for %d counts", len(before.Buckets), len(before.Counts))
 	}
-	if got := schedSince(h); got == "" {
-		t.Fatal("empty summary")
+	// Goroutines made runnable and run: the runtime samples some of
+	// their waits (not every one), so a thousand leave some.
+	var wg sync.WaitGroup
+	for range 1000 {
+		wg.Add(1)
+		go wg.Done()
+	}
+	wg.Wait()
+	if w := waitsBetween(before, schedLatencies()); w.n == 0 {
+		t.Fatal("no waits recorded for a thousand goroutines")
+	}
+	if got := schedSince(before); !strings.Contains(got, " waits; p50 ") {
+		t.Fatalf("summary %q: want the waits' count and quantiles", got)
 	}
 }
